@@ -1,0 +1,38 @@
+import re
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _names(specs):
+    return {re.split(r"[<>=!~ \[]", s.strip(), maxsplit=1)[0].lower() for s in specs}
+
+
+def test_environment_yml_matches_pyproject():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = _names(project["dependencies"] + project["optional-dependencies"]["test"])
+    pip_lines = [line.strip()[2:] for line in (ROOT / "environment.yml").read_text().splitlines()
+                 if line.strip().startswith("- ") and line.startswith("      ")]
+    listed = _names(p for p in pip_lines if not p.startswith("-e"))
+    assert declared == listed, f"only in pyproject: {declared - listed}; only in environment.yml: {listed - declared}"
+    specs = {s.replace(" ", "") for s in project["dependencies"] + project["optional-dependencies"]["test"]}
+    assert specs == {p.replace(" ", "") for p in pip_lines if not p.startswith("-e")}
+
+
+def test_readme_starts_with_two_commands_and_ci_runs_the_test_one():
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```(?:bash|sh)?\n(.*?)```", readme, flags=re.S)
+    first = [line for line in blocks[0].splitlines() if line.strip() and not line.startswith("#")]
+    assert len(first) == 2, first
+    test_command = first[1].split("&&")[-1].strip()
+    assert test_command in (ROOT / ".ci" / "run").read_text()
+
+
+def test_package_imports_without_plotly_or_widgets():
+    import subprocess
+    import sys
+
+    code = ("import sys, tuning, tuning.pipeline, tuning.model, tuning.engine; "
+            "bad = [m for m in ('plotly', 'ipywidgets') if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -1,0 +1,119 @@
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from tuning.knobs import Knobs, preset
+from tuning.pipeline import STAGES, Pipeline, run_pipeline
+
+
+@pytest.mark.parametrize("knobs", [
+    preset("baseline"),
+    preset("tuned"),
+    Knobs(num_workers=1, prefetch_factor=4, batch_size=4, tokenizer="fast", padding="fixed", max_length=128),
+], ids=["baseline", "tuned", "fixed-1worker"])
+def test_every_line_one_outcome_and_counts_add_up(messy_file, knobs):
+    result = run_pipeline(knobs, messy_file)
+    n_lines = len(messy_file.read_bytes().splitlines())
+    assert len(result.requests) == n_lines
+    assert sorted(r.index for r in result.requests) == list(range(1, n_lines + 1))
+    assert result.ok + result.errors == n_lines and result.errors == 7
+    assert sorted(r.index for r in result.requests if r.outcome == "error") == [6, 7, 8, 9, 17, 18, 19]
+    assert all(r.reason for r in result.requests if r.outcome == "error")
+    assert len(result.embeddings) == result.ok
+    assert sum(b.size for b in result.batches) == n_lines
+    summary = result.summary()
+    assert summary["requests"] == summary["ok"] + summary["errors"]
+    assert set(summary["stages"]) == set(STAGES)
+    assert 0 < summary["model_busy"] <= 1 and summary["throughput_rps"] > 0
+
+
+def test_outputs_do_not_depend_on_the_knobs(messy_file):
+    a = run_pipeline(preset("baseline"), messy_file)
+    b = run_pipeline(Knobs(num_workers=0, batch_size=8, tokenizer="fast", padding="bucket"), messy_file)
+    assert a.embeddings.keys() == b.embeddings.keys()
+    for key in a.embeddings:
+        assert float(np.dot(a.embeddings[key], b.embeddings[key])) > 0.99999
+
+
+def test_ledger_and_frames(messy_file):
+    result = run_pipeline(Knobs(num_workers=1, batch_size=4, tokenizer="fast"), messy_file, warmup_batches=1)
+    ledger = result.ledger()
+    assert list(ledger.index) == list(STAGES)
+    assert ledger["share"].sum() == pytest.approx(1.0)
+    assert ledger.loc["inference", "p50_ms"] > 0
+    frame = result.to_frame()
+    assert len(frame) == len(result.requests) and {"outcome", "inference_ms", "wait_for_input_ms"} <= set(frame)
+    assert len(result.batches_frame()) == len(result.batches)
+    assert result.measured and len(result.measured) < len(result.requests)  # warm-up batch excluded
+
+
+def test_a_failing_batch_fails_only_its_requests(messy_file):
+    class Flaky(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.calls = 0
+            self.proj = torch.nn.Linear(1, 4)
+
+        def forward(self, ids, mask):
+            self.calls += 1
+            if self.calls == 4:  # the first three calls are warm-up and batch 0
+                raise RuntimeError("boom")
+            return self.proj(mask.float().sum(1, keepdim=True))
+
+    result = Pipeline(Knobs(num_workers=0, batch_size=4, tokenizer="fast"), model=Flaky()).run(messy_file)
+    failed = [r for r in result.requests if r.reason and "boom" in r.reason]
+    assert len(failed) == result.batches[1].size - sum(
+        1 for r in result.requests if r.batch == 1 and r.reason and "boom" not in r.reason)
+    assert all(r.batch == 1 for r in failed) and result.ok + result.errors == len(result.requests)
+
+
+def test_custom_formatter_and_texts():
+    seen = []
+
+    def formatter(record):
+        seen.append(record.id)
+        return record.title
+
+    result = Pipeline(Knobs(num_workers=0, batch_size=2, tokenizer="fast"), formatter=formatter).run(limit=6)
+    assert result.ok == 6 and len(seen) == 6
+    texts = Pipeline(Knobs(num_workers=0, batch_size=2, tokenizer="fast")).run(["hello world", "", "second"])
+    assert [r.outcome for r in texts.requests] == ["ok", "error", "ok"]
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "tuning", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_cli_run_json(messy_file):
+    out = _cli("run", "--preset", "tuned", "--data", str(messy_file), "--json", "--set", "batch_size=4")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert {"throughput_rps", "model_busy", "requests", "ok", "errors", "stages", "knobs"} <= set(data)
+    assert data["requests"] == 27 and data["errors"] == 7 and data["knobs"]["batch_size"] == 4
+    assert all({"p50_ms", "p99_ms", "share"} <= set(v) for v in data["stages"].values())
+
+
+def test_cli_table(messy_file):
+    out = _cli("run", "--data", str(messy_file))
+    assert out.returncode == 0 and "stage ledger" in out.stdout and "missing field 'body'" in out.stdout
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["run", "--set", "batch_size=0"], "batch_size=0"),
+    (["run", "--set", "dtype=fp64"], "fp32 | bf16 | fp16"),
+    (["run", "--set", "nonsense"], "knob=value"),
+    (["run", "--bogus"], "unrecognized arguments"),
+    (["run", "--preset", "nope"], "invalid choice"),
+    (["run", "--data", "/nonexistent.jsonl"], "no such file"),
+    (["run", "--limit", "0"], "must be >= 1"),
+    ([], "choose a command"),
+])
+def test_cli_bad_input_exits_2_with_one_line(args, needle):
+    out = _cli(*args)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], out.stderr

@@ -1,0 +1,112 @@
+"""Command line: ``python -m tuning {run,...} --preset NAME [--set knob=value ...]``.
+
+Bad flags or knob values exit with code 2 and one clear line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from .knobs import PRESETS, Knobs, parse_knob_value, preset
+
+
+class UsageError(Exception):
+    """A bad flag or value: exit 2 with one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def knobs_from_args(args: argparse.Namespace) -> Knobs:
+    overrides: dict[str, Any] = {}
+    for assignment in args.set or []:
+        name, sep, text = assignment.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--set {assignment!r}: expected knob=value, e.g. --set batch_size=8")
+        overrides[name.strip()] = parse_knob_value(name.strip(), text)
+    return preset(args.preset, **overrides)
+
+
+def _add_knob_flags(p: argparse.ArgumentParser, default_preset: str = "baseline") -> None:
+    p.add_argument("--preset", default=default_preset, choices=sorted(PRESETS), help="named knob preset")
+    p.add_argument("--set", action="append", metavar="KNOB=VALUE",
+                   help="change one knob (repeatable), e.g. --set batch_size=8 --set dtype=bf16")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+
+def _add_data_flags(p: argparse.ArgumentParser) -> None:
+    from .data import DEFAULT_DATA
+
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="JSONL records (default: the shipped demo)")
+    p.add_argument("--limit", type=_positive_int, default=None, help="read only the first N lines")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+    return value
+
+
+def _print_json(obj: Any) -> None:
+    print(json.dumps(obj, indent=2, default=str))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .pipeline import run_pipeline
+    from .report import format_run
+
+    knobs = knobs_from_args(args)
+    if not args.data.is_file():
+        raise UsageError(f"--data {str(args.data)!r}: no such file")
+    result = run_pipeline(knobs, args.data, args.limit, keep_embeddings=False)
+    if args.json:
+        _print_json(result.summary())
+    else:
+        print(format_run(result))
+    return 0
+
+
+COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
+    "run": (cmd_run, "replay the records through the offline pipeline and print throughput and the stage ledger"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m tuning", description="Tuning workbook for online inference services.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, (_, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        _add_knob_flags(p)
+        _add_data_flags(p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if not args.command:
+            raise UsageError(f"{parser.prog}: choose a command: {', '.join(COMMANDS)} (see --help)")
+        with warnings.catch_warnings():
+            warnings.simplefilter("default")
+            return COMMANDS[args.command][0](args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (ValueError, TypeError) as exc:  # knob validation: names field, value and what is allowed
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, ModuleNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

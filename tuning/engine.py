@@ -1,0 +1,227 @@
+"""The stages both drivers share: prepare a batch (read -> format -> tokenize -> pad) and run it
+(copy -> forward -> pool/normalize -> postprocess). Nothing here is written twice.
+
+``Preparer`` is picklable and holds no model, so DataLoader workers and serving workers run
+it; ``Engine`` owns the model, the device and the graph mode.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from . import clock as _clock
+from .data import Record, RecordError, parse_line
+from .knobs import Knobs
+from .preprocess import FastTokenizer, NaiveWordPiece, TextFormatter, Tokenized, Tokenizer, format_record, pad_length
+
+
+@dataclass
+class Item:
+    """One request inside a batch: where it came from and, once known, its outcome."""
+
+    index: int  # position in the input (line number for files, submission order online)
+    id: str | None = None
+    error: str | None = None
+    n_tokens: int = 0
+    truncated: bool = False
+
+
+@dataclass
+class PreparedBatch:
+    """A batch after preprocessing: tensors for the good requests, errors for the bad ones."""
+
+    items: list[Item]
+    input_ids: torch.Tensor | None
+    attention_mask: torch.Tensor | None
+    read_s: float
+    preprocess_s: float
+    t_ready: float  # when preparation finished (shared clock)
+    worker: int = 0  # process id that prepared it
+    padded_length: int = 0
+
+    @property
+    def ok_items(self) -> list[Item]:
+        return [it for it in self.items if it.error is None]
+
+    def pin_memory(self) -> "PreparedBatch":  # called by DataLoader(pin_memory=True)
+        if self.input_ids is not None:
+            self.input_ids = self.input_ids.pin_memory()
+            self.attention_mask = self.attention_mask.pin_memory()
+        return self
+
+
+def make_tokenizer(knobs: Knobs, model_dir: str | None = None) -> Tokenizer:
+    """The tokenizer a ``tokenizer`` knob names, for the embedded model."""
+    from .model import tokenizer_files
+
+    vocab, tokenizer_json = tokenizer_files(model_dir)
+    if knobs.tokenizer == "naive":
+        return NaiveWordPiece.from_vocab_file(vocab, knobs.max_length)
+    return FastTokenizer(tokenizer_json, knobs.max_length)
+
+
+class Preparer:
+    """read -> format -> tokenize -> pad, for a list of raw inputs; never raises for bad input.
+
+    ``inputs`` are ``(index, raw)`` where ``raw`` is the bytes of a JSONL line, a :class:`Record`
+    or an already formatted ``str``.
+    """
+
+    def __init__(self, knobs: Knobs, tokenizer: Tokenizer, formatter: TextFormatter = format_record,
+                 clock: _clock.Clock | None = None):
+        self.knobs = knobs
+        self.tokenizer = tokenizer
+        self.formatter = formatter
+        self.clock = clock or _clock.now
+
+    def read(self, index: int, raw: Any) -> Record | RecordError | str:
+        if isinstance(raw, (bytes, bytearray)):
+            return parse_line(bytes(raw), index)
+        if isinstance(raw, (Record, str)):
+            return raw
+        return RecordError(index, f"unsupported input type {type(raw).__name__}; send a JSONL line, a Record or a str")
+
+    def __call__(self, inputs: Sequence[tuple[int, Any]]) -> PreparedBatch:
+        t0 = self.clock()
+        parsed = [(i, self.read(i, raw)) for i, raw in inputs]
+        t1 = self.clock()
+        items, texts = [], []
+        for index, rec in parsed:
+            if isinstance(rec, RecordError):
+                items.append(Item(index, rec.id, rec.reason))
+                continue
+            item = Item(index, rec.id if isinstance(rec, Record) else None)
+            try:
+                text = rec if isinstance(rec, str) else self.formatter(rec)
+            except Exception as exc:  # a user formatter failing on one record fails that record only
+                item.error = f"format failed: {type(exc).__name__}: {exc}"
+                items.append(item)
+                continue
+            if not text.strip():
+                item.error = "empty text"
+            else:
+                texts.append(text)
+            items.append(item)
+        ok = [it for it in items if it.error is None]
+        ids = mask = None
+        length = 0
+        if ok:
+            try:
+                encoded: list[Tokenized] = self.tokenizer.encode_batch(texts)
+                for it, enc in zip(ok, encoded):
+                    it.n_tokens, it.truncated = enc.n_tokens, enc.truncated
+                length = pad_length([len(e.ids) for e in encoded], self.knobs.padding, self.knobs.max_length,
+                                    self.knobs.bucket_lengths)
+                ids, mask = self.tokenizer.build_batch(encoded, length)
+            except Exception as exc:
+                for it in ok:
+                    it.error = f"preprocess failed: {type(exc).__name__}: {exc}"
+                ids = mask = None
+        t2 = self.clock()
+        return PreparedBatch(items, ids, mask, t1 - t0, t2 - t1, t2, os.getpid(), length)
+
+
+@dataclass
+class BatchOutput:
+    embeddings: np.ndarray | None
+    copy_s: float
+    inference_s: float
+    postprocess_s: float
+    t_infer_start: float
+    t_infer_end: float
+    error: str | None = None
+
+
+class Engine:
+    """The model side: device, dtype, graph mode; runs a :class:`PreparedBatch`."""
+
+    def __init__(self, knobs: Knobs, model: torch.nn.Module | Callable | None = None, clock: _clock.Clock | None = None):
+        from .model import load_minilm, prepare_model
+
+        self.knobs = knobs.resolve(torch.cuda.is_available())
+        self.device = torch.device(self.knobs.device)
+        if self.knobs.torch_threads is not None:
+            torch.set_num_threads(self.knobs.torch_threads)
+        self.clock = clock or _clock.now
+        base = model if model is not None else load_minilm()
+        self.model = prepare_model(base, self.device, self.knobs.dtype) if isinstance(base, torch.nn.Module) else base
+        self.compile_s = 0.0
+        self.runner = self._make_runner()
+
+    def _make_runner(self) -> Callable:
+        if self.knobs.graph == "compile":
+            return torch.compile(self.model, dynamic=self.knobs.padding == "dynamic")
+        if self.knobs.graph == "cuda_graph":
+            from .graphs import CudaGraphRunner
+
+            return CudaGraphRunner(self.model, self.device)
+        return self.model
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def warmup_shapes(self) -> list[tuple[int, int]]:
+        """The (batch, length) shapes to run before measuring.
+
+        Compiled and captured graphs need every shape they will see (one per bucket); eager
+        needs one representative shape to settle allocators and thread pools.
+        """
+        k = self.knobs
+        if k.graph == "eager" or k.padding == "dynamic":
+            return [(k.batch_size, min(64, k.max_length))]
+        lengths = [k.max_length] if k.padding == "fixed" else list(k.bucket_lengths)
+        return [(k.batch_size, n) for n in lengths]
+
+    def warmup(self, shapes: Sequence[tuple[int, int]] | None = None, repeats: int = 2) -> float:
+        """Run dummy batches (compiling or capturing each shape); returns the seconds it took."""
+        t0 = time.perf_counter()
+        for batch, length in shapes or self.warmup_shapes():
+            ids = torch.full((batch, length), 1000, dtype=torch.long, device=self.device)
+            mask = torch.ones_like(ids)
+            with torch.inference_mode():
+                for _ in range(repeats):
+                    self.runner(ids, mask)
+        self._sync()
+        self.compile_s = time.perf_counter() - t0
+        return self.compile_s
+
+    def run(self, batch: PreparedBatch) -> BatchOutput:
+        """copy -> forward -> postprocess for one batch; a failure fails this batch only."""
+        t0 = self.clock()
+        if batch.input_ids is None:
+            return BatchOutput(None, 0.0, 0.0, 0.0, t0, t0)
+        try:
+            non_blocking = self.knobs.pin_memory and self.device.type == "cuda"
+            ids = batch.input_ids.to(self.device, non_blocking=non_blocking)
+            mask = batch.attention_mask.to(self.device, non_blocking=non_blocking)
+            self._sync()
+            t1 = self.clock()
+            with torch.inference_mode():
+                out = self.runner(ids, mask)
+            self._sync()
+            t2 = self.clock()
+            embeddings = out.float().cpu().numpy()
+            t3 = self.clock()
+            return BatchOutput(embeddings, t1 - t0, t2 - t1, t3 - t2, t1, t2)
+        except Exception as exc:
+            t = self.clock()
+            reason = f"inference failed: {type(exc).__name__}: {exc}"
+            if isinstance(exc, torch.OutOfMemoryError):
+                reason = f"out of memory at batch {len(batch.ok_items)} x {batch.padded_length}: lower batch_size or max_length"
+            return BatchOutput(None, 0.0, t - t0, 0.0, t0, t, reason)
+
+
+def quiet_fork_warnings() -> None:
+    """DataLoader workers fork after the Rust tokenizer may have used threads; say so once, not per worker."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    warnings.filterwarnings("ignore", message=".*This DataLoader will create.*")
+
+

@@ -1,0 +1,383 @@
+"""The offline driver: a torch DataLoader over the records, timed stage by stage.
+
+Per request it records read, preprocess, wait_for_model (a ready batch waiting for the
+model: back-pressure), copy, inference and postprocess; per batch also wait_for_input
+(the model idle, waiting for a batch: starvation). Every input line gets exactly one
+outcome, ``ok`` or ``error`` with its reason.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from .data import DEFAULT_DATA
+from .engine import Engine, PreparedBatch, Preparer, make_tokenizer, quiet_fork_warnings
+from .knobs import Knobs
+from .preprocess import TextFormatter, Tokenizer, format_record, group_by_length
+from .stats import clean, summarize
+
+STAGES = ("read", "preprocess", "wait_for_model", "copy", "inference", "postprocess")
+
+
+class LineDataset(Dataset):
+    """Lines of a JSONL file, read from disk by byte offset in whichever process asks."""
+
+    def __init__(self, path: str | Path = DEFAULT_DATA, limit: int | None = None):
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise ValueError(f"limit={limit!r} must be a positive integer (or None for all lines)")
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"data file {str(self.path)!r} does not exist; pass --data PATH to a JSONL file")
+        self.offsets: list[int] = []
+        self.sizes: list[int] = []
+        pos = 0
+        with self.path.open("rb") as fh:
+            for raw in fh:
+                if limit is not None and len(self.offsets) >= limit:
+                    break
+                self.offsets.append(pos)
+                self.sizes.append(len(raw))
+                pos += len(raw)
+        self._local = threading.local()
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __getitem__(self, i: int) -> tuple[int, bytes]:
+        fh = getattr(self._local, "fh", None)
+        if fh is None:
+            fh = self._local.fh = self.path.open("rb")
+        fh.seek(self.offsets[i])
+        return i + 1, fh.read(self.sizes[i]).rstrip(b"\r\n")
+
+    def close(self) -> None:
+        fh = getattr(self._local, "fh", None)
+        if fh is not None:
+            fh.close()
+            self._local.fh = None
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state.pop("_local")
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._local = threading.local()
+
+
+class InMemoryDataset(Dataset):
+    """Already loaded inputs (records, texts or raw lines) for the same pipeline."""
+
+    def __init__(self, inputs: Sequence[Any]):
+        self.inputs = list(inputs)
+        self.sizes = [len(x) if isinstance(x, (str, bytes)) else len(getattr(x, "body", "")) for x in self.inputs]
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def __getitem__(self, i: int) -> tuple[int, Any]:
+        return i + 1, self.inputs[i]
+
+
+class LengthGroupedBatches(Sampler[list[int]]):
+    """Batches of similar-length requests (by byte size, known without reading), in bounded windows."""
+
+    def __init__(self, sizes: Sequence[int], batch_size: int, window: int):
+        self.batches = group_by_length(sizes, batch_size, max(window, batch_size))
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+class SequentialBatches(Sampler[list[int]]):
+    def __init__(self, n: int, batch_size: int):
+        self.batches = [list(range(i, min(i + batch_size, n))) for i in range(0, n, batch_size)]
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+def _worker_init(worker_id: int) -> None:
+    torch.set_num_threads(1)  # workers tokenize; the model's threads keep the cores
+    threading.current_thread().name = f"loader-worker-{worker_id}"
+
+
+@dataclass
+class RequestRecord:
+    """One request's outcome and its time in each stage (ms)."""
+
+    index: int
+    id: str | None
+    outcome: str  # "ok" or "error"
+    reason: str | None
+    batch: int
+    n_tokens: int
+    truncated: bool
+    padded_length: int
+    read_ms: float
+    preprocess_ms: float
+    wait_for_model_ms: float
+    copy_ms: float
+    inference_ms: float
+    postprocess_ms: float
+    wait_for_input_ms: float
+    t_done: float
+    warmup: bool
+
+
+@dataclass
+class BatchRecord:
+    """One model call: its shape, real vs padded tokens, waits and spans (shared clock, seconds)."""
+
+    batch: int
+    size: int
+    ok: int
+    padded_length: int
+    real_tokens: int
+    worker: int
+    t_ready: float
+    t_received: float
+    t_infer_start: float
+    t_infer_end: float
+    t_done: float
+    wait_for_input_ms: float
+    wait_for_model_ms: float
+    read_ms: float
+    preprocess_ms: float
+    copy_ms: float
+    inference_ms: float
+    postprocess_ms: float
+    warmup: bool
+
+
+@dataclass
+class PipelineResult:
+    """Raw per-request and per-batch records of one offline run; statistics on demand."""
+
+    knobs: Knobs
+    requests: list[RequestRecord]
+    batches: list[BatchRecord]
+    t_start: float
+    t_window_start: float
+    t_end: float
+    warmup_s: float
+    embeddings: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
+
+    @property
+    def window_s(self) -> float:
+        return max(self.t_end - self.t_window_start, 1e-9)
+
+    @property
+    def measured(self) -> list[RequestRecord]:
+        return [r for r in self.requests if not r.warmup]
+
+    @property
+    def ok(self) -> int:
+        return sum(r.outcome == "ok" for r in self.requests)
+
+    @property
+    def errors(self) -> int:
+        return sum(r.outcome == "error" for r in self.requests)
+
+    @property
+    def throughput_rps(self) -> float:
+        """Completed requests (ok or error) per second over the measured window."""
+        return len(self.measured) / self.window_s
+
+    @property
+    def model_busy(self) -> float:
+        """Inference time inside the measured window / window length."""
+        busy = sum(b.inference_ms for b in self.batches if not b.warmup) / 1000
+        return min(busy / self.window_s, 1.0)
+
+    @property
+    def truncated(self) -> int:
+        return sum(r.truncated for r in self.requests)
+
+    @property
+    def padding_waste(self) -> float:
+        """Padded tokens / real tokens over all model calls (0: no padding)."""
+        real = sum(b.real_tokens for b in self.batches)
+        padded = sum(b.ok * b.padded_length for b in self.batches)
+        return (padded - real) / real if real else math.nan
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per request."""
+        return pd.DataFrame([asdict(r) for r in self.requests])
+
+    def batches_frame(self) -> pd.DataFrame:
+        """One row per model call."""
+        return pd.DataFrame([asdict(b) for b in self.batches])
+
+    def ledger(self) -> pd.DataFrame:
+        """Per-stage time of the measured ok requests: p50/p99 (ms) and each stage's share of the p50 and p99 sums."""
+        ok = [r for r in self.measured if r.outcome == "ok"]
+        rows = []
+        for stage in STAGES:
+            s = summarize(getattr(r, f"{stage}_ms") for r in ok)
+            rows.append({"stage": stage, "p50_ms": s["p50"], "p99_ms": s["p99"], "mean_ms": s["mean"]})
+        frame = pd.DataFrame(rows).set_index("stage")
+        frame["share"] = frame["p50_ms"] / frame["p50_ms"].sum() if len(ok) else math.nan
+        frame["share_p99"] = frame["p99_ms"] / frame["p99_ms"].sum() if len(ok) else math.nan
+        return frame
+
+    def waits(self) -> dict[str, dict[str, float | None]]:
+        """The two waits per batch: model idle for input (starvation) vs ready batch idle (back-pressure)."""
+        measured = [b for b in self.batches if not b.warmup]
+        out = {}
+        for name in ("wait_for_input", "wait_for_model"):
+            values = [getattr(b, f"{name}_ms") for b in measured]
+            s = summarize(values)
+            out[name] = {"p50_ms": clean(s["p50"]), "p99_ms": clean(s["p99"]),
+                         "share_of_window": clean(sum(values) / 1000 / self.window_s)}
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """Everything the CLI's ``--json`` prints."""
+        ledger = self.ledger()
+        return {
+            "throughput_rps": clean(self.throughput_rps),
+            "model_busy": clean(self.model_busy),
+            "requests": len(self.requests),
+            "ok": self.ok,
+            "errors": self.errors,
+            "truncated": self.truncated,
+            "batches": len(self.batches),
+            "padding_waste": clean(self.padding_waste),
+            "window_s": clean(self.window_s),
+            "warmup_s": clean(self.warmup_s),
+            "stages": {stage: {"p50_ms": clean(row.p50_ms), "p99_ms": clean(row.p99_ms), "share": clean(row.share),
+                               "share_p99": clean(row.share_p99)} for stage, row in ledger.iterrows()},
+            "waits": self.waits(),
+            "error_reasons": self.error_reasons(),
+            "knobs": self.knobs.as_dict(),
+        }
+
+    def error_reasons(self, top: int = 10) -> list[dict[str, Any]]:
+        counts: dict[str, list[int]] = {}
+        for r in self.requests:
+            if r.outcome == "error":
+                counts.setdefault(r.reason or "unknown", []).append(r.index)
+        ranked = sorted(counts.items(), key=lambda kv: -len(kv[1]))[:top]
+        return [{"reason": reason, "count": len(lines), "first_lines": lines[:5]} for reason, lines in ranked]
+
+
+class Pipeline:
+    """Offline replay of records through the DataLoader and the model, with every knob applied.
+
+    Bring your own model (any ``(input_ids, attention_mask) -> [B, D]`` callable), tokenizer
+    (see :class:`tuning.preprocess.Tokenizer`) or record formatter.
+    """
+
+    def __init__(self, knobs: Knobs, model: torch.nn.Module | Callable | None = None,
+                 tokenizer: Tokenizer | None = None, formatter: TextFormatter = format_record,
+                 engine: Engine | None = None):
+        self.engine = engine or Engine(knobs, model)
+        self.knobs = self.engine.knobs
+        self.preparer = Preparer(self.knobs, tokenizer or make_tokenizer(self.knobs), formatter)
+        self._warm = False
+
+    def warmup(self) -> float:
+        if self._warm:
+            return 0.0
+        self._warm = True
+        return self.engine.warmup()
+
+    def loader(self, dataset: Dataset) -> DataLoader:
+        k = self.knobs
+        sizes = getattr(dataset, "sizes", [0] * len(dataset))
+        sampler = (LengthGroupedBatches(sizes, k.batch_size, k.bucket_window) if k.padding == "bucket"
+                   else SequentialBatches(len(dataset), k.batch_size))
+        extra: dict[str, Any] = {}
+        if k.num_workers > 0:
+            quiet_fork_warnings()
+            extra = {"worker_init_fn": _worker_init, "persistent_workers": False}
+            if k.prefetch_factor is not None:
+                extra["prefetch_factor"] = k.prefetch_factor
+        return DataLoader(dataset, batch_sampler=sampler, collate_fn=self.preparer, num_workers=k.num_workers,
+                          pin_memory=k.pin_memory, **extra)
+
+    def run(self, data: str | Path | Sequence[Any] = DEFAULT_DATA, limit: int | None = None,
+            warmup_batches: int = 2, keep_embeddings: bool = True,
+            on_batch: Callable[[BatchRecord], None] | None = None) -> PipelineResult:
+        """Replay ``data`` (a JSONL path, or a list of records/texts/lines) and return the raw records."""
+        dataset = LineDataset(data, limit) if isinstance(data, (str, Path)) else InMemoryDataset(list(data)[:limit])
+        warmup_s = self.warmup()
+        clock = self.engine.clock
+        requests: list[RequestRecord] = []
+        batches: list[BatchRecord] = []
+        embeddings: dict[int, np.ndarray] = {}
+        t_start = clock()
+        t_window = t_start
+        t_prev = t_start
+        for number, batch in enumerate(self._batches(self.loader(dataset))):
+            t_received = clock()
+            out = self.engine.run(batch)
+            t_done = clock()
+            warm = number < warmup_batches
+            wait_input = (t_received - t_prev) * 1000
+            wait_model = max(t_received - batch.t_ready, 0.0) * 1000
+            ok_items = batch.ok_items if out.error is None else []
+            record = BatchRecord(
+                number, len(batch.items), len(ok_items), batch.padded_length,
+                sum(min(it.n_tokens, self.knobs.max_length) for it in ok_items), batch.worker, batch.t_ready,
+                t_received, out.t_infer_start, out.t_infer_end, t_done, wait_input, wait_model,
+                batch.read_s * 1000, batch.preprocess_s * 1000, out.copy_s * 1000, out.inference_s * 1000,
+                out.postprocess_s * 1000, warm)
+            batches.append(record)
+            row = 0
+            for it in batch.items:
+                reason = it.error or out.error
+                if reason is None and keep_embeddings:
+                    embeddings[it.index] = out.embeddings[row]
+                row += it.error is None
+                requests.append(RequestRecord(
+                    it.index, it.id, "error" if reason else "ok", reason, number, it.n_tokens, it.truncated,
+                    batch.padded_length, record.read_ms, record.preprocess_ms, wait_model, record.copy_ms,
+                    record.inference_ms, record.postprocess_ms, wait_input, t_done, warm))
+            if warm:
+                t_window = t_done
+            if on_batch is not None:
+                on_batch(record)
+            t_prev = clock()
+        if hasattr(dataset, "close"):
+            dataset.close()
+        if len(requests) != len(dataset):
+            raise RuntimeError(f"bookkeeping bug: {len(dataset)} inputs but {len(requests)} outcomes")
+        t_end = clock()
+        if batches and all(b.warmup for b in batches):  # too short to discard warm-up: measure the whole run
+            t_window = t_start
+            for r in requests:
+                r.warmup = False
+            for b in batches:
+                b.warmup = False
+        return PipelineResult(self.knobs, sorted(requests, key=lambda r: r.index), batches, t_start, t_window,
+                              t_end, warmup_s, embeddings)
+
+    @staticmethod
+    def _batches(loader: DataLoader):
+        yield from loader
+
+
+def run_pipeline(knobs: Knobs, data: str | Path | Sequence[Any] = DEFAULT_DATA, limit: int | None = None,
+                 **kwargs: Any) -> PipelineResult:
+    """Build a :class:`Pipeline` for ``knobs`` and replay ``data`` once."""
+    return Pipeline(knobs).run(data, limit, **kwargs)
+
+

@@ -1,0 +1,237 @@
+"""Record -> text -> token ids -> padded batch tensors.
+
+Two tokenizers give identical ids for the embedded model's vocabulary:
+
+* ``NaiveWordPiece``: pure-Python BERT tokenization, one record at a time, with
+  Python-loop padding and tensor building: the slow path the investigation starts from;
+* ``FastTokenizer``: the Rust ``tokenizers`` library, batched, with numpy padding.
+
+Both truncate to ``max_length`` (``[CLS]`` and ``[SEP]`` included) and report per
+request whether they did, so truncation is counted, never silent.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+import torch
+
+from .data import Record
+
+CLS, SEP, PAD, UNK = "[CLS]", "[SEP]", "[PAD]", "[UNK]"
+
+
+def format_record(record: Record) -> str:
+    """The text the model sees for a record: title, category, attributes, then the body."""
+    attrs = "; ".join(f"{k}: {v}" for k, v in record.attributes.items())
+    return f"{record.title}. Category: {record.category}. {attrs}. {record.body}"
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    """One request's token ids (with ``[CLS]``/``[SEP]``) and whether they were cut."""
+
+    ids: list[int]
+    n_tokens: int  # before truncation, special tokens included
+    truncated: bool
+
+
+class Tokenizer(Protocol):
+    """What the pipeline needs from a tokenizer; bring your own by implementing this."""
+
+    pad_id: int
+
+    def encode_batch(self, texts: Sequence[str]) -> list[Tokenized]: ...
+
+    def build_batch(self, encoded: Sequence[Tokenized], length: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+# --- the naive, pure-Python WordPiece --------------------------------------------------------
+
+_CJK_RANGES = (
+    (0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
+    (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F),
+)
+
+
+def _is_cjk(cp: int) -> bool:
+    return any(lo <= cp <= hi for lo, hi in _CJK_RANGES)
+
+
+def _is_control(ch: str) -> bool:
+    # Matches the Rust tokenizers' BertNormalizer: every "Other" category except \t \n \r.
+    return ch not in "\t\n\r" and unicodedata.category(ch).startswith("C")
+
+
+def _is_punctuation(ch: str) -> bool:
+    cp = ord(ch)
+    if 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126:
+        return True
+    return unicodedata.category(ch).startswith("P")
+
+
+class NaiveWordPiece:
+    """BERT basic tokenization + greedy longest-match WordPiece, in plain Python.
+
+    Normalisation follows the model's ``tokenizer.json`` (BertNormalizer with lowercase and,
+    hence, accent stripping; CJK characters split; punctuation isolated).
+    """
+
+    def __init__(self, vocab: dict[str, int], max_length: int = 256, max_chars_per_word: int = 100):
+        self.vocab = vocab
+        self.max_length = max_length
+        self.max_chars_per_word = max_chars_per_word
+        self.cls_id, self.sep_id, self.pad_id, self.unk_id = (vocab[t] for t in (CLS, SEP, PAD, UNK))
+
+    @classmethod
+    def from_vocab_file(cls, path: str | Path, max_length: int = 256) -> "NaiveWordPiece":
+        with open(path, encoding="utf-8") as fh:
+            vocab = {line.rstrip("\n"): i for i, line in enumerate(fh)}
+        return cls(vocab, max_length)
+
+    def normalize(self, text: str) -> str:
+        out = []
+        for ch in text:
+            cp = ord(ch)
+            if cp == 0 or cp == 0xFFFD or _is_control(ch):
+                continue
+            if ch in "\t\n\r" or ch.isspace():
+                out.append(" ")
+            elif _is_cjk(cp):
+                out.append(f" {ch} ")
+            else:
+                out.append(ch)
+        decomposed = unicodedata.normalize("NFD", "".join(out))
+        stripped = "".join(ch for ch in decomposed if unicodedata.category(ch) != "Mn")
+        return "".join(ch.lower() for ch in stripped)  # per character, like the Rust normalizer
+
+    def pre_tokenize(self, text: str) -> list[str]:
+        words = []
+        for chunk in text.split():
+            current = []
+            for ch in chunk:
+                if _is_punctuation(ch):
+                    if current:
+                        words.append("".join(current))
+                        current = []
+                    words.append(ch)
+                else:
+                    current.append(ch)
+            if current:
+                words.append("".join(current))
+        return words
+
+    def wordpiece(self, word: str) -> list[int]:
+        if len(word) > self.max_chars_per_word:
+            return [self.unk_id]
+        pieces, start = [], 0
+        while start < len(word):
+            end = len(word)
+            found = None
+            while start < end:
+                piece = word[start:end] if start == 0 else "##" + word[start:end]
+                if piece in self.vocab:
+                    found = self.vocab[piece]
+                    break
+                end -= 1
+            if found is None:
+                return [self.unk_id]
+            pieces.append(found)
+            start = end
+        return pieces
+
+    def encode(self, text: str) -> Tokenized:
+        ids: list[int] = []
+        for word in self.pre_tokenize(self.normalize(text)):
+            ids.extend(self.wordpiece(word))
+        n_tokens = len(ids) + 2
+        keep = self.max_length - 2
+        return Tokenized([self.cls_id] + ids[:keep] + [self.sep_id], n_tokens, len(ids) > keep)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[Tokenized]:
+        return [self.encode(t) for t in texts]
+
+    def build_batch(self, encoded: Sequence[Tokenized], length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pad with per-element Python loops and build the tensors from nested lists (the slow path)."""
+        rows, masks = [], []
+        for item in encoded:
+            row, mask = [], []
+            for i in range(length):
+                if i < len(item.ids):
+                    row.append(item.ids[i])
+                    mask.append(1)
+                else:
+                    row.append(self.pad_id)
+                    mask.append(0)
+            rows.append(row)
+            masks.append(mask)
+        return torch.tensor(rows, dtype=torch.long), torch.tensor(masks, dtype=torch.long)
+
+
+# --- the fast, batched tokenizer ---------------------------------------------------------------
+
+class FastTokenizer:
+    """The ``tokenizers`` library on the model's ``tokenizer.json``, batched, with numpy padding.
+
+    The shipped ``tokenizer.json`` pads every input to 128 and truncates at 128; both are
+    switched off here and done by this class at ``max_length`` instead.
+    """
+
+    def __init__(self, tokenizer_file: str | Path, max_length: int = 256):
+        from tokenizers import Tokenizer as _RustTokenizer
+
+        self._tok = _RustTokenizer.from_file(str(tokenizer_file))
+        self._tok.no_padding()
+        self._tok.no_truncation()
+        self.max_length = max_length
+        self.cls_id, self.sep_id, self.pad_id = (self._tok.token_to_id(t) for t in (CLS, SEP, PAD))
+
+    def encode_batch(self, texts: Sequence[str]) -> list[Tokenized]:
+        keep = self.max_length - 2
+        out = []
+        for enc in self._tok.encode_batch(list(texts), add_special_tokens=False):
+            ids = enc.ids
+            out.append(Tokenized([self.cls_id, *ids[:keep], self.sep_id], len(ids) + 2, len(ids) > keep))
+        return out
+
+    def build_batch(self, encoded: Sequence[Tokenized], length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = np.full((len(encoded), length), self.pad_id, dtype=np.int64)
+        lengths = np.fromiter((len(e.ids) for e in encoded), dtype=np.int64, count=len(encoded))
+        for row, item in enumerate(encoded):
+            ids[row, : lengths[row]] = item.ids
+        mask = (np.arange(length)[None, :] < lengths[:, None]).astype(np.int64)
+        return torch.from_numpy(ids), torch.from_numpy(mask)
+
+
+# --- padding ---------------------------------------------------------------------------------
+
+def pad_length(lengths: Sequence[int], padding: str, max_length: int, buckets: Sequence[int]) -> int:
+    """The padded length of a batch whose longest (truncated) request has ``max(lengths)`` tokens."""
+    longest = max(lengths)
+    if padding == "dynamic":
+        return longest
+    if padding == "fixed":
+        return max_length
+    if padding == "bucket":
+        return next(b for b in buckets if b >= longest)
+    raise ValueError(f"padding={padding!r} is not allowed; allowed: dynamic | fixed | bucket")
+
+
+def group_by_length(lengths: Sequence[float], batch_size: int, window: int) -> list[list[int]]:
+    """Index batches in which requests of similar length are together.
+
+    Requests are taken in arrival order ``window`` at a time (bounding how far one can be
+    reordered), sorted by length inside the window and cut into batches of ``batch_size``.
+    """
+    batches: list[list[int]] = []
+    for start in range(0, len(lengths), window):
+        chunk = sorted(range(start, min(start + window, len(lengths))), key=lambda i: lengths[i])
+        batches.extend(chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size))
+    return batches
+
+
+TextFormatter = Callable[[Record], str]
