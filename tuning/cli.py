@@ -77,8 +77,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    from .profile import profile_pipeline
+    from .report import format_profile
+
+    knobs = knobs_from_args(args)
+    if not args.data.is_file():
+        raise UsageError(f"--data {str(args.data)!r}: no such file")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the GPU section reports the reason instead
+        profile = profile_pipeline(knobs, args.data, args.limit, interval=args.interval)
+    if args.json:
+        _print_json(profile.summary())
+    else:
+        print(format_profile(profile))
+    return 0
+
+
 COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
     "run": (cmd_run, "replay the records through the offline pipeline and print throughput and the stage ledger"),
+    "profile": (cmd_profile, "run the offline pipeline under every profiler and print the diagnosis"),
 }
 
 
@@ -89,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         _add_knob_flags(p)
         _add_data_flags(p)
+        if name == "profile":
+            p.add_argument("--interval", type=float, default=0.5, help="sampling interval in seconds (>= 0.1)")
     return parser
 
 

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from .data import DEFAULT_DATA
 from .engine import Engine, PreparedBatch, Preparer, make_tokenizer, quiet_fork_warnings
 from .knobs import Knobs
+from .profile.threads import name_this_thread
 from .preprocess import TextFormatter, Tokenizer, format_record, group_by_length
 from .stats import clean, summarize
 
@@ -115,7 +116,7 @@ class SequentialBatches(Sampler[list[int]]):
 
 def _worker_init(worker_id: int) -> None:
     torch.set_num_threads(1)  # workers tokenize; the model's threads keep the cores
-    threading.current_thread().name = f"loader-worker-{worker_id}"
+    name_this_thread(f"loader-worker-{worker_id}")
 
 
 @dataclass
@@ -216,6 +217,19 @@ class PipelineResult:
         real = sum(b.real_tokens for b in self.batches)
         padded = sum(b.ok * b.padded_length for b in self.batches)
         return (padded - real) / real if real else math.nan
+
+    def spans(self) -> list[tuple[float, float]]:
+        """Inference spans (shared clock, s) of every model call."""
+        return [(b.t_infer_start, b.t_infer_end) for b in self.batches if b.t_infer_end > b.t_infer_start]
+
+    def batch_sizes(self) -> list[int]:
+        return [b.ok for b in self.batches if not b.warmup and b.ok]
+
+    def wait_for_input_s(self) -> float:
+        return sum(b.wait_for_input_ms for b in self.batches if not b.warmup) / 1000
+
+    def wait_for_model_s(self) -> float:
+        return sum(b.wait_for_model_ms for b in self.batches if not b.warmup) / 1000
 
     def to_frame(self) -> pd.DataFrame:
         """One row per request."""

@@ -42,3 +42,38 @@ def format_run(result) -> str:
     if s["error_reasons"]:
         lines += ["", "errors", table(s["error_reasons"], ["count", "reason", "first_lines"])]
     return "\n".join(lines)
+
+
+def format_profile(profile) -> str:
+    """Diagnosis, top threads, stage ledger and the GPU section (or why there is none)."""
+    s = profile.summary()
+    d = s["diagnosis"]
+    gpu = s["gpu"]
+    lines = [f"diagnosis: {d['kind'].upper()}  ({'; '.join(d['reasons'])})", f"next step: {d['next_step']}",
+             "evidence: " + ", ".join(f"{k}={_fmt(v)}" for k, v in d["evidence"].items()), ""]
+    lines += ["threads by CPU (% of one core, mean over the run)",
+              table(s["threads"], ["name", "pid", "tid", "cpu_mean", "cpu_max"]), ""]
+    host = s["host"]
+    if host.get("samples"):
+        lines.append(f"process CPU {host['cpu_percent_mean']:.0f}% of one core ({host['cpu_count']} cores), "
+                     f"RSS max {host['rss_mb_max']:.0f} MB, disk read {host['read_mb_s_mean']:.1f} MB/s, "
+                     f"write {host['write_mb_s_mean']:.1f} MB/s")
+    lines.append(f"model busy {100 * s['model_busy']:.0f}% (inference spans / window)")
+    if s["ops"]:
+        o = s["ops"]
+        lines.append(f"ops: {o['ops_per_batch']:.0f} operators"
+                     + (f", {o['kernels_per_batch']:.0f} kernels" if o["device"] == "cuda" else "")
+                     + f" per batch {o['batch_shape']}, {100 * (o['short_share'] or 0):.0f}% shorter than "
+                     f"{o['short_threshold_us']:.0f} us; launch overhead {o['launch_overhead_ms']:.2f} ms of "
+                     f"{o['busy_ms_per_batch']:.1f} ms busy ({100 * o['launch_share']:.1f}%: the most graph capture could save)")
+    lines += ["", "stage ledger (per request, ms)",
+              table([{"stage": st, **v} for st, v in s["stages"].items()], ["stage", "p50_ms", "p99_ms", "share"]), ""]
+    if gpu["available"]:
+        lines.append(f"GPU: {', '.join(gpu['devices'])}: SM util mean {_fmt(gpu.get('sm_util_mean'))}%, "
+                     f"power {_fmt(gpu.get('power_w_mean'))} W ({_fmt(gpu.get('power_frac_mean'))} of limit), "
+                     f"memory {_fmt(gpu.get('mem_used_mb_mean'), 0)} MB, {gpu['samples']} samples")
+        if gpu.get("reason"):
+            lines.append(f"GPU note: {gpu['reason']}")
+    else:
+        lines.append(f"GPU: none sampled: {gpu['reason']}")
+    return "\n".join(lines)

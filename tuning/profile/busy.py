@@ -1,0 +1,44 @@
+"""Model busy % over time from inference spans: the device-agnostic utilization.
+
+On CUDA the engine synchronises around each forward, so the spans are device time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+
+@dataclass
+class BusySeries:
+    """Per window: its start (shared clock, s) and the busy fraction inside it."""
+
+    t: np.ndarray
+    busy: np.ndarray
+    window_s: float
+
+    def to_frame(self) -> pd.DataFrame:
+        return pd.DataFrame({"t": self.t.astype(float), "busy": self.busy.astype(float)})
+
+
+def busy_series(spans: Sequence[tuple[float, float]], t0: float, t1: float, window_s: float) -> BusySeries:
+    """Fraction of each ``window_s`` window between ``t0`` and ``t1`` covered by ``spans``."""
+    if window_s <= 0:
+        raise ValueError(f"window_s={window_s!r} must be > 0 seconds")
+    if t1 <= t0:
+        return BusySeries(np.zeros(0), np.zeros(0), window_s)
+    edges = np.arange(t0, t1, window_s)
+    busy = np.zeros(len(edges))
+    for start, end in spans:
+        start, end = max(start, t0), min(end, t1)
+        if end <= start:
+            continue
+        first, last = int((start - t0) // window_s), int((end - t0) // window_s)
+        for i in range(first, min(last, len(edges) - 1) + 1):
+            lo, hi = edges[i], min(edges[i] + window_s, t1)
+            busy[i] += max(0.0, min(end, hi) - max(start, lo))
+    widths = np.minimum(edges + window_s, t1) - edges
+    return BusySeries(edges, np.clip(busy / widths, 0.0, 1.0), window_s)

@@ -1,0 +1,171 @@
+"""Accelerator trend sampling through NVML (the ``pynvml`` module of ``nvidia-ml-py``).
+
+Per GPU and interval: SM and memory-controller utilization, memory used/total, power draw
+and its enforced limit, SM clock, temperature, and this process's own SM utilization
+where NVML offers it. No NVML library, no GPU, or an NVML failure: a warning with the
+reason and a series without made-up numbers (a metric a GPU does not support is NaN).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import pandas as pd
+
+from .. import clock as _clock
+from .sampler import PeriodicSampler
+
+
+@dataclass
+class GpuSample:
+    t: float
+    gpu: int
+    name: str
+    sm_util: float
+    mem_util: float
+    mem_used_mb: float
+    mem_total_mb: float
+    power_w: float
+    power_limit_w: float
+    sm_clock_mhz: float
+    temp_c: float
+    proc_sm_util: float  # this process's SM utilization (NaN where NVML gives none)
+
+
+_DTYPES = {f.name: ("float64" if f.type == "float" else "int64" if f.type == "int" else "object") for f in fields(GpuSample)}
+
+
+@dataclass
+class GpuSeries:
+    """GPU samples on the shared clock; ``available``/``reason`` say why it may be empty."""
+
+    available: bool
+    reason: str | None
+    samples: list[GpuSample] = field(default_factory=list)
+    devices: list[str] = field(default_factory=list)
+
+    def to_frame(self) -> pd.DataFrame:
+        frame = pd.DataFrame([asdict(s) for s in self.samples], columns=list(_DTYPES))
+        return frame.astype(_DTYPES)
+
+    def summary(self) -> dict[str, Any]:
+        frame = self.to_frame()
+        out: dict[str, Any] = {"available": self.available, "reason": self.reason, "devices": self.devices,
+                               "samples": len(frame)}
+        if len(frame):
+            for col in ("sm_util", "power_w", "mem_used_mb", "proc_sm_util"):
+                values = frame[col].dropna()
+                out[f"{col}_mean"] = float(values.mean()) if len(values) else None
+            power = (frame["power_w"] / frame["power_limit_w"]).dropna()
+            out["power_frac_mean"] = float(power.mean()) if len(power) else None
+        return out
+
+
+def load_nvml():
+    """The ``pynvml`` module, or an ImportError that says what to install."""
+    try:
+        import pynvml
+    except ImportError:
+        raise ImportError("the pynvml module is missing; pip install nvidia-ml-py") from None
+    return pynvml
+
+
+class GpuSampler(PeriodicSampler):
+    """Samples every GPU through NVML; pass ``nvml=`` a stand-in module in tests."""
+
+    thread_name = "gpu-sampler"
+
+    def __init__(self, interval: float = 0.5, clock: _clock.Clock | None = None, nvml: Any = None):
+        super().__init__(interval, clock)
+        self._nvml = nvml
+        self.series = GpuSeries(False, "not started")
+        self._handles: list[Any] = []
+        self._last_proc_ts: dict[int, int] = {}
+
+    def _unavailable(self, reason: str) -> bool:
+        warnings.warn(f"GPU sampling off: {reason}", RuntimeWarning, stacklevel=3)
+        self.series = GpuSeries(False, reason)
+        return False
+
+    def start(self) -> bool:
+        try:
+            nvml = self._nvml or load_nvml()
+            self._nvml = nvml
+            nvml.nvmlInit()
+        except ImportError as exc:
+            return self._unavailable(str(exc))
+        except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+            return self._unavailable(f"NVML could not start ({type(exc).__name__}: {exc}); no NVIDIA driver or GPU here")
+        try:
+            count = nvml.nvmlDeviceGetCount()
+            self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+            names = [self._text(nvml.nvmlDeviceGetName(h)) for h in self._handles]
+        except Exception as exc:
+            self._shutdown()
+            return self._unavailable(f"NVML error listing GPUs ({type(exc).__name__}: {exc})")
+        if not self._handles:
+            self._shutdown()
+            return self._unavailable("NVML found no GPU")
+        self.series = GpuSeries(True, None, [], names)
+        return True
+
+    @staticmethod
+    def _text(value: Any) -> str:
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    def _optional(self, fn, *args: Any) -> float:
+        """A metric this GPU may not support: NaN instead of a made-up number."""
+        try:
+            return float(fn(*args))
+        except Exception as exc:
+            if "NotSupported" in type(exc).__name__ or "Not Supported" in str(exc):
+                return math.nan
+            raise
+
+    def _proc_util(self, index: int, handle: Any) -> float:
+        nvml = self._nvml
+        try:
+            stats = nvml.nvmlDeviceGetProcessUtilization(handle, self._last_proc_ts.get(index, 0))
+        except Exception:  # not supported, or no sample for this process since last time
+            return math.nan
+        mine = [s for s in stats if getattr(s, "pid", None) == os.getpid()]
+        if stats:
+            self._last_proc_ts[index] = max(getattr(s, "timeStamp", 0) for s in stats)
+        return float(max(s.smUtil for s in mine)) if mine else math.nan
+
+    def sample(self, t: float) -> bool:
+        nvml = self._nvml
+        try:
+            for i, h in enumerate(self._handles):
+                util = nvml.nvmlDeviceGetUtilizationRates(h)
+                mem = nvml.nvmlDeviceGetMemoryInfo(h)
+                self.series.samples.append(GpuSample(
+                    t, i, self.series.devices[i], float(util.gpu), float(util.memory),
+                    mem.used / 2**20, mem.total / 2**20,
+                    self._optional(nvml.nvmlDeviceGetPowerUsage, h) / 1000,
+                    self._optional(nvml.nvmlDeviceGetEnforcedPowerLimit, h) / 1000,
+                    self._optional(nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_SM),
+                    self._optional(nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU),
+                    self._proc_util(i, h),
+                ))
+            return True
+        except Exception as exc:
+            # Keep the real samples taken so far; take no more. Never invent a reading.
+            reason = f"NVML error mid-run after {len(self.series.samples)} samples ({type(exc).__name__}: {exc})"
+            warnings.warn(f"GPU sampling stopped: {reason}", RuntimeWarning, stacklevel=2)
+            self.series.reason = reason
+            return False
+
+    def _shutdown(self) -> None:
+        try:
+            self._nvml.nvmlShutdown()
+        except Exception:
+            pass
+
+    def finish(self) -> None:
+        if self.series.available:
+            self._shutdown()

@@ -1,0 +1,140 @@
+"""Host trend sampling (psutil): the workbook's ``top -H`` and ``pidstat``.
+
+Per interval: process CPU %, per-thread CPU % with names (this process's threads and those
+of its child processes, e.g. DataLoader workers), resident memory, disk read/write rates.
+CPU % is per core: 100 means one core fully busy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import psutil
+
+from .sampler import MIN_INTERVAL_S
+from .threads import name_this_thread, python_thread_names
+
+
+@dataclass
+class HostSample:
+    t: float
+    cpu_percent: float  # this process and its children
+    rss_mb: float
+    read_mb_s: float
+    write_mb_s: float
+    children: int
+
+
+@dataclass
+class ThreadSample:
+    t: float
+    pid: int
+    tid: int
+    name: str
+    cpu_percent: float
+
+
+def _comm(pid: int, tid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+    except OSError:
+        return f"tid-{tid}"
+
+
+@dataclass
+class HostSeries:
+    samples: list[HostSample] = field(default_factory=list)
+    threads: list[ThreadSample] = field(default_factory=list)
+    cpu_count: int = field(default_factory=lambda: psutil.cpu_count() or 1)
+
+    def to_frame(self) -> pd.DataFrame:
+        return pd.DataFrame([asdict(s) for s in self.samples], columns=list(HostSample.__dataclass_fields__))
+
+    def threads_frame(self) -> pd.DataFrame:
+        return pd.DataFrame([asdict(s) for s in self.threads], columns=list(ThreadSample.__dataclass_fields__))
+
+    def top_threads(self, n: int = 8) -> list[dict[str, Any]]:
+        """Threads by mean CPU % over the window (like ``top -H`` sorted by CPU)."""
+        frame = self.threads_frame()
+        if frame.empty:
+            return []
+        grouped = frame.groupby(["pid", "tid", "name"], as_index=False)["cpu_percent"].agg(["mean", "max"])
+        grouped = grouped.sort_values("mean", ascending=False).head(n)
+        return [{"pid": int(r["pid"]), "tid": int(r["tid"]), "name": str(r["name"]), "cpu_mean": float(r["mean"]),
+                 "cpu_max": float(r["max"])} for _, r in grouped.iterrows()]
+
+    def summary(self) -> dict[str, Any]:
+        frame = self.to_frame()
+        if frame.empty:
+            return {"samples": 0}
+        return {"samples": len(frame), "cpu_percent_mean": float(frame.cpu_percent.mean()),
+                "rss_mb_max": float(frame.rss_mb.max()), "read_mb_s_mean": float(frame.read_mb_s.mean()),
+                "write_mb_s_mean": float(frame.write_mb_s.mean()), "cpu_count": self.cpu_count}
+
+
+class HostSampler:
+    """Samples this process (and its children) every ``interval`` seconds from a probe process.
+
+    A context manager: the probe starts on enter and stops on exit. Python thread names of
+    this process are attached on exit; other threads show their OS name (``/proc/.../comm``),
+    which :func:`tuning.profile.threads.name_this_thread` sets.
+    """
+
+    thread_name = "host-sampler"
+
+    def __init__(self, interval: float = 0.5, pid: int | None = None):
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval < MIN_INTERVAL_S:
+            raise ValueError(f"interval={interval!r} must be a number >= {MIN_INTERVAL_S} seconds")
+        self.interval = float(interval)
+        self.pid = pid or os.getpid()
+        self.series = HostSeries()
+        self._proc: subprocess.Popen | None = None
+        self._reader: threading.Thread | None = None
+        self._lines: list[str] = []
+
+    def __enter__(self) -> "HostSampler":
+        self._proc = subprocess.Popen(
+            [sys.executable, "-u", str(Path(__file__).with_name("host_probe.py")), "--pid", str(self.pid),
+             "--interval", str(self.interval)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self._reader = threading.Thread(target=self._read, name=self.thread_name, daemon=True)
+        self._reader.start()
+        return self
+
+    def _read(self) -> None:
+        name_this_thread(self.thread_name)
+        for line in self._proc.stdout:
+            self._lines.append(line)
+
+    def __exit__(self, *exc: Any) -> None:
+        names = python_thread_names() if self.pid == os.getpid() else {}
+        self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._reader.join()
+        self._ingest(names)
+
+    def _ingest(self, names: dict[int, str]) -> None:
+        own_comm = _comm(self.pid, self.pid)
+        for raw in self._lines:
+            obj = json.loads(raw)
+            self.series.samples.append(HostSample(obj["t"], obj["cpu"], obj["rss"], obj["read"], obj["write"],
+                                                  obj["children"]))
+            for pid, tid, comm, cpu in obj["threads"]:
+                if pid == self.pid:  # threads torch/OpenMP start natively have no Python name
+                    name = names.get(tid) or (f"{comm} (native)" if comm == own_comm and tid != pid else comm)
+                    name = "MainThread" if tid == pid and tid not in names else name
+                else:
+                    name = comm
+                self.series.threads.append(ThreadSample(obj["t"], pid, tid, name, cpu))

@@ -1,0 +1,221 @@
+"""One recorder around a workload: GPU, host and per-thread samplers on one monotonic clock,
+joined afterwards with the workload's own spans into one result and one diagnosis.
+
+    with Recorder() as rec:
+        result = pipeline.run(...)
+    profile = rec.join(result)
+    profile.diagnosis, profile.to_frame("threads")
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import pandas as pd
+
+from .. import clock as _clock
+from ..knobs import Knobs
+from .busy import BusySeries, busy_series
+from .diagnose import Diagnosis, Signals, diagnose
+from .gpu import GpuSampler, GpuSeries
+from .host import HostSampler, HostSeries
+from .ops import OpStats
+
+SAMPLER_THREADS = (GpuSampler.thread_name, HostSampler.thread_name)
+
+
+class Workload(Protocol):
+    """What a driver's result gives the recorder (offline runs and load tests both do)."""
+
+    knobs: Knobs
+    t_window_start: float
+    t_end: float
+
+    @property
+    def model_busy(self) -> float: ...
+
+    def spans(self) -> list[tuple[float, float]]: ...
+
+    def batch_sizes(self) -> list[int]: ...
+
+    def wait_for_input_s(self) -> float: ...
+
+    def summary(self) -> dict[str, Any]: ...
+
+
+@dataclass
+class Profile:
+    """Every signal of one recorded workload on the shared clock, and the diagnosis."""
+
+    gpu: GpuSeries
+    host: HostSeries
+    busy: BusySeries
+    workload: Any
+    signals: Signals
+    diagnosis: Diagnosis
+    t_start: float
+    t_end: float
+    ops: OpStats | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    def to_frame(self, signal: str) -> pd.DataFrame:
+        """One signal as a frame: gpu, host, threads, busy, requests or batches (times relative to the start)."""
+        frames = {
+            "gpu": self.gpu.to_frame, "host": self.host.to_frame, "threads": self.host.threads_frame,
+            "busy": self.busy.to_frame, "requests": self.workload.to_frame,
+            "batches": getattr(self.workload, "batches_frame", lambda: pd.DataFrame()),
+        }
+        if signal not in frames:
+            raise ValueError(f"signal={signal!r} is not recorded; choose one of {', '.join(frames)}")
+        frame = frames[signal]().copy()
+        for col in ("t", "t_done", "t_ready", "t_received", "t_infer_start", "t_infer_end"):
+            if col in frame:
+                frame[col] = frame[col] - self.t_start
+        return frame
+
+    def top_threads(self, n: int = 8) -> list[dict[str, Any]]:
+        return self.host.top_threads(n)
+
+    def summary(self) -> dict[str, Any]:
+        work = self.workload.summary()
+        gpu = self.gpu.summary()
+        return {
+            "diagnosis": self.diagnosis.as_dict(),
+            "threads": self.top_threads(),
+            "gpu": gpu,
+            "host": self.host.summary(),
+            "model_busy": work.get("model_busy"),
+            "stages": work.get("stages"),
+            "busy_over_time": {"window_s": self.busy.window_s, "min": _nan_none(self.busy.busy, np.min),
+                               "max": _nan_none(self.busy.busy, np.max)},
+            "ops": self.ops.summary() if self.ops else None,
+            "workload": {k: v for k, v in work.items() if k not in ("stages",)},
+            "warnings": self.warnings,
+        }
+
+
+def _nan_none(values: np.ndarray, fn) -> float | None:
+    return float(fn(values)) if len(values) else None
+
+
+class Recorder:
+    """Starts every sampler around a workload (one clock), then :meth:`join` makes one :class:`Profile`."""
+
+    def __init__(self, interval: float = 0.5, gpu: bool = True, host: bool = True,
+                 clock: _clock.Clock | None = None, nvml: Any = None, busy_window_s: float | None = None):
+        self.clock = clock or _clock.now
+        self.interval = interval
+        self.gpu_sampler = GpuSampler(interval, self.clock, nvml) if gpu else None
+        self.host_sampler = HostSampler(interval) if host else None
+        self.busy_window_s = busy_window_s or max(interval, 0.5)
+        self._stack: ExitStack | None = None
+        self._caught: Any = None
+        self.t_start = self.t_end = math.nan
+
+    def __enter__(self) -> "Recorder":
+        self._stack = ExitStack()
+        self._caught = self._stack.enter_context(warnings.catch_warnings(record=True))
+        warnings.simplefilter("always", RuntimeWarning)
+        for sampler in (self.gpu_sampler, self.host_sampler):
+            if sampler is not None:
+                self._stack.enter_context(sampler)
+        self.t_start = self.clock()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.t_end = self.clock()
+        self._stack.close()
+        for w in self._caught or []:  # re-emit, so callers still see them
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+    def join(self, workload: Workload, ops: OpStats | None = None) -> Profile:
+        """Join the samplers' series with the workload's spans; classify the measured window."""
+        gpu = self.gpu_sampler.series if self.gpu_sampler else GpuSeries(False, "GPU sampling not requested")
+        host = self.host_sampler.series if self.host_sampler else HostSeries()
+        t0 = getattr(workload, "t_window_start", self.t_start)
+        t1 = getattr(workload, "t_end", self.t_end)
+        busy = busy_series(workload.spans(), self.t_start, self.t_end, self.busy_window_s)
+        signals = window_signals(workload, host, gpu, t0, t1, ops)
+        notes = [str(w.message) for w in (self._caught or [])]
+        return Profile(gpu, host, busy, workload, signals, diagnose(signals), self.t_start, self.t_end, ops, notes)
+
+
+def window_signals(workload: Workload, host: HostSeries, gpu: GpuSeries, t0: float, t1: float,
+                   ops: OpStats | None = None) -> Signals:
+    """The numbers the diagnosis reads, restricted to the measured window ``[t0, t1]``."""
+    window = max(t1 - t0, 1e-9)
+    spans = [(a, b) for a, b in workload.spans() if b > t0]
+    sizes = workload.batch_sizes()
+    threads = host.threads_frame()
+    threads = threads[(threads.t >= t0) & (threads.t <= t1 + host_slack(host)) & ~threads.name.isin(SAMPLER_THREADS)]
+    max_cpu, max_name = math.nan, ""
+    if len(threads):
+        per = threads.groupby(["pid", "tid", "name"])["cpu_percent"].mean().sort_values(ascending=False)
+        max_cpu, max_name = float(per.iloc[0]), str(per.index[0][2])
+    hf = host.to_frame()
+    hf = hf[(hf.t >= t0) & (hf.t <= t1 + host_slack(host))]
+    gf = gpu.to_frame()
+    gf = gf[(gf.t >= t0) & (gf.t <= t1)]
+    power = (gf.power_w / gf.power_limit_w).dropna() if len(gf) else pd.Series(dtype=float)
+    return Signals(
+        model_busy=float(workload.model_busy),
+        wait_for_input_share=min(workload.wait_for_input_s() / window, 1.0),
+        wait_for_model_share=_share(workload, "wait_for_model_s", window),
+        median_span_ms=float(np.median([(b - a) * 1000 for a, b in spans])) if spans else math.nan,
+        mean_batch=float(np.mean(sizes)) if sizes else math.nan,
+        max_thread_cpu=max_cpu, max_thread_name=max_name,
+        process_cpu=float(hf.cpu_percent.mean()) if len(hf) else math.nan,
+        disk_mb_s=float((hf.read_mb_s + hf.write_mb_s).mean()) if len(hf) else math.nan,
+        launch_share=ops.launch_share if ops else math.nan,
+        gpu_util=float(gf.sm_util.mean()) if len(gf) else math.nan,
+        gpu_power_frac=float(power.mean()) if len(power) else math.nan,
+        batch_size_knob=workload.knobs.batch_size, dtype_knob=workload.knobs.dtype,
+    )
+
+
+def host_slack(host: HostSeries) -> float:
+    return 0.0 if not host.samples else 1.0  # the last sample lands just after the window closes
+
+
+def _share(workload: Any, method: str, window: float) -> float:
+    fn = getattr(workload, method, None)
+    return min(fn() / window, 1.0) if fn else math.nan
+
+
+def profile_pipeline(knobs: Knobs, data: Any = None, limit: int | None = None, interval: float = 0.5,
+                     with_ops: bool = True, pipeline: Any = None, nvml: Any = None,
+                     **run_kwargs: Any) -> Profile:
+    """Run the offline pipeline under the :class:`Recorder` (plus op statistics) and diagnose it."""
+    from ..data import DEFAULT_DATA
+    from ..pipeline import Pipeline
+
+    pipeline = pipeline or Pipeline(knobs)
+    pipeline.warmup()
+    with Recorder(interval, nvml=nvml) as rec:
+        result = pipeline.run(data if data is not None else DEFAULT_DATA, limit, keep_embeddings=False, **run_kwargs)
+    ops = None
+    if with_ops:
+        ops = _ops_for(pipeline, result)
+    return rec.join(result, ops)
+
+
+def _ops_for(pipeline: Any, result: Any) -> OpStats | None:
+    """Op statistics at the run's most common batch shape."""
+    from .ops import op_stats
+
+    shapes = [(b.ok, b.padded_length) for b in result.batches if b.ok]
+    if not shapes:
+        return None
+    batch, length = max(set(shapes), key=shapes.count)
+    engine = pipeline.engine
+    import torch
+
+    ids = torch.full((batch, length), 1000, dtype=torch.long, device=engine.device)
+    return op_stats(engine.runner, ids, torch.ones_like(ids), batches=3)
+
+
