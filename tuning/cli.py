@@ -94,9 +94,91 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from .httpfront import HttpFront
+    from .serve import Server
+
+    knobs = knobs_from_args(args)
+    front = HttpFront(Server(knobs), args.host, args.port)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with front:
+        print(f"serving {args.preset} on {front.url}  (POST /embed, GET /healthz, GET /metrics; Ctrl-C stops)",
+              flush=True)
+        try:
+            stop.wait(args.duration)
+        except KeyboardInterrupt:
+            pass
+        print("shutting down: draining queued requests", flush=True)
+    return 0
+
+
+def cmd_loadtest(args: argparse.Namespace) -> int:
+    from .data import read_lines
+    from .loadgen import run_load
+    from .report import format_load
+
+    if (args.requests is None) == (args.duration is None):
+        raise UsageError("loadtest: give exactly one of --requests N or --duration S")
+    if not args.data.is_file():
+        raise UsageError(f"--data {str(args.data)!r}: no such file")
+    inputs = [raw for _, raw in read_lines(args.data, args.limit)]
+    load = dict(concurrency=args.concurrency, requests=args.requests, duration_s=args.duration, rate=args.rate,
+                warmup_requests=args.warmup)
+    if args.url:
+        before = _scrape_busy(args.url)
+        result = run_load(args.url, inputs, **load)
+        after = _scrape_busy(args.url)
+        if before is not None and after is not None:
+            result.busy_s = after - before
+    else:
+        from .serve import Server
+
+        with Server(knobs_from_args(args)) as server:
+            result = run_load(server, inputs, **load)
+    summary = result.summary()
+    summary["target"] = args.url or "in-process"
+    if args.json:
+        _print_json(summary)
+    else:
+        print(format_load(summary))
+    return 0
+
+
+def _scrape_busy(url: str) -> float | None:
+    """The server's tuning_model_busy_seconds_total from /metrics next to ``url`` (None if unavailable)."""
+    import urllib.request
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    try:
+        with urllib.request.urlopen(f"{parts.scheme}://{parts.netloc}/metrics", timeout=5) as resp:
+            for line in resp.read().decode().splitlines():
+                if line.startswith("tuning_model_busy_seconds_total "):
+                    return float(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    return value
+
+
 COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
     "run": (cmd_run, "replay the records through the offline pipeline and print throughput and the stage ledger"),
     "profile": (cmd_profile, "run the offline pipeline under every profiler and print the diagnosis"),
+    "serve": (cmd_serve, "serve POST /embed, GET /healthz and GET /metrics over HTTP (loopback by default)"),
+    "loadtest": (cmd_loadtest, "load-test the in-process server (or --url) at fixed concurrency or rate"),
 }
 
 
@@ -105,10 +187,22 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, (_, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        _add_knob_flags(p)
-        _add_data_flags(p)
+        _add_knob_flags(p, "tuned" if name in ("serve", "loadtest") else "baseline")
+        if name != "serve":
+            _add_data_flags(p)
         if name == "profile":
             p.add_argument("--interval", type=float, default=0.5, help="sampling interval in seconds (>= 0.1)")
+        if name == "serve":
+            p.add_argument("--host", default="127.0.0.1", help="address to bind (loopback by default)")
+            p.add_argument("--port", type=int, default=8000, help="port (0: any free port)")
+            p.add_argument("--duration", type=_positive_float, default=None, help="stop after S seconds")
+        if name == "loadtest":
+            p.add_argument("--concurrency", type=_positive_int, default=8, help="requests in flight (closed loop)")
+            p.add_argument("--requests", type=_positive_int, default=None, help="measured requests")
+            p.add_argument("--duration", type=_positive_float, default=None, help="measured seconds")
+            p.add_argument("--rate", type=_positive_float, default=None, help="open loop: Poisson arrivals per second")
+            p.add_argument("--warmup", type=int, default=16, help="warm-up requests excluded from the figures")
+            p.add_argument("--url", default=None, help="drive an HTTP endpoint instead, e.g. http://127.0.0.1:8000/embed")
     return parser
 
 

@@ -188,7 +188,7 @@ PRESETS: dict[str, Knobs] = {
     # torch.compile measured no faster here at these shapes and costs ~5 s per shape, so: eager.
     "tuned": Knobs(
         num_workers=0, batch_size=16, tokenizer="fast", padding="bucket", dtype="bf16", graph="eager",
-        buckets=tuple(range(8, 257, 8)), bucket_window=2048, max_wait_ms=5.0,
+        buckets=tuple(range(8, 257, 8)), bucket_window=2048, max_wait_ms=20.0,
     ),
 }
 

@@ -140,7 +140,10 @@ class LoadResult:
         return list(self.spans_)
 
     def batch_sizes(self) -> list[int]:
-        return [size for _, size in self.batch_log]
+        """Per model call when the server is in-process; else per ok request as the server reported it."""
+        if self.batch_log:
+            return [size for _, size in self.batch_log]
+        return [r.batch_size for r in self.responses if r.outcome == "ok" and r.batch_size]
 
     def wait_for_input_s(self) -> float:
         return self.wait_for_input_total_s

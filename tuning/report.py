@@ -77,3 +77,19 @@ def format_profile(profile) -> str:
     else:
         lines.append(f"GPU: none sampled: {gpu['reason']}")
     return "\n".join(lines)
+
+
+def format_load(s: dict) -> str:
+    """A load test's headline, latency percentiles, outcome counts and stage ledger."""
+    mode = f"open loop at {s['rate']:.1f} req/s" if s["rate"] else f"closed loop at concurrency {s['concurrency']}"
+    lines = [
+        f"target {s['target']}: {mode}, {s['window_s']:.1f} s measured ({s['warmup_requests']} warm-up requests excluded)",
+        f"QPS {s['qps']:.1f}   p50 {_fmt(s['p50_ms'], 0)} ms   p95 {_fmt(s['p95_ms'], 0)} ms   p99 {_fmt(s['p99_ms'], 0)} ms"
+        f"   model busy {_fmt(None if s['model_busy'] is None else 100 * s['model_busy'], 0)}%   mean batch {_fmt(s['mean_batch'], 1)}",
+        f"submitted {s['submitted']} = ok {s['ok']} + errors {s['errors']} + timeouts {s['timeouts']} + rejected {s['rejected']}",
+        "", "stage ledger (ok requests, ms)",
+        table([{"stage": st, **v} for st, v in s["stages"].items()], ["stage", "p50_ms", "p99_ms", "share"]),
+    ]
+    if s["error_reasons"]:
+        lines += ["", table(s["error_reasons"], ["count", "reason"])]
+    return "\n".join(lines)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
+from collections import deque
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
@@ -25,12 +26,14 @@ from . import clock as _clock
 from .batching import BatchFormer
 from .engine import Engine, PreparedBatch, Preparer, make_tokenizer
 from .knobs import Knobs
+from .metrics import BATCH_BUCKETS, SECONDS_BUCKETS, Histogram
 from .preprocess import TextFormatter, Tokenizer, format_record
 from .profile.threads import name_this_thread
 
 OUTCOMES = ("ok", "error", "timeout", "rejected")
 SERVE_STAGES = ("queue_wait", "read", "preprocess", "wait_for_model", "copy", "inference", "postprocess")
 READY_BATCHES = 1  # a prepared batch waits while the model runs the current one: double buffering
+BATCH_LOG_MAX = 100_000  # recent model calls kept for busy-time and batch-size series
 _STOP = object()
 
 
@@ -131,8 +134,11 @@ class Server:
         # batches handed on but not yet taken by the model: one per worker plus the ready queue
         self._slots = threading.Semaphore(max(1, k.num_workers) + READY_BATCHES)
         self.counts = {o: 0 for o in OUTCOMES}
-        self.batches: list[BatchLog] = []
-        self.stage_samples: dict[str, list[float]] = {s: [] for s in SERVE_STAGES}
+        self.batches: deque[BatchLog] = deque(maxlen=BATCH_LOG_MAX)
+        self.batch_hist = Histogram(BATCH_BUCKETS)
+        self.stage_hists = {s: Histogram(SECONDS_BUCKETS) for s in SERVE_STAGES}
+        self.latency_hist = Histogram(SECONDS_BUCKETS)
+        self.busy_total_s = 0.0
         self.t_started = 0.0
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -222,7 +228,8 @@ class Server:
             self.counts[response.outcome] += 1
             if response.outcome == "ok":
                 for stage in SERVE_STAGES:
-                    self.stage_samples[stage].append(getattr(response, f"{stage}_ms"))
+                    self.stage_hists[stage].observe(getattr(response, f"{stage}_ms") / 1000)
+                self.latency_hist.observe(response.latency_ms / 1000)
         req.future.set_result(response)
 
     # --- threads -------------------------------------------------------------------------------
@@ -317,6 +324,9 @@ class Server:
             self._complete(batch, prepared, out, t_prep_start, t_received)
             self.batches.append(BatchLog(out.t_infer_start, out.t_infer_end, len(prepared.ok_items),
                                          prepared.padded_length, (t_received - t_idle) * 1000, out.error))
+            if prepared.ok_items:
+                self.batch_hist.observe(len(prepared.ok_items))
+            self.busy_total_s += out.t_infer_end - out.t_infer_start
             t_idle = self.clock()
 
     def _complete(self, batch: list[_Request], prepared: PreparedBatch, out: Any, t_prep_start: float,

@@ -1,0 +1,24 @@
+"""Small stand-ins shared by the serving tests."""
+
+import time
+
+import torch
+
+
+class TinyModel(torch.nn.Module):
+    """A fast stand-in model: embeds the token count; optional delay and failure on chosen calls."""
+
+    def __init__(self, delay_s: float = 0.0, fail_on_calls: tuple[int, ...] = ()):
+        super().__init__()
+        self.proj = torch.nn.Linear(1, 8)
+        self.delay_s = delay_s
+        self.fail_on_calls = set(fail_on_calls)
+        self.calls = 0
+
+    def forward(self, ids, mask):
+        self.calls += 1
+        if self.calls in self.fail_on_calls:
+            raise RuntimeError(f"injected failure on call {self.calls}")
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        return torch.nn.functional.normalize(self.proj(mask.float().sum(1, keepdim=True)), dim=1)

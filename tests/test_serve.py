@@ -1,0 +1,186 @@
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from tests.helpers import TinyModel
+from tuning.data import read_lines
+from tuning.engine import Engine
+from tuning.httpfront import HttpFront
+from tuning.knobs import Knobs
+from tuning.loadgen import run_load, sweep
+from tuning.serve import Server
+
+KNOBS = Knobs(num_workers=2, batch_size=8, tokenizer="fast", padding="bucket", max_wait_ms=2.0)
+
+
+@pytest.fixture(scope="module")
+def lines():
+    return [raw for _, raw in read_lines(limit=200)]
+
+
+def make_server(knobs=KNOBS, **model_kw):
+    return Server(knobs, engine=Engine(knobs, TinyModel(**model_kw)))
+
+
+def test_one_outcome_per_request_at_concurrency_64_with_malformed(lines):
+    bad = [b"{oops", b'{"id": "x"}', b"", b'{"id": "e", "title": "", "category": "c", "attributes": {}, "body": " "}']
+    inputs = [bad[i % len(bad)] if i % 20 == 0 else lines[i % len(lines)] for i in range(400)]  # 5% malformed
+    with make_server() as server:
+        result = run_load(server, inputs, concurrency=64, requests=400)
+        assert server.queue_depth == 0
+    s = result.summary()
+    assert s["submitted"] == 400 == s["ok"] + s["errors"] + s["timeouts"] + s["rejected"]
+    assert s["errors"] == 20 and s["ok"] == 380
+    assert sorted(r.request for r in result.responses) == sorted(set(r.request for r in result.responses))
+    assert all(r.reason for r in result.responses if r.outcome != "ok")
+    assert s["mean_batch"] > 1 and 0 < s["model_busy"] <= 1
+    assert s["p50_ms"] <= s["p95_ms"] <= s["p99_ms"]
+    assert len(result.inflight_frame()) and max(result.inflight_frame().inflight) <= 64
+
+
+def test_exception_in_one_batch_fails_that_batch_only(lines):
+    knobs = KNOBS.replace(num_workers=1, max_wait_ms=50.0, padding="dynamic")
+    with make_server(knobs, fail_on_calls=(3,)) as server:  # calls 1-2 are warm-up
+        first = [server.submit(raw) for raw in lines[:8]]  # one full batch -> the failing call
+        failed = [f.result(timeout=30) for f in first]
+        later = [f.result(timeout=30) for f in [server.submit(raw) for raw in lines[8:16]]]
+    assert all(r.outcome == "error" and "injected failure" in r.reason for r in failed)
+    assert all(r.outcome == "ok" for r in later)
+
+
+def test_full_queue_rejects_at_once(lines):
+    knobs = KNOBS.replace(max_queue=4, num_workers=1, batch_size=2)
+    with make_server(knobs, delay_s=0.2) as server:
+        futures = [server.submit(raw) for raw in lines[:12]]
+        results = [f.result(timeout=30) for f in futures]
+    rejected = [r for r in results if r.outcome == "rejected"]
+    assert len(rejected) == 8 and "max_queue=4" in rejected[0].reason
+    assert rejected[0].latency_ms < 50
+    assert sum(r.outcome == "ok" for r in results) == 4
+
+
+def test_deadline_turns_into_timeout(lines):
+    knobs = KNOBS.replace(num_workers=1, batch_size=1, deadline_ms=50.0)
+    with make_server(knobs, delay_s=0.1) as server:
+        results = [f.result(timeout=30) for f in [server.submit(raw) for raw in lines[:4]]]
+    assert {r.outcome for r in results} == {"timeout"} and all("deadline" in r.reason for r in results)
+
+
+def test_shutdown_under_load_leaves_nothing_pending(lines):
+    server = make_server(KNOBS.replace(num_workers=1), delay_s=0.02).start()
+    futures = [server.submit(raw) for raw in lines * 2]
+    time.sleep(0.1)
+    server.close(drain=False)
+    results = [f.result(timeout=5) for f in futures]
+    outcomes = {r.outcome for r in results}
+    assert len(results) == len(futures) and outcomes <= {"ok", "error"}
+    assert any("shut down" in (r.reason or "") for r in results)
+    late = server.submit(lines[0]).result(timeout=1)
+    assert late.outcome == "rejected" and "not running" in late.reason
+
+
+def test_drain_finishes_everything(lines):
+    server = make_server(delay_s=0.005).start()
+    futures = [server.submit(raw) for raw in lines[:50]]
+    server.close(drain=True)
+    assert all(f.result(timeout=1).outcome == "ok" for f in futures)
+
+
+def test_open_loop_and_sweep(lines):
+    with make_server() as server:
+        result = run_load(server, lines, concurrency=16, duration_s=0.6, rate=150.0, warmup_requests=5)
+    s = result.summary()
+    assert s["mode"] == "open" and s["submitted"] == s["ok"] > 20 and s["warmup_requests"] == 5
+    engine = Engine(KNOBS, TinyModel())
+    frame = sweep(KNOBS, lines, "max_wait_ms", [0.0, 5.0], requests=40, concurrency=8, engine=engine)
+    assert list(frame["max_wait_ms"]) == [0.0, 5.0] and {"qps", "p99_ms"} <= set(frame.columns)
+    frame = sweep(KNOBS, lines, "concurrency", [1, 4], requests=20, engine=engine)
+    assert list(frame["concurrency"]) == [1, 4] and (frame.ok == 20).all()
+
+
+def test_load_arguments_are_validated(lines):
+    with pytest.raises(ValueError, match="exactly one"):
+        run_load(lambda raw: None, lines)
+    with pytest.raises(ValueError, match="concurrency=0"):
+        run_load(lambda raw: None, lines, concurrency=0, requests=1)
+
+
+def _post(url, body: bytes, headers=None):
+    req = urllib.request.Request(url, data=body, method="POST", headers=headers or {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_http_front_on_loopback(lines):
+    with HttpFront(make_server(), port=0) as front:
+        url = front.url + "/embed"
+        status, body = _post(url, lines[0])
+        assert status == 200 and body["id"] == "rec-00000" and len(body["embedding"]) == 8
+        status, body = _post(url, json.dumps({"text": "hello there"}).encode())
+        assert status == 200 and body["n_tokens"] == 4
+        for payload, needle in [(b"{nope", "malformed JSON"), (b"[1,2]", "expected a JSON object"),
+                                (b'{"text": 5}', "'text' must be a string"), (b'{"text": "  "}', "'text' is empty"),
+                                (b'{"id": "a"}', "missing field"), (b"\xff\xfe", "UTF-8")]:
+            status, body = _post(url, payload)
+            assert status == 400 and needle in body["error"], (payload, body)
+        status, body = _post(url, b"x" * (1 << 20 + 1))
+        assert status == 413 and "limit" in body["error"]
+        with urllib.request.urlopen(front.url + "/healthz") as resp:
+            assert json.loads(resp.read())["status"] == "ok"
+        with urllib.request.urlopen(front.url + "/metrics") as resp:
+            text = resp.read().decode()
+        assert 'tuning_requests_total{outcome="ok"} 2' in text and "tuning_queue_depth 0" in text
+        assert 'tuning_stage_seconds_bucket{stage="inference",le="+Inf"} 2' in text
+        assert "tuning_batch_size_count" in text
+        status, body = _post(front.url + "/nope", b"{}")
+        assert status == 404
+        result = run_load(url, lines, concurrency=8, requests=40)  # the load generator drives the URL too
+        assert result.summary()["ok"] == 40
+
+
+def test_cli_serve_and_loadtest_url_together(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    serve = subprocess.Popen([sys.executable, "-m", "tuning", "serve", "--port", str(port), "--duration", "120"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = serve.stdout.readline()
+        assert f"127.0.0.1:{port}" in line, serve.stderr.read() if serve.poll() is not None else line
+        out = subprocess.run([sys.executable, "-m", "tuning", "loadtest", "--url", f"http://127.0.0.1:{port}/embed",
+                              "--concurrency", "4", "--requests", "24", "--limit", "100", "--json"],
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        data = json.loads(out.stdout)
+        for key in ("qps", "p50_ms", "p95_ms", "p99_ms", "submitted", "ok", "errors", "timeouts", "rejected", "model_busy"):
+            assert key in data
+        assert data["submitted"] == data["ok"] == 24 and data["model_busy"] > 0
+    finally:
+        serve.terminate()
+        serve.wait(timeout=60)
+    assert serve.returncode == 0
+
+
+def test_cli_loadtest_in_process_and_bad_flags():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "tuning", "loadtest", "--set", "batch_size=4", "--concurrency", "8",
+                          "--requests", "32", "--limit", "64", "--json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["submitted"] == 32 and data["ok"] == 32 and data["mean_batch"] > 1
+    bad = subprocess.run([sys.executable, "-m", "tuning", "loadtest", "--concurrency", "4"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--requests" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
