@@ -130,7 +130,7 @@ def test_http_front_on_loopback(lines):
                                 (b'{"id": "a"}', "missing field"), (b"\xff\xfe", "UTF-8")]:
             status, body = _post(url, payload)
             assert status == 400 and needle in body["error"], (payload, body)
-        status, body = _post(url, b"x" * (1 << 20 + 1))
+        status, body = _post(url, b"x" * ((1 << 20) + 1))
         assert status == 413 and "limit" in body["error"]
         with urllib.request.urlopen(front.url + "/healthz") as resp:
             assert json.loads(resp.read())["status"] == "ok"

@@ -18,6 +18,7 @@ from .metrics import prometheus_text
 from .serve import SERVE_STAGES, Server
 
 MAX_BODY_BYTES = 1 << 20
+DRAIN_LIMIT_BYTES = 16 << 20  # larger bodies are cut off without reading
 STATUS_BY_OUTCOME = {"ok": 200, "rejected": 503, "timeout": 504, "error": 500}
 
 
@@ -70,7 +71,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(400, f"Content-Length {length_header!r} is not an integer")
             return
         if length > MAX_BODY_BYTES:
-            self._error(413, f"body of {length} bytes is over the {MAX_BODY_BYTES}-byte limit; send one request per POST")
+            if length <= DRAIN_LIMIT_BYTES:  # read it away so the client sees the 413, not a broken pipe
+                for _ in range(0, length, 1 << 16):
+                    self.rfile.read(min(1 << 16, length))
+                    length -= 1 << 16
+            self._error(413, f"body of {length_header} bytes is over the {MAX_BODY_BYTES}-byte limit; "
+                             "send one request per POST")
             self.close_connection = True
             return
         raw = self.rfile.read(length)
