@@ -164,6 +164,103 @@ def _scrape_busy(url: str) -> float | None:
     return None
 
 
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers, e.g. 1,2,4,8") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give positive integers, e.g. 1,2,4,8")
+    return values
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        values = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers, e.g. 0,5,20") from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give numbers >= 0, e.g. 0,5,20")
+    return values
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from .report import table
+
+    knobs = knobs_from_args(args)
+    if args.variable == "batch":
+        from .sweep import run_batch_sweep
+
+        result = run_batch_sweep(knobs, args.sizes or [1, 2, 4, 8, 16, 32], args.length, args.repeats)
+        summary = result.summary()
+        if args.json:
+            _print_json(summary)
+        else:
+            print(f"batch sweep at {args.length} tokens, {summary['device']} {summary['dtype']} {summary['graph']}")
+            print(table(summary["points"], ["batch_size", "status", "per_batch_ms", "per_sample_ms", "throughput",
+                                            "memory_mb"]))
+            print(f"knee (smallest batch within 5% of the best per-sample cost): {summary['knee']}; "
+                  f"marginal gain under 5% from batch {summary['diminishing_returns_at']}")
+        return 0
+    from .data import read_lines
+    from .loadgen import sweep
+
+    if not args.data.is_file():
+        raise UsageError(f"--data {str(args.data)!r}: no such file")
+    inputs = [raw for _, raw in read_lines(args.data, args.limit)]
+    variable = {"concurrency": "concurrency", "wait": "max_wait_ms"}[args.variable]
+    values = args.values or ([1, 4, 16, 32, 64] if variable == "concurrency" else [0.0, 5.0, 20.0, 50.0])
+    if variable == "concurrency":
+        values = [int(v) for v in values]
+    frame = sweep(knobs, inputs, variable, values, requests=args.requests,
+                  concurrency=None if variable == "concurrency" else args.concurrency)
+    if args.json:
+        _print_json({"variable": variable, "points": frame.astype(object).where(frame.notna(), None).to_dict("records")})
+    else:
+        print(frame.round(2).to_string(index=False))
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .buckets import observed_lengths, padding_waste
+    from .report import table
+
+    knobs = knobs_from_args(args)
+    if not args.data.is_file():
+        raise UsageError(f"--data {str(args.data)!r}: no such file")
+    import numpy as np
+
+    lengths = observed_lengths(args.limit, knobs.max_length, args.data)
+    report = padding_waste(lengths, knobs.batch_size, knobs.max_length, args.k, knobs.buckets)
+    if args.json:
+        _print_json({"k": args.k, "planned_buckets": list(report.planned), "requests": len(lengths),
+                     "strategies": report.table.to_dict("records")})
+    else:
+        print(f"{len(lengths)} requests, token lengths p50 {int(np.median(lengths))}, max {max(lengths)}")
+        print(table(report.table.to_dict("records"), ["strategy", "shapes", "padded_tokens", "real_tokens",
+                                                       "padded_over_real", "waste"]))
+        print(f"planned buckets: --set buckets={','.join(map(str, report.planned))} --set padding=bucket")
+    return 0
+
+
+def cmd_precision(args: argparse.Namespace) -> int:
+    from .data import load_texts
+    from .precision import precision_report
+    from .report import table
+
+    if not args.data.is_file():
+        raise UsageError(f"--data {str(args.data)!r}: no such file")
+    report = precision_report(load_texts(args.data, args.limit))
+    if args.json:
+        _print_json(report.summary())
+    else:
+        print(f"embeddings against fp32 on {report.texts} texts ({report.device})")
+        rows = [{**r, "min_cosine": f"{r['min_cosine']:.6f}", "mean_cosine": f"{r['mean_cosine']:.6f}"}
+                if r["status"] == "ok" else r for r in report.to_frame().to_dict("records")]
+        print(table(rows, ["dtype", "texts", "min_cosine", "mean_cosine", "status"]))
+    return 0
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -179,6 +276,9 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
     "profile": (cmd_profile, "run the offline pipeline under every profiler and print the diagnosis"),
     "serve": (cmd_serve, "serve POST /embed, GET /healthz and GET /metrics over HTTP (loopback by default)"),
     "loadtest": (cmd_loadtest, "load-test the in-process server (or --url) at fixed concurrency or rate"),
+    "sweep": (cmd_sweep, "sweep one variable: batch size (model, fixed shapes), concurrency or wait (server)"),
+    "plan": (cmd_plan, "choose k bucket lengths from the token-length histogram; padding waste per strategy"),
+    "precision": (cmd_precision, "accuracy of bf16/fp16 embeddings against fp32 (min and mean cosine)"),
 }
 
 
@@ -196,6 +296,16 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--host", default="127.0.0.1", help="address to bind (loopback by default)")
             p.add_argument("--port", type=int, default=8000, help="port (0: any free port)")
             p.add_argument("--duration", type=_positive_float, default=None, help="stop after S seconds")
+        if name == "sweep":
+            p.add_argument("variable", choices=["batch", "concurrency", "wait"], help="what to sweep")
+            p.add_argument("--sizes", type=_int_list, default=None, help="batch sizes, e.g. 1,2,4,8,16,32")
+            p.add_argument("--length", type=_positive_int, default=64, help="tokens per input for the batch sweep")
+            p.add_argument("--repeats", type=_positive_int, default=5, help="timed repeats per batch size")
+            p.add_argument("--values", type=_float_list, default=None, help="concurrency or max_wait_ms values")
+            p.add_argument("--requests", type=_positive_int, default=200, help="requests per point (server sweeps)")
+            p.add_argument("--concurrency", type=_positive_int, default=32, help="clients for the wait sweep")
+        if name == "plan":
+            p.add_argument("--k", type=_positive_int, default=4, help="number of bucket lengths (shapes)")
         if name == "loadtest":
             p.add_argument("--concurrency", type=_positive_int, default=8, help="requests in flight (closed loop)")
             p.add_argument("--requests", type=_positive_int, default=None, help="measured requests")

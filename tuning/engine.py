@@ -156,12 +156,18 @@ class Engine:
         self.runner = self._make_runner()
 
     def _make_runner(self) -> Callable:
-        if self.knobs.graph == "compile":
-            return torch.compile(self.model, dynamic=self.knobs.padding == "dynamic")
-        if self.knobs.graph == "cuda_graph":
+        k = self.knobs
+        if k.graph == "compile":
+            import torch._dynamo
+
+            # one compilation per bucket shape: allow that many before dynamo gives up and falls back to eager
+            shapes = len(k.bucket_lengths) if k.padding == "bucket" else 1
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * shapes + 2)
+            return torch.compile(self.model, dynamic=k.padding == "dynamic")
+        if k.graph == "cuda_graph":
             from .graphs import CudaGraphRunner
 
-            return CudaGraphRunner(self.model, self.device)
+            return CudaGraphRunner(self.model, self.device, batch_sizes=(k.batch_size,))
         return self.model
 
     def _sync(self) -> None:
