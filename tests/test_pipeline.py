@@ -117,3 +117,13 @@ def test_cli_bad_input_exits_2_with_one_line(args, needle):
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], out.stderr
+
+
+def test_grouping_by_tokens_pads_less_and_counts_its_pass():
+    base = Knobs(num_workers=0, batch_size=16, tokenizer="fast", padding="bucket", buckets=tuple(range(8, 257, 8)),
+                 bucket_window=300)
+    by_bytes = run_pipeline(base, limit=300, keep_embeddings=False)
+    by_tokens = run_pipeline(base.replace(group_by="tokens"), limit=300, keep_embeddings=False)
+    assert by_tokens.padding_waste < by_bytes.padding_waste
+    assert by_tokens.plan_spans and by_tokens.window_s > by_tokens.t_end - by_tokens.t_window_start
+    assert by_tokens.ok == by_bytes.ok == 300
