@@ -158,3 +158,24 @@ def test_cli_sweep_batch_and_plan_json():
     assert wastes["planned"] < wastes["dynamic"] < wastes["fixed"]
     bad = _cli("sweep", "batch", "--sizes", "a,b")
     assert bad.returncode == 2 and "comma-separated" in bad.stderr
+
+
+def test_gpu_check_cpu_side(tmp_path, monkeypatch):
+    """The GPU check's logic on a CPU: eager runs, cuda_graph is refused with the fix, rows and JSON are complete."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "gpu_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_check", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "load_minilm", lambda: (_ for _ in ()).throw(FileNotFoundError("not installed")))
+    result = module.run_check(batches=(1, 2), lengths=(8,), modes=("eager", "cuda_graph"), repeats=2,
+                              device_name="cpu")
+    assert "RANDOM weights" in result["weights"]
+    modes = {(r["mode"], r["batch"]): r for r in result["rows"]}
+    assert modes[("eager", 2)]["status"] == "ok" and modes[("eager", 2)]["min_cosine_vs_eager"] > 0.9999
+    assert modes[("cuda_graph", 1)]["status"].startswith("refused") and "graph='compile'" in modes[("cuda_graph", 1)]["status"]
+    assert result["ops_eager_batch1"]["ops_per_batch"] > 0
+    assert not result["nvml"]["available"] and result["nvml"]["reason"]
+    json.dumps(result, default=str)

@@ -33,7 +33,9 @@ class BatchFormer(Generic[T]):
     max_wait_s: float
     bucket_of: Callable[[T], int] = field(default=lambda item: 0)
     bucket_lengths: tuple[int, ...] | None = None  # length of each bucket index; None: one bucket
-    max_padding: float = 0.25  # a topped-up member may be padded by at most this share of the batch length
+    # a topped-up member may be padded by at most this share of the batch length
+    # (0.15 measured best of 0.15, 0.25, 0.4, 0.6 at concurrency 32 on the 2-core CPU)
+    max_padding: float = 0.15
     _pending: dict[int, list[Pending[T]]] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:

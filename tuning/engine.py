@@ -84,46 +84,63 @@ class Preparer:
     def read(self, index: int, raw: Any) -> Record | RecordError | str:
         if isinstance(raw, (bytes, bytearray)):
             return parse_line(bytes(raw), index)
-        if isinstance(raw, (Record, str)):
+        if isinstance(raw, (Record, RecordError, str)):
             return raw
         return RecordError(index, f"unsupported input type {type(raw).__name__}; send a JSONL line, a Record or a str")
+
+    def to_text(self, index: int, raw: Any) -> tuple[Item, str | None]:
+        """read + format one input: its :class:`Item` and model text (None when it failed, with the reason)."""
+        rec = self.read(index, raw)
+        if isinstance(rec, RecordError):
+            return Item(index, rec.id, rec.reason), None
+        item = Item(index, rec.id if isinstance(rec, Record) else None)
+        try:
+            text = rec if isinstance(rec, str) else self.formatter(rec)
+        except Exception as exc:  # a user formatter failing on one record fails that record only
+            item.error = f"format failed: {type(exc).__name__}: {exc}"
+            return item, None
+        if not text.strip():
+            item.error = "empty text"
+            return item, None
+        return item, text
+
+    def tokenize(self, items: Sequence[Item], texts: Sequence[str]) -> list[Tokenized] | None:
+        """Tokenize the texts of good items (in order), recording token counts; None (items failed) on error."""
+        try:
+            encoded = self.tokenizer.encode_batch(texts)
+        except Exception as exc:
+            for it in items:
+                it.error = f"preprocess failed: {type(exc).__name__}: {exc}"
+            return None
+        for it, enc in zip(items, encoded):
+            it.n_tokens, it.truncated = enc.n_tokens, enc.truncated
+        return encoded
+
+    def build(self, items: Sequence[Item], encoded: Sequence[Tokenized]) -> tuple[Any, Any, int]:
+        """Pad to the batch's length (by the padding knob) and build tensors: ``(ids, mask, length)``."""
+        try:
+            length = pad_length([len(e.ids) for e in encoded], self.knobs.padding, self.knobs.max_length,
+                                self.knobs.bucket_lengths)
+            ids, mask = self.tokenizer.build_batch(encoded, length)
+            return ids, mask, length
+        except Exception as exc:
+            for it in items:
+                it.error = f"preprocess failed: {type(exc).__name__}: {exc}"
+            return None, None, 0
 
     def __call__(self, inputs: Sequence[tuple[int, Any]]) -> PreparedBatch:
         t0 = self.clock()
         parsed = [(i, self.read(i, raw)) for i, raw in inputs]
         t1 = self.clock()
-        items, texts = [], []
-        for index, rec in parsed:
-            if isinstance(rec, RecordError):
-                items.append(Item(index, rec.id, rec.reason))
-                continue
-            item = Item(index, rec.id if isinstance(rec, Record) else None)
-            try:
-                text = rec if isinstance(rec, str) else self.formatter(rec)
-            except Exception as exc:  # a user formatter failing on one record fails that record only
-                item.error = f"format failed: {type(exc).__name__}: {exc}"
-                items.append(item)
-                continue
-            if not text.strip():
-                item.error = "empty text"
-            else:
-                texts.append(text)
-            items.append(item)
-        ok = [it for it in items if it.error is None]
+        converted = [self.to_text(i, rec) for i, rec in parsed]
+        items = [item for item, _ in converted]
+        ok = [item for item, text in converted if text is not None]
         ids = mask = None
         length = 0
         if ok:
-            try:
-                encoded: list[Tokenized] = self.tokenizer.encode_batch(texts)
-                for it, enc in zip(ok, encoded):
-                    it.n_tokens, it.truncated = enc.n_tokens, enc.truncated
-                length = pad_length([len(e.ids) for e in encoded], self.knobs.padding, self.knobs.max_length,
-                                    self.knobs.bucket_lengths)
-                ids, mask = self.tokenizer.build_batch(encoded, length)
-            except Exception as exc:
-                for it in ok:
-                    it.error = f"preprocess failed: {type(exc).__name__}: {exc}"
-                ids = mask = None
+            encoded = self.tokenize(ok, [text for _, text in converted if text is not None])
+            if encoded is not None:
+                ids, mask, length = self.build(ok, encoded)
         t2 = self.clock()
         return PreparedBatch(items, ids, mask, t1 - t0, t2 - t1, t2, os.getpid(), length)
 

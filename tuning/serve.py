@@ -1,9 +1,13 @@
-"""The online driver: bounded admission, a dynamic batcher, preprocessing workers with double
+"""The online driver: bounded admission, preprocessing workers, a dynamic batcher, double
 buffering, one model executor, and a future per request.
 
-    request -> [admission: max_queue] -> batcher (max_batch_size, max_wait_ms, per bucket)
-            -> preprocess workers (num_workers) -> ready queue (2 batches: double buffering)
+    request -> [admission: max_queue] -> preprocess workers (num_workers: read, format, tokenize)
+            -> batcher (max_batch_size, max_wait_ms, per exact-length bucket; pads, builds tensors)
+            -> ready queue (one batch prepared while the model runs the current one)
             -> model executor -> future
+
+Tokenizing before batching lets the batcher group by exact token length, so bucket
+padding pads little (a byte-size guess would put long and short requests together).
 
 Every submitted request gets exactly one :class:`Response` with outcome ``ok``, ``error``,
 ``timeout`` or ``rejected``; shutdown drains or explicitly fails what is queued.
@@ -24,17 +28,18 @@ import torch
 
 from . import clock as _clock
 from .batching import BatchFormer
-from .engine import Engine, PreparedBatch, Preparer, make_tokenizer
+from .engine import Engine, Item, PreparedBatch, Preparer, make_tokenizer
 from .knobs import Knobs
 from .metrics import BATCH_BUCKETS, SECONDS_BUCKETS, Histogram
-from .preprocess import TextFormatter, Tokenizer, format_record
+from .preprocess import TextFormatter, Tokenized, Tokenizer, format_record
 from .profile.threads import name_this_thread
 
 OUTCOMES = ("ok", "error", "timeout", "rejected")
 SERVE_STAGES = ("queue_wait", "read", "preprocess", "wait_for_model", "copy", "inference", "postprocess")
-READY_BATCHES = 1  # a prepared batch waits while the model runs the current one: double buffering
+IN_FLIGHT_BATCHES = 2  # one batch running + one prepared and waiting: double buffering
 BATCH_LOG_MAX = 100_000  # recent model calls kept for busy-time and batch-size series
 _STOP = object()
+_WAKE = object()  # the executor finished a batch: the batcher may send the next
 
 
 @dataclass
@@ -79,8 +84,12 @@ class _Request:
     t_submit: float
     deadline: float | None
     future: Future
-    size_hint: int
-    t_batched: float = 0.0
+    item: Item | None = None
+    encoded: Tokenized | None = None
+    t_prep_start: float = 0.0
+    t_prep_end: float = 0.0
+    read_s: float = 0.0
+    prep_s: float = 0.0
 
 
 @dataclass
@@ -91,16 +100,6 @@ class BatchLog:
     padded_length: int
     wait_for_input_ms: float
     error: str | None
-
-
-def size_hint(raw: Any) -> int:
-    """A token-count estimate before tokenizing, for grouping by length (about 4 bytes per token)."""
-    if isinstance(raw, (bytes, bytearray)):
-        return len(raw) // 4 + 2
-    if isinstance(raw, str):
-        return len(raw.encode("utf-8", "replace")) // 4 + 2
-    body = getattr(raw, "body", "")
-    return (len(body) + len(getattr(raw, "title", ""))) // 4 + 20
 
 
 class Server:
@@ -117,22 +116,24 @@ class Server:
         self.clock = clock or _clock.now
         self.preparer = Preparer(self.knobs, tokenizer or make_tokenizer(self.knobs), formatter, self.clock)
         k = self.knobs
+        self.workers = max(1, k.num_workers)
         buckets = k.bucket_lengths
-        bucket_of = (lambda r: next((i for i, b in enumerate(buckets) if b >= r.size_hint), len(buckets) - 1)) \
-            if k.padding == "bucket" else (lambda r: 0)
-        self.former: BatchFormer[_Request] = BatchFormer(k.batch_size, k.max_wait_ms / 1000, bucket_of,
-                                                        buckets if k.padding == "bucket" else None)
+        if k.padding == "bucket":
+            self.former: BatchFormer[_Request] = BatchFormer(
+                k.batch_size, k.max_wait_ms / 1000,
+                lambda r: next(i for i, b in enumerate(buckets) if b >= len(r.encoded.ids)), buckets)
+        else:
+            self.former = BatchFormer(k.batch_size, k.max_wait_ms / 1000)
         self._incoming: queue.Queue = queue.Queue()
-        self._to_prepare: queue.Queue = queue.Queue()
-        self._ready: queue.Queue = queue.Queue(maxsize=READY_BATCHES)
+        self._tokenized: queue.Queue = queue.Queue()
+        self._ready: queue.Queue = queue.Queue()
+        self._in_flight = 0  # batches dispatched and not yet run (bounded by IN_FLIGHT_BATCHES)
         self._lock = threading.Lock()
         self._open: dict[int, _Request] = {}
         self._ids = itertools.count()
         self._accepting = False
         self._abort = False
         self._threads: list[threading.Thread] = []
-        # batches handed on but not yet taken by the model: one per worker plus the ready queue
-        self._slots = threading.Semaphore(max(1, k.num_workers) + READY_BATCHES)
         self.counts = {o: 0 for o in OUTCOMES}
         self.batches: deque[BatchLog] = deque(maxlen=BATCH_LOG_MAX)
         self.batch_hist = Histogram(BATCH_BUCKETS)
@@ -148,9 +149,8 @@ class Server:
         if warmup:
             self.engine.warmup()
         self._accepting, self._abort = True, False
-        workers = max(1, self.knobs.num_workers)
-        specs = [("batcher", self._batcher_loop)] + [(f"preprocess-{i}", self._worker_loop) for i in range(workers)]
-        specs.append(("model-executor", self._executor_loop))
+        specs = [(f"preprocess-{i}", self._worker_loop) for i in range(self.workers)]
+        specs += [("batcher", self._batcher_loop), ("model-executor", self._executor_loop)]
         for name, target in specs:
             t = threading.Thread(target=self._named(name, target), name=name, daemon=True)
             t.start()
@@ -172,7 +172,8 @@ class Server:
                 return
             self._accepting = False
             self._abort = not drain
-        self._incoming.put(_STOP)
+        for _ in range(self.workers):
+            self._incoming.put(_STOP)
         deadline = _clock.now() + timeout
         for t in self._threads:
             t.join(max(0.0, deadline - _clock.now()))
@@ -180,7 +181,7 @@ class Server:
         with self._lock:
             leftovers = list(self._open.values())
         for req in leftovers:
-            self._finish(req, Response(req.rid, "error", "server shut down before this request was processed"))
+            self._fail_shutdown(req)
 
     def __enter__(self) -> "Server":
         return self.start()
@@ -200,7 +201,7 @@ class Server:
         future: Future = Future()
         rid = next(self._ids)
         deadline_ms = deadline_ms if deadline_ms is not None else self.knobs.deadline_ms
-        req = _Request(rid, raw, now, now + deadline_ms / 1000 if deadline_ms else None, future, size_hint(raw))
+        req = _Request(rid, raw, now, now + deadline_ms / 1000 if deadline_ms else None, future)
         with self._lock:
             if not self._accepting:
                 reason = "rejected: server is not running (start it, or it is shutting down)"
@@ -210,7 +211,8 @@ class Server:
                 reason = None
                 self._open[rid] = req
         if reason:
-            self.counts["rejected"] += 1
+            with self._lock:
+                self.counts["rejected"] += 1
             future.set_result(Response(rid, "rejected", reason, t_submit=now, t_done=self.clock()))
             return future
         self._incoming.put(req)
@@ -232,96 +234,111 @@ class Server:
                 self.latency_hist.observe(response.latency_ms / 1000)
         req.future.set_result(response)
 
+    def _fail_shutdown(self, req: _Request) -> None:
+        self._finish(req, Response(req.rid, "error", "server shut down before this request was processed",
+                                   req.item.id if req.item else None))
+
     # --- threads -------------------------------------------------------------------------------
-    def _expire(self, now: float) -> None:
-        for req in self.former.remove(lambda r: r.deadline is not None and now >= r.deadline):
-            self._finish(req, Response(req.rid, "timeout", "deadline exceeded while queued", t_done=now,
-                                       queue_wait_ms=(now - req.t_submit) * 1000))
-
-    def _free_slots(self) -> int:
-        n = 0
-        while self._slots.acquire(blocking=False):
-            n += 1
-        for _ in range(n):
-            self._slots.release()
-        return n
-
-    def _dispatch(self, batches: list[list[_Request]], now: float, use_slots: bool = True) -> None:
-        for batch in batches:
-            if use_slots:
-                self._slots.acquire()
-            for req in batch:
-                req.t_batched = now
-            self._to_prepare.put(batch)
-
-    def _batcher_loop(self) -> None:
-        stopping = False
-        while not stopping:
-            wake = self.former.next_deadline()
-            timeout = None if wake is None else max(0.0, wake - self.clock())
-            if wake is not None and timeout == 0.0 and not self._free_slots():
-                timeout = 0.002  # a batch is due but the model side is full: keep gathering
-            try:
-                item = self._incoming.get(timeout=timeout)
-            except queue.Empty:
-                item = None
-            if item is _STOP:
-                stopping = True
-            elif item is not None:
-                self.former.add(item, item.t_submit)
-                while True:  # take everything already waiting before deciding
-                    try:
-                        more = self._incoming.get_nowait()
-                    except queue.Empty:
-                        break
-                    if more is _STOP:
-                        stopping = True
-                        break
-                    self.former.add(more, more.t_submit)
-            now = self.clock()
-            self._expire(now)
-            self._dispatch(self.former.pop_ready(now, self._free_slots()), now)
-        now = self.clock()
-        if self._abort:
-            for batch in self.former.drain():
-                for req in batch:
-                    self._finish(req, Response(req.rid, "error", "server shut down before this request was processed"))
-        else:
-            self._dispatch(self.former.drain(), now, use_slots=False)
-        for _ in range(max(1, self.knobs.num_workers)):
-            self._to_prepare.put(_STOP)
-
     def _worker_loop(self) -> None:
+        """read, format and tokenize one request at a time; bad input is answered here."""
         while True:
-            batch = self._to_prepare.get()
-            if batch is _STOP:
-                self._ready.put(_STOP)
+            req = self._incoming.get()
+            if req is _STOP:
+                self._tokenized.put(_STOP)
                 return
             if self._abort:
-                for req in batch:
-                    self._finish(req, Response(req.rid, "error", "server shut down before this request was processed"))
+                self._fail_shutdown(req)
                 continue
-            t0 = self.clock()
-            prepared = self.preparer([(req.rid, req.raw) for req in batch])
-            self._ready.put((batch, prepared, t0))
+            req.t_prep_start = t0 = self.clock()
+            parsed = self.preparer.read(req.rid, req.raw)
+            t1 = self.clock()
+            item, text = self.preparer.to_text(req.rid, parsed)
+            encoded = self.preparer.tokenize([item], [text]) if text is not None else None
+            req.t_prep_end = t2 = self.clock()
+            req.item, req.read_s, req.prep_s = item, t1 - t0, t2 - t1
+            if item.error is not None or not encoded:
+                self._finish(req, Response(req.rid, "error", item.error or "preprocess failed", item.id,
+                                           queue_wait_ms=(t0 - req.t_submit) * 1000, read_ms=req.read_s * 1000,
+                                           preprocess_ms=req.prep_s * 1000))
+                continue
+            req.encoded = encoded[0]
+            self._tokenized.put(req)
+
+    def _expire(self, now: float) -> None:
+        for req in self.former.remove(lambda r: r.deadline is not None and now >= r.deadline):
+            self._finish(req, Response(req.rid, "timeout", "deadline exceeded while queued for a batch",
+                                       req.item.id, t_done=now, queue_wait_ms=(now - req.t_submit) * 1000))
+
+    def _dispatch(self, batch: list[_Request]) -> None:
+        """Pad and build the batch's tensors, then hand it to the executor."""
+        t0 = self.clock()
+        items = [req.item for req in batch]
+        ids, mask, length = self.preparer.build(items, [req.encoded for req in batch])
+        t1 = self.clock()
+        prepared = PreparedBatch(items, ids, mask, 0.0, t1 - t0, t1, 0, length)
+        self._ready.put((batch, prepared, t0))
+
+    def _room(self) -> int:
+        """How many batches may leave now (double buffering bounds batches in flight)."""
+        with self._lock:
+            return max(0, IN_FLIGHT_BATCHES - self._in_flight)
+
+    def _batch_done(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
+        self._tokenized.put(_WAKE)
+
+    def _batcher_loop(self) -> None:
+        stops = 0
+        while stops < self.workers:
+            wake = self.former.next_deadline()
+            if wake is None or not self._room():
+                timeout = None  # nothing due, or the model side is full: sleep until a request or a _WAKE
+            else:
+                timeout = max(0.0, wake - self.clock())
+            try:
+                item = self._tokenized.get(timeout=timeout)
+            except queue.Empty:
+                item = None
+            while item is not None:  # take everything already waiting before deciding
+                if item is _STOP:
+                    stops += 1
+                elif item is not _WAKE:
+                    self.former.add(item, item.t_prep_end)
+                try:
+                    item = self._tokenized.get_nowait()
+                except queue.Empty:
+                    item = None
+            now = self.clock()
+            self._expire(now)
+            for batch in self.former.pop_ready(now, self._room()):
+                with self._lock:
+                    self._in_flight += 1
+                self._dispatch(batch)
+        for batch in self.former.drain():
+            if self._abort:
+                for req in batch:
+                    self._fail_shutdown(req)
+            else:
+                self._dispatch(batch)
+        self._ready.put(_STOP)
 
     def _executor_loop(self) -> None:
-        workers_left = max(1, self.knobs.num_workers)
         t_idle = self.clock()
-        while workers_left:
+        while True:
             got = self._ready.get()
             if got is _STOP:
-                workers_left -= 1
-                continue
-            batch, prepared, t_prep_start = got
-            self._slots.release()
+                return
+            batch, prepared, t_batched = got
             t_received = self.clock()
             if self._abort:
                 for req in batch:
-                    self._finish(req, Response(req.rid, "error", "server shut down before this request was processed"))
+                    self._fail_shutdown(req)
+                self._batch_done()
                 continue
             out = self.engine.run(prepared)
-            self._complete(batch, prepared, out, t_prep_start, t_received)
+            self._batch_done()
+            self._complete(batch, prepared, out, t_batched, t_received)
             self.batches.append(BatchLog(out.t_infer_start, out.t_infer_end, len(prepared.ok_items),
                                          prepared.padded_length, (t_received - t_idle) * 1000, out.error))
             if prepared.ok_items:
@@ -329,24 +346,24 @@ class Server:
             self.busy_total_s += out.t_infer_end - out.t_infer_start
             t_idle = self.clock()
 
-    def _complete(self, batch: list[_Request], prepared: PreparedBatch, out: Any, t_prep_start: float,
+    def _complete(self, batch: list[_Request], prepared: PreparedBatch, out: Any, t_batched: float,
                   t_received: float) -> None:
-        by_rid = {req.rid: req for req in batch}
-        row = 0
         now = self.clock()
         n_ok = len(prepared.ok_items)
-        for item in prepared.items:
-            req = by_rid[item.index]
+        row = 0
+        for req in batch:
+            item = req.item
             reason = item.error or out.error
             embedding = None
             if item.error is None:
                 if out.error is None:
                     embedding = out.embeddings[row]
                 row += 1
+            waited = (req.t_prep_start - req.t_submit) + (t_batched - req.t_prep_end)
             self._finish(req, Response(
                 req.rid, "error" if reason else "ok", reason, item.id, embedding, item.n_tokens, item.truncated,
-                n_ok, t_done=now, queue_wait_ms=(t_prep_start - req.t_submit) * 1000,
-                read_ms=prepared.read_s * 1000, preprocess_ms=prepared.preprocess_s * 1000,
+                n_ok, t_done=now, queue_wait_ms=waited * 1000, read_ms=req.read_s * 1000,
+                preprocess_ms=(req.prep_s + prepared.preprocess_s) * 1000,
                 wait_for_model_ms=max(t_received - prepared.t_ready, 0.0) * 1000, copy_ms=out.copy_s * 1000,
                 inference_ms=out.inference_s * 1000, postprocess_ms=out.postprocess_s * 1000))
 
