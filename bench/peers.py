@@ -12,6 +12,7 @@ Writes bench/results/peers.json with ``ratio_fp32`` and ``ratio_bf16`` (ours / t
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 from common import write
@@ -25,9 +26,24 @@ from tuning.pipeline import Pipeline
 from tuning.report import table
 
 
+def ours_rps(dtype_name: str, device: str, limit: int | None) -> float:
+    pipeline = Pipeline(preset("tuned", dtype=dtype_name, device=device))
+    pipeline.warmup()
+    result = pipeline.run(limit=limit, keep_embeddings=False)
+    return len(result.requests) / (result.t_end - result.t_start)  # whole run, warm-up batches included
+
+
+def theirs_rps(st, texts: list[str]) -> float:
+    st.encode(texts[:64], batch_size=32)  # warm-up
+    t0 = time.perf_counter()
+    st.encode(texts, batch_size=32)
+    return len(texts) / (time.perf_counter() - t0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds per dtype; medians are compared")
     args = parser.parse_args()
     from sentence_transformers import SentenceTransformer
 
@@ -35,23 +51,21 @@ def main() -> None:
     texts = load_texts(limit=args.limit)
     rows, ratios = [], {}
     for dtype_name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        ours = Pipeline(preset("tuned", dtype=dtype_name, device=device))
-        ours.warmup()
-        result = ours.run(limit=args.limit, keep_embeddings=False)
-        ours_rps = len(result.requests) / (result.t_end - result.t_start)  # whole run, warm-up batches included
-
         st = SentenceTransformer(str(embedded_model_dir()), device=device).to(dtype)
-        st.encode(texts[:64], batch_size=32)  # warm-up
-        t0 = time.perf_counter()
-        st.encode(texts, batch_size=32)
-        theirs_rps = len(texts) / (time.perf_counter() - t0)
-        ratios[f"ratio_{dtype_name}"] = ours_rps / theirs_rps
-        rows += [{"dtype": dtype_name, "runner": "tuning tuned pipeline", "texts_per_s": ours_rps},
-                 {"dtype": dtype_name, "runner": "SentenceTransformer.encode(batch_size=32)", "texts_per_s": theirs_rps}]
-        print(f"{dtype_name}: ours {ours_rps:.1f} texts/s, theirs {theirs_rps:.1f} texts/s, "
-              f"ratio {ratios[f'ratio_{dtype_name}']:.2f}", flush=True)
-    print(table(rows, ["dtype", "runner", "texts_per_s"]))
-    write("peers", {"device": device, "texts": len(texts), **ratios, "target": 1.0, "runs": rows})
+        ours, theirs = [], []
+        for _ in range(args.rounds):
+            ours.append(ours_rps(dtype_name, device, args.limit))
+            theirs.append(theirs_rps(st, texts))
+        ratios[f"ratio_{dtype_name}"] = statistics.median(ours) / statistics.median(theirs)
+        rows += [{"dtype": dtype_name, "runner": "tuning tuned pipeline", "texts_per_s": statistics.median(ours),
+                  "rounds": ", ".join(f"{x:.1f}" for x in ours)},
+                 {"dtype": dtype_name, "runner": "SentenceTransformer.encode(batch_size=32)",
+                  "texts_per_s": statistics.median(theirs), "rounds": ", ".join(f"{x:.1f}" for x in theirs)}]
+        print(f"{dtype_name}: ours {ours}, theirs {theirs}, ratio of medians {ratios[f'ratio_{dtype_name}']:.2f}",
+              flush=True)
+    print(table(rows, ["dtype", "runner", "texts_per_s", "rounds"]))
+    write("peers", {"device": device, "texts": len(texts), "rounds": args.rounds, **ratios, "target": 1.0,
+                    "runs": rows})
 
 
 if __name__ == "__main__":

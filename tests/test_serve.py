@@ -1,5 +1,4 @@
 import json
-import threading
 import time
 import urllib.error
 import urllib.request

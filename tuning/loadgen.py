@@ -24,7 +24,7 @@ import pandas as pd
 from . import clock as _clock
 from .knobs import Knobs
 from .serve import SERVE_STAGES, Response, Server
-from .stats import clean, summarize
+from .stats import clean, ledger_dict, stage_ledger, summarize
 
 Target = Callable[[Any], Response]
 
@@ -115,15 +115,8 @@ class LoadResult:
         return summarize(r.latency_ms for r in self.responses if r.outcome == "ok")
 
     def ledger(self) -> pd.DataFrame:
-        ok = [r for r in self.responses if r.outcome == "ok"]
-        rows = []
-        for stage in SERVE_STAGES:
-            s = summarize(getattr(r, f"{stage}_ms") for r in ok)
-            rows.append({"stage": stage, "p50_ms": s["p50"], "p99_ms": s["p99"], "mean_ms": s["mean"]})
-        frame = pd.DataFrame(rows).set_index("stage")
-        frame["share"] = frame["p50_ms"] / frame["p50_ms"].sum() if ok else math.nan
-        frame["share_p99"] = frame["p99_ms"] / frame["p99_ms"].sum() if ok else math.nan
-        return frame
+        """Per-stage time of the ok requests (queue wait included): p50/p99 (ms) and shares."""
+        return stage_ledger([r for r in self.responses if r.outcome == "ok"], SERVE_STAGES)
 
     def to_frame(self) -> pd.DataFrame:
         """One row per measured request."""
@@ -161,8 +154,7 @@ class LoadResult:
             "warmup_requests": self.warmup_requests, "window_s": clean(self.window_s),
             "model_busy": clean(self.model_busy),
             "mean_batch": clean(float(np.mean(sizes))) if sizes else None,
-            "stages": {s: {"p50_ms": clean(r.p50_ms), "p99_ms": clean(r.p99_ms), "share": clean(r.share)}
-                       for s, r in ledger.iterrows()},
+            "stages": ledger_dict(ledger),
             "error_reasons": _top_reasons(self.responses),
             "knobs": self.knobs.as_dict() if self.knobs else None,
         }

@@ -21,12 +21,12 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from .data import DEFAULT_DATA, Record
-from .engine import Engine, PreparedBatch, Preparer, make_tokenizer, quiet_fork_warnings
+from .engine import Engine, Preparer, make_tokenizer, quiet_fork_warnings
 from .knobs import Knobs
 from .model import tokenizer_files
 from .profile.threads import name_this_thread
 from .preprocess import FastTokenizer, NaiveWordPiece, TextFormatter, Tokenizer, format_record, group_by_length
-from .stats import clean, summarize
+from .stats import clean, ledger_dict, stage_ledger, summarize
 
 STAGES = ("read", "preprocess", "wait_for_model", "copy", "inference", "postprocess")
 
@@ -288,15 +288,7 @@ class PipelineResult:
 
     def ledger(self) -> pd.DataFrame:
         """Per-stage time of the measured ok requests: p50/p99 (ms) and each stage's share of the p50 and p99 sums."""
-        ok = [r for r in self.measured if r.outcome == "ok"]
-        rows = []
-        for stage in STAGES:
-            s = summarize(getattr(r, f"{stage}_ms") for r in ok)
-            rows.append({"stage": stage, "p50_ms": s["p50"], "p99_ms": s["p99"], "mean_ms": s["mean"]})
-        frame = pd.DataFrame(rows).set_index("stage")
-        frame["share"] = frame["p50_ms"] / frame["p50_ms"].sum() if len(ok) else math.nan
-        frame["share_p99"] = frame["p99_ms"] / frame["p99_ms"].sum() if len(ok) else math.nan
-        return frame
+        return stage_ledger([r for r in self.measured if r.outcome == "ok"], STAGES)
 
     def waits(self) -> dict[str, dict[str, float | None]]:
         """The two waits per batch: model idle for input (starvation) vs ready batch idle (back-pressure)."""
@@ -323,8 +315,7 @@ class PipelineResult:
             "padding_waste": clean(self.padding_waste),
             "window_s": clean(self.window_s),
             "warmup_s": clean(self.warmup_s),
-            "stages": {stage: {"p50_ms": clean(row.p50_ms), "p99_ms": clean(row.p99_ms), "share": clean(row.share),
-                               "share_p99": clean(row.share_p99)} for stage, row in ledger.iterrows()},
+            "stages": ledger_dict(ledger),
             "waits": self.waits(),
             "error_reasons": self.error_reasons(),
             "knobs": self.knobs.as_dict(),

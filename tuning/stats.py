@@ -6,6 +6,7 @@ import math
 from typing import Iterable, Sequence
 
 import numpy as np
+import pandas as pd
 
 PERCENTILES = (50, 90, 95, 99)
 
@@ -29,3 +30,22 @@ def summarize(values: Iterable[float]) -> dict[str, float]:
 def clean(value: float) -> float | None:
     """A float for JSON: NaN and infinities become None."""
     return None if value is None or not math.isfinite(value) else float(value)
+
+
+def stage_ledger(records: Sequence[object], stages: Sequence[str]) -> pd.DataFrame:
+    """Per-stage p50/p99/mean (ms) over records with ``<stage>_ms`` fields, and each stage's share of
+    the p50 sum (``share``) and of the p99 sum (``share_p99``)."""
+    rows = []
+    for stage in stages:
+        s = summarize(getattr(r, f"{stage}_ms") for r in records)
+        rows.append({"stage": stage, "p50_ms": s["p50"], "p99_ms": s["p99"], "mean_ms": s["mean"]})
+    frame = pd.DataFrame(rows).set_index("stage")
+    frame["share"] = frame["p50_ms"] / frame["p50_ms"].sum() if len(records) else math.nan
+    frame["share_p99"] = frame["p99_ms"] / frame["p99_ms"].sum() if len(records) else math.nan
+    return frame
+
+
+def ledger_dict(frame: pd.DataFrame) -> dict[str, dict[str, float | None]]:
+    """A ledger frame as JSON-ready ``{stage: {p50_ms, p99_ms, share, share_p99}}``."""
+    return {stage: {"p50_ms": clean(row.p50_ms), "p99_ms": clean(row.p99_ms), "share": clean(row.share),
+                    "share_p99": clean(row.share_p99)} for stage, row in frame.iterrows()}
