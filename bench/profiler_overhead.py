@@ -4,7 +4,7 @@ Runs are interleaved in one process (without, with, without, with, ...) on a war
 pipeline so drift hits both sides alike. ``overhead`` = 1 - median(with) / median(without):
 0.03 is 3%. Target: <= 3%.
 
-    python bench/profiler_overhead.py [--preset tuned] [--limit 800] [--pairs 3]
+    python bench/profiler_overhead.py [--preset tuned] [--limit 800] [--pairs 6]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="tuned")
     parser.add_argument("--limit", type=int, default=800)
-    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--pairs", type=int, default=6)
     args = parser.parse_args()
 
     pipeline = Pipeline(preset(args.preset))

@@ -183,3 +183,19 @@ def test_cli_loadtest_in_process_and_bad_flags():
     bad = subprocess.run([sys.executable, "-m", "tuning", "loadtest", "--concurrency", "4"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--requests" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_recorder_wraps_a_load_test(lines):
+    from tests.fake_nvml import FakeNvml
+    from tuning.profile import Recorder
+
+    with make_server(delay_s=0.01) as server:
+        with Recorder(0.1, nvml=FakeNvml(devices=1)) as rec:
+            result = run_load(server, lines, concurrency=16, requests=120)
+    profile = rec.join(result)
+    assert profile.diagnosis.kind in ("starved", "fragmented", "blocked", "saturated")
+    assert profile.signals.mean_batch > 1 and 0 < profile.signals.model_busy <= 1
+    threads = set(profile.to_frame("threads").name)
+    assert {"batcher", "model-executor", "preprocess-0"} <= threads
+    assert len(profile.to_frame("requests")) == 120 and len(profile.to_frame("gpu")) > 0
+    assert profile.summary()["stages"]["queue_wait"]["p50_ms"] >= 0

@@ -123,6 +123,8 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
 
     if (args.requests is None) == (args.duration is None):
         raise UsageError("loadtest: give exactly one of --requests N or --duration S")
+    if args.profile and args.url:
+        raise UsageError("loadtest: --profile records this process; with --url run `profile` where the server runs")
     if not args.data.is_file():
         raise UsageError(f"--data {str(args.data)!r}: no such file")
     inputs = [raw for _, raw in read_lines(args.data, args.limit)]
@@ -138,9 +140,20 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         from .serve import Server
 
         with Server(knobs_from_args(args)) as server:
-            result = run_load(server, inputs, **load)
+            if args.profile:
+                from .profile import Recorder
+
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)  # the GPU section reports the reason
+                    with Recorder() as recorder:
+                        result = run_load(server, inputs, **load)
+            else:
+                result = run_load(server, inputs, **load)
     summary = result.summary()
     summary["target"] = args.url or "in-process"
+    if args.profile and not args.url:
+        profile = recorder.join(result).summary()
+        summary.update({key: profile[key] for key in ("diagnosis", "threads", "gpu")})
     if args.json:
         _print_json(summary)
     else:
@@ -313,6 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--rate", type=_positive_float, default=None, help="open loop: Poisson arrivals per second")
             p.add_argument("--warmup", type=int, default=16, help="warm-up requests excluded from the figures")
             p.add_argument("--url", default=None, help="drive an HTTP endpoint instead, e.g. http://127.0.0.1:8000/embed")
+            p.add_argument("--profile", action="store_true",
+                           help="in-process only: run the load under the recorder and add the diagnosis")
     return parser
 
 

@@ -315,6 +315,7 @@ class PipelineResult:
             "padding_waste": clean(self.padding_waste),
             "window_s": clean(self.window_s),
             "warmup_s": clean(self.warmup_s),
+            "compile_s": clean(self.warmup_s) if self.knobs.graph != "eager" else None,
             "stages": ledger_dict(ledger),
             "waits": self.waits(),
             "error_reasons": self.error_reasons(),
@@ -383,7 +384,8 @@ class Pipeline:
             on_batch: Callable[[BatchRecord], None] | None = None) -> PipelineResult:
         """Replay ``data`` (a JSONL path, or a list of records/texts/lines) and return the raw records."""
         dataset = LineDataset(data, limit) if isinstance(data, (str, Path)) else InMemoryDataset(list(data)[:limit])
-        warmup_s = self.warmup()
+        self.warmup()
+        warmup_s = self.engine.compile_s  # model warm-up, compile or capture included; outside the window
         clock = self.engine.clock
         requests: list[RequestRecord] = []
         batches: list[BatchRecord] = []

@@ -31,7 +31,9 @@ def format_run(result) -> str:
         f"dtype={k.dtype} graph={k.graph} device={k.device}",
         f"requests {s['requests']}  ok {s['ok']}  errors {s['errors']}  truncated {s['truncated']}  batches {s['batches']}",
         f"throughput {s['throughput_rps']:.1f} req/s   model busy {100 * s['model_busy']:.0f}%   "
-        f"padding waste {_fmt(s['padding_waste'])}   (window {s['window_s']:.1f} s, warm-up {s['warmup_s']:.1f} s)",
+        f"padding waste {_fmt(s['padding_waste'])}   (window {s['window_s']:.1f} s; "
+        + (f"{k.graph} compile/capture {s['compile_s']:.1f} s, " if s.get("compile_s") is not None else "")
+        + f"model warm-up {s['warmup_s']:.1f} s, both outside the window)",
         "",
         "stage ledger (per request, ms; share of the p50 / p99 sums)",
         table([{"stage": st, **v} for st, v in s["stages"].items()], ["stage", "p50_ms", "p99_ms", "share", "share_p99"]),
@@ -92,4 +94,9 @@ def format_load(s: dict) -> str:
     ]
     if s["error_reasons"]:
         lines += ["", table(s["error_reasons"], ["count", "reason"])]
+    if "diagnosis" in s:
+        d = s["diagnosis"]
+        lines += ["", f"diagnosis: {d['kind'].upper()}  ({'; '.join(d['reasons'])})", f"next step: {d['next_step']}",
+                  "threads by CPU", table(s["threads"], ["name", "pid", "tid", "cpu_mean", "cpu_max"]),
+                  f"GPU: {'sampled' if s['gpu']['available'] else 'none sampled: ' + str(s['gpu']['reason'])}"]
     return "\n".join(lines)

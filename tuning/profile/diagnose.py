@@ -43,6 +43,7 @@ class Signals:
     gpu_power_frac: float = math.nan
     batch_size_knob: int | None = None
     dtype_knob: str | None = None
+    padding_knob: str | None = None
 
 
 @dataclass
@@ -75,7 +76,7 @@ def diagnose(s: Signals) -> Diagnosis:
     4. ``blocked`` if the model is idle (< IDLE_BUSY) and no thread works (< WORKING_CPU);
        otherwise ``fragmented`` for small batches, ``blocked`` for large ones.
     """
-    evidence = {k: _round(v) for k, v in asdict(s).items() if _known(v) and k not in ("batch_size_knob", "dtype_knob")}
+    evidence = {k: _round(v) for k, v in asdict(s).items() if _known(v) and not k.endswith("_knob")}
     reasons: list[str] = []
     disk_busy = _known(s.disk_mb_s) and s.disk_mb_s >= DISK_BUSY_MB_S
     pegged = _known(s.max_thread_cpu) and s.max_thread_cpu >= PEGGED_THREAD_CPU
@@ -91,9 +92,12 @@ def diagnose(s: Signals) -> Diagnosis:
             steps.append("raise batch_size (run the batch sweep for the knee)")
         if s.dtype_knob == "fp32":
             steps.append("dtype='bf16' (or 'fp16' on a GPU)")
-        steps.append("padding='bucket' to stop paying for padded tokens")
-        return Diagnosis("saturated", evidence, "The model is the bottleneck (healthy); for more per-sample "
-                         "efficiency: " + "; ".join(steps) + ". Otherwise add replicas.", reasons)
+        if s.padding_knob in (None, "dynamic", "fixed"):
+            steps.append("padding='bucket' to stop paying for padded tokens")
+        advice = ("for more per-sample efficiency: " + "; ".join(steps) + ". Otherwise add" if steps
+                  else "the cheap knobs are set; add")
+        return Diagnosis("saturated", evidence, f"The model is the bottleneck (healthy); {advice} replicas "
+                         "or a faster device.", reasons)
 
     if _known(s.wait_for_input_share) and s.wait_for_input_share >= STARVED_WAIT_SHARE:
         reasons.append(f"model waited for input {s.wait_for_input_share:.0%} of the window (>= {STARVED_WAIT_SHARE:.0%})")

@@ -42,13 +42,6 @@ class ThreadSample:
     cpu_percent: float
 
 
-def _comm(pid: int, tid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
-    except OSError:
-        return f"tid-{tid}"
-
-
 @dataclass
 class HostSeries:
     samples: list[HostSample] = field(default_factory=list)
@@ -123,18 +116,18 @@ class HostSampler:
             self._proc.kill()
             self._proc.wait()
         self._reader.join()
+        self._proc.stdout.close()
         self._ingest(names)
 
     def _ingest(self, names: dict[int, str]) -> None:
-        own_comm = _comm(self.pid, self.pid)
         for raw in self._lines:
             obj = json.loads(raw)
             self.series.samples.append(HostSample(obj["t"], obj["cpu"], obj["rss"], obj["read"], obj["write"],
                                                   obj["children"]))
             for pid, tid, comm, cpu in obj["threads"]:
-                if pid == self.pid:  # threads torch/OpenMP start natively have no Python name
-                    name = names.get(tid) or (f"{comm} (native)" if comm == own_comm and tid != pid else comm)
-                    name = "MainThread" if tid == pid and tid not in names else name
+                if pid == self.pid:  # threads torch/OpenMP start natively have no Python name; they
+                    # inherit the OS name of the thread that started them (e.g. "model-executor (native)")
+                    name = names.get(tid) or ("MainThread" if tid == pid else f"{comm} (native)")
                 else:
                     name = comm
                 self.series.threads.append(ThreadSample(obj["t"], pid, tid, name, cpu))

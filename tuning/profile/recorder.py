@@ -175,6 +175,7 @@ def window_signals(workload: Workload, host: HostSeries, gpu: GpuSeries, t0: flo
         gpu_util=float(gf.sm_util.mean()) if len(gf) else math.nan,
         gpu_power_frac=float(power.mean()) if len(power) else math.nan,
         batch_size_knob=workload.knobs.batch_size, dtype_knob=workload.knobs.dtype,
+        padding_knob=workload.knobs.padding,
     )
 
 
