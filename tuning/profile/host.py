@@ -92,6 +92,7 @@ class HostSampler:
         self._proc: subprocess.Popen | None = None
         self._reader: threading.Thread | None = None
         self._lines: list[str] = []
+        self._names: dict[int, str] = {}
 
     def __enter__(self) -> "HostSampler":
         self._proc = subprocess.Popen(
@@ -106,9 +107,12 @@ class HostSampler:
         name_this_thread(self.thread_name)
         for line in self._proc.stdout:
             self._lines.append(line)
+            if self.pid == os.getpid():  # remember names of threads that may end before we do
+                self._names.update(python_thread_names())
 
     def __exit__(self, *exc: Any) -> None:
-        names = python_thread_names() if self.pid == os.getpid() else {}
+        if self.pid == os.getpid():
+            self._names.update(python_thread_names())
         self._proc.stdin.close()
         try:
             self._proc.wait(timeout=10)
@@ -117,7 +121,7 @@ class HostSampler:
             self._proc.wait()
         self._reader.join()
         self._proc.stdout.close()
-        self._ingest(names)
+        self._ingest(self._names)
 
     def _ingest(self, names: dict[int, str]) -> None:
         for raw in self._lines:
