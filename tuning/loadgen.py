@@ -279,29 +279,29 @@ def _run_threads(fn: Callable[[], None], n: int) -> None:
 
 def _open_loop(send: Target, next_ticket: Callable, tracker: _Tracker, rate: float, concurrency: int,
                seed: int, clock: _clock.Clock) -> None:
+    """Poisson arrivals at ``rate``; at most ``concurrency`` requests in flight on the client side
+    (an arrival that finds every slot busy waits for one, as a real client pool would)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     rng = random.Random(seed)
     slots = threading.Semaphore(concurrency)
-    workers: list[threading.Thread] = []
-    t_next = clock()
-    while (ticket := next_ticket()) is not None:
-        t_next += rng.expovariate(rate)
-        delay = t_next - clock()
-        if delay > 0:
-            time.sleep(delay)
-        slots.acquire()
-        tracker.begin()
 
-        def fire(raw: Any = ticket[0], warm: bool = ticket[1]) -> None:
-            try:
-                tracker.end(_safe_call(send, raw, clock), warm)
-            finally:
-                slots.release()
+    def fire(raw: Any, warm: bool) -> None:
+        try:
+            tracker.end(_safe_call(send, raw, clock), warm)
+        finally:
+            slots.release()
 
-        t = threading.Thread(target=fire, daemon=True)
-        t.start()
-        workers.append(t)
-    for t in workers:
-        t.join()
+    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="load-client") as pool:
+        t_next = clock()
+        while (ticket := next_ticket()) is not None:
+            t_next += rng.expovariate(rate)
+            delay = t_next - clock()
+            if delay > 0:
+                time.sleep(delay)
+            slots.acquire()
+            tracker.begin()
+            pool.submit(fire, *ticket)
 
 
 def sweep(knobs: Knobs, inputs: Sequence[Any], variable: str, values: Sequence[Any], requests: int = 200,

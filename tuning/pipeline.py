@@ -393,7 +393,7 @@ class Pipeline:
         t_start = clock()
         t_window = t_start
         t_prev = t_start
-        for number, batch in enumerate(self._batches(self.loader(dataset))):
+        for number, batch in enumerate(self.loader(dataset)):
             t_received = clock()
             out = self.engine.run(batch)
             t_done = clock()
@@ -437,10 +437,6 @@ class Pipeline:
         plan_spans = getattr(self._sampler, "spans", [])
         return PipelineResult(self.knobs, sorted(requests, key=lambda r: r.index), batches, t_start, t_window,
                               t_end, warmup_s, embeddings, plan_spans)
-
-    @staticmethod
-    def _batches(loader: DataLoader):
-        yield from loader
 
 
 def run_pipeline(knobs: Knobs, data: str | Path | Sequence[Any] = DEFAULT_DATA, limit: int | None = None,
