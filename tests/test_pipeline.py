@@ -127,3 +127,10 @@ def test_grouping_by_tokens_pads_less_and_counts_its_pass():
     assert by_tokens.padding_waste < by_bytes.padding_waste
     assert by_tokens.plan_spans and by_tokens.window_s > by_tokens.t_end - by_tokens.t_window_start
     assert by_tokens.ok == by_bytes.ok == 300
+
+
+def test_a_model_with_the_wrong_output_shape_fails_its_batches_clearly(messy_file):
+    result = Pipeline(Knobs(num_workers=0, batch_size=4, tokenizer="fast"),
+                      model=lambda ids, mask: torch.zeros(ids.shape[0] + 1, 3)).run(messy_file)
+    assert result.ok == 0 and result.errors == len(result.requests)
+    assert any("one row per input" in (r.reason or "") for r in result.requests)

@@ -233,6 +233,11 @@ class Engine:
             t2 = self.clock()
             embeddings = out.float().cpu().numpy()
             t3 = self.clock()
+            rows = len(batch.ok_items)
+            if embeddings.ndim != 2 or embeddings.shape[0] != rows:
+                return BatchOutput(None, t1 - t0, t2 - t1, t3 - t2, t1, t2,
+                                   f"model returned shape {tuple(embeddings.shape)} for a batch of {rows}; "
+                                   "a model must return one row per input: [batch, dim]")
             return BatchOutput(embeddings, t1 - t0, t2 - t1, t3 - t2, t1, t2)
         except Exception as exc:
             t = self.clock()
