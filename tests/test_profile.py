@@ -107,6 +107,8 @@ def test_busy_series_with_fake_spans():
     (Signals(model_busy=0.85, wait_for_input_share=0.05, batch_size_knob=1, dtype_knob="fp32"), "saturated"),
     (Signals(model_busy=0.25, wait_for_input_share=0.6, max_thread_cpu=99.0, max_thread_name="loader"), "starved"),
     (Signals(model_busy=0.25, wait_for_input_share=0.6, max_thread_cpu=5.0, disk_mb_s=200.0), "starved"),
+    (Signals(model_busy=0.3, wait_for_input_share=0.5, max_thread_cpu=60.0, max_thread_name="loader-worker-0"),
+     "starved"),
     (Signals(model_busy=0.3, wait_for_input_share=0.1, median_span_ms=1.2, mean_batch=1.0), "fragmented"),
     (Signals(model_busy=0.4, wait_for_input_share=0.1, median_span_ms=20.0, mean_batch=8.0, launch_share=0.5),
      "fragmented"),

@@ -70,8 +70,8 @@ def diagnose(s: Signals) -> Diagnosis:
 
     1. ``saturated``: model busy >= SATURATED_BUSY.
     2. the model waited for input >= STARVED_WAIT_SHARE of the window: ``starved`` if the input
-       side works (a thread >= PEGGED_THREAD_CPU or the disk busy), else ``blocked`` (nothing works:
-       locks, queues, network).
+       side works (a thread >= WORKING_CPU, one >= PEGGED_THREAD_CPU being a choke point, or the disk
+       busy), else ``blocked`` (nothing works: locks, queues, network).
     3. ``fragmented``: short busy bursts with a batch of one, or launch overhead >= LAUNCH_BOUND_SHARE.
     4. ``blocked`` if the model is idle (< IDLE_BUSY) and no thread works (< WORKING_CPU);
        otherwise ``fragmented`` for small batches, ``blocked`` for large ones.
@@ -101,9 +101,10 @@ def diagnose(s: Signals) -> Diagnosis:
 
     if _known(s.wait_for_input_share) and s.wait_for_input_share >= STARVED_WAIT_SHARE:
         reasons.append(f"model waited for input {s.wait_for_input_share:.0%} of the window (>= {STARVED_WAIT_SHARE:.0%})")
-        if pegged or disk_busy:
-            if pegged:
-                reasons.append(f"thread '{s.max_thread_name}' at {s.max_thread_cpu:.0f}% of a core (>= {PEGGED_THREAD_CPU:.0f}%)")
+        if working or disk_busy:
+            if working:
+                what = "a single-threaded choke point" if pegged else "working"
+                reasons.append(f"thread '{s.max_thread_name}' at {s.max_thread_cpu:.0f}% of a core ({what})")
             if disk_busy:
                 reasons.append(f"disk at {s.disk_mb_s:.0f} MB/s (>= {DISK_BUSY_MB_S:.0f})")
             return Diagnosis("starved", evidence, "Feed the model faster: raise num_workers (with prefetch_factor=4), "
