@@ -152,7 +152,9 @@ def window_signals(workload: Workload, host: HostSeries, gpu: GpuSeries, t0: flo
     spans = [(a, b) for a, b in workload.spans() if b > t0]
     sizes = workload.batch_sizes()
     threads = host.threads_frame()
-    threads = threads[(threads.t >= t0) & (threads.t <= t1 + host_slack(host)) & ~threads.name.isin(SAMPLER_THREADS)]
+    # the input side's threads: not the samplers, not the serving model executor (and its native pool)
+    input_side = ~threads.name.isin(SAMPLER_THREADS) & ~threads.name.str.startswith("model-executor")
+    threads = threads[(threads.t >= t0) & (threads.t <= t1 + host_slack(host)) & input_side]
     max_cpu, max_name = math.nan, ""
     if len(threads):
         per = threads.groupby(["pid", "tid", "name"])["cpu_percent"].mean().sort_values(ascending=False)
