@@ -62,19 +62,22 @@ def _print_json(obj: Any) -> None:
     print(json.dumps(obj, indent=2, default=str))
 
 
+def _emit(args: argparse.Namespace, summary: Any, render: Callable[[], str]) -> int:
+    """Print ``summary`` as JSON with ``--json``, else the readable rendering."""
+    if args.json:
+        _print_json(summary)
+    else:
+        print(render())
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from .pipeline import run_pipeline
     from .report import format_run
 
     knobs = knobs_from_args(args)
-    if not args.data.is_file():
-        raise UsageError(f"--data {str(args.data)!r}: no such file")
     result = run_pipeline(knobs, args.data, args.limit, keep_embeddings=False)
-    if args.json:
-        _print_json(result.summary())
-    else:
-        print(format_run(result))
-    return 0
+    return _emit(args, result.summary(), lambda: format_run(result))
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -82,16 +85,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from .report import format_profile
 
     knobs = knobs_from_args(args)
-    if not args.data.is_file():
-        raise UsageError(f"--data {str(args.data)!r}: no such file")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the GPU section reports the reason instead
         profile = profile_pipeline(knobs, args.data, args.limit, interval=args.interval)
-    if args.json:
-        _print_json(profile.summary())
-    else:
-        print(format_profile(profile))
-    return 0
+    return _emit(args, profile.summary(), lambda: format_profile(profile))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -125,8 +122,6 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         raise UsageError("loadtest: give exactly one of --requests N or --duration S")
     if args.profile and args.url:
         raise UsageError("loadtest: --profile records this process; with --url run `profile` where the server runs")
-    if not args.data.is_file():
-        raise UsageError(f"--data {str(args.data)!r}: no such file")
     inputs = [raw for _, raw in read_lines(args.data, args.limit)]
     load = dict(concurrency=args.concurrency, requests=args.requests, duration_s=args.duration, rate=args.rate,
                 warmup_requests=args.warmup)
@@ -154,11 +149,7 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     if args.profile and not args.url:
         profile = recorder.join(result).summary()
         summary.update({key: profile[key] for key in ("diagnosis", "threads", "gpu")})
-    if args.json:
-        _print_json(summary)
-    else:
-        print(format_load(summary))
-    return 0
+    return _emit(args, summary, lambda: format_load(summary))
 
 
 def _scrape_busy(url: str) -> float | None:
@@ -218,8 +209,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from .data import read_lines
     from .loadgen import sweep
 
-    if not args.data.is_file():
-        raise UsageError(f"--data {str(args.data)!r}: no such file")
     inputs = [raw for _, raw in read_lines(args.data, args.limit)]
     variable = {"concurrency": "concurrency", "wait": "max_wait_ms"}[args.variable]
     values = args.values or ([1, 4, 16, 32, 64] if variable == "concurrency" else [0.0, 5.0, 20.0, 50.0])
@@ -239,8 +228,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from .report import table
 
     knobs = knobs_from_args(args)
-    if not args.data.is_file():
-        raise UsageError(f"--data {str(args.data)!r}: no such file")
     import numpy as np
 
     lengths = observed_lengths(args.limit, knobs.max_length, args.data)
@@ -261,17 +248,14 @@ def cmd_precision(args: argparse.Namespace) -> int:
     from .precision import precision_report
     from .report import table
 
-    if not args.data.is_file():
-        raise UsageError(f"--data {str(args.data)!r}: no such file")
     report = precision_report(load_texts(args.data, args.limit))
-    if args.json:
-        _print_json(report.summary())
-    else:
-        print(f"embeddings against fp32 on {report.texts} texts ({report.device})")
+
+    def render() -> str:
         rows = [{**r, "min_cosine": f"{r['min_cosine']:.6f}", "mean_cosine": f"{r['mean_cosine']:.6f}"}
                 if r["status"] == "ok" else r for r in report.to_frame().to_dict("records")]
-        print(table(rows, ["dtype", "texts", "min_cosine", "mean_cosine", "status"]))
-    return 0
+        return (f"embeddings against fp32 on {report.texts} texts ({report.device})\n"
+                + table(rows, ["dtype", "texts", "min_cosine", "mean_cosine", "status"]))
+    return _emit(args, report.summary(), render)
 
 
 def _positive_float(text: str) -> float:
@@ -337,6 +321,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         if not args.command:
             raise UsageError(f"{parser.prog}: choose a command: {', '.join(COMMANDS)} (see --help)")
+        if getattr(args, "data", None) is not None and not args.data.is_file():
+            raise UsageError(f"--data {str(args.data)!r}: no such file")
         with warnings.catch_warnings():
             warnings.simplefilter("default")
             return COMMANDS[args.command][0](args)
