@@ -168,24 +168,21 @@ def _scrape_busy(url: str) -> float | None:
     return None
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers, e.g. 1,2,4,8") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give positive integers, e.g. 1,2,4,8")
-    return values
+def _number_list(kind: type, minimum: float, what: str, example: str, rule: str) -> Callable[[str], list]:
+    """An argparse type for comma-separated numbers of ``kind`` that are all >= ``minimum``."""
+    def parse(text: str) -> list:
+        try:
+            values = [kind(part) for part in text.split(",") if part.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of {what}, e.g. {example}") from None
+        if not values or min(values) < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r}: give {rule}, e.g. {example}")
+        return values
+    return parse
 
 
-def _float_list(text: str) -> list[float]:
-    try:
-        values = [float(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers, e.g. 0,5,20") from None
-    if not values or min(values) < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give numbers >= 0, e.g. 0,5,20")
-    return values
+_int_list = _number_list(int, 1, "integers", "1,2,4,8", "positive integers")
+_float_list = _number_list(float, 0, "numbers", "0,5,20", "numbers >= 0")
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

@@ -62,12 +62,23 @@ def parse_line(raw: bytes, line: int) -> Record | RecordError:
     return Record(obj["id"], obj["title"], obj["category"], attributes, obj["body"], line)
 
 
-def iter_lines(path: str | Path, limit: int | None = None) -> Iterator[tuple[int, bytes]]:
-    """``(line number, raw bytes)`` per line, 1-based, without the line break."""
+def check_limit(limit: int | None) -> None:
+    """``limit`` must be a positive integer or None (all lines)."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit={limit!r} must be a positive integer (or None for all lines)")
+
+
+def require_file(path: str | Path) -> Path:
+    """``path`` as a Path, or a FileNotFoundError that says how to pass another file."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"data file {str(path)!r} does not exist; pass --data PATH to a JSONL file")
-    with path.open("rb") as fh:
+    return path
+
+
+def iter_lines(path: str | Path, limit: int | None = None) -> Iterator[tuple[int, bytes]]:
+    """``(line number, raw bytes)`` per line, 1-based, without the line break."""
+    with require_file(path).open("rb") as fh:
         for number, raw in enumerate(fh, start=1):
             if limit is not None and number > limit:
                 return
@@ -76,8 +87,7 @@ def iter_lines(path: str | Path, limit: int | None = None) -> Iterator[tuple[int
 
 def read_lines(path: str | Path = DEFAULT_DATA, limit: int | None = None) -> list[tuple[int, bytes]]:
     """All raw lines of a JSONL file (parsing happens later, in the 'read' stage of each request)."""
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise ValueError(f"limit={limit!r} must be a positive integer (or None for all lines)")
+    check_limit(limit)
     return list(iter_lines(path, limit))
 
 

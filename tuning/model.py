@@ -175,26 +175,3 @@ def tokenizer_files(model_dir: str | Path | None = None) -> tuple[Path, Path]:
     """``(vocab.txt, tokenizer.json)`` of the embedded model."""
     model_dir = Path(model_dir) if model_dir is not None else embedded_model_dir()
     return model_dir / "vocab.txt", model_dir / "tokenizer.json"
-
-
-def bare_forward_ms(model: EmbeddingModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    repeats: int = 5, warmup: int = 2) -> list[float]:
-    """Wall time of bare forwards on one prepared batch (synchronised on CUDA), in ms."""
-    import time
-
-    def sync() -> None:
-        if input_ids.is_cuda:
-            torch.cuda.synchronize()
-
-    times = []
-    with torch.inference_mode():
-        for i in range(warmup + repeats):
-            sync()
-            t0 = time.perf_counter()
-            model(input_ids, attention_mask)
-            sync()
-            if i >= warmup:
-                times.append((time.perf_counter() - t0) * 1000)
-    return times
-
-

@@ -20,7 +20,7 @@ import pandas as pd
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from .data import DEFAULT_DATA, Record
+from .data import DEFAULT_DATA, Record, check_limit, require_file
 from .engine import Engine, Preparer, make_tokenizer, quiet_fork_warnings
 from .knobs import Knobs
 from .model import tokenizer_files
@@ -35,11 +35,8 @@ class LineDataset(Dataset):
     """Lines of a JSONL file, read from disk by byte offset in whichever process asks."""
 
     def __init__(self, path: str | Path = DEFAULT_DATA, limit: int | None = None):
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-            raise ValueError(f"limit={limit!r} must be a positive integer (or None for all lines)")
-        self.path = Path(path)
-        if not self.path.is_file():
-            raise FileNotFoundError(f"data file {str(self.path)!r} does not exist; pass --data PATH to a JSONL file")
+        check_limit(limit)
+        self.path = require_file(path)
         self.offsets: list[int] = []
         self.sizes: list[int] = []
         pos = 0

@@ -140,7 +140,6 @@ class Server:
         self.stage_hists = {s: Histogram(SECONDS_BUCKETS) for s in SERVE_STAGES}
         self.latency_hist = Histogram(SECONDS_BUCKETS)
         self.busy_total_s = 0.0
-        self.t_started = 0.0
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self, warmup: bool = True) -> "Server":
@@ -155,7 +154,6 @@ class Server:
             t = threading.Thread(target=self._named(name, target), name=name, daemon=True)
             t.start()
             self._threads.append(t)
-        self.t_started = self.clock()
         return self
 
     @staticmethod
