@@ -11,11 +11,6 @@ import pandas as pd
 PERCENTILES = (50, 90, 95, 99)
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (linear interpolation); NaN for no samples."""
-    return float(np.percentile(np.asarray(values, dtype=float), q)) if len(values) else math.nan
-
-
 def summarize(values: Iterable[float]) -> dict[str, float]:
     """count, mean, median, IQR and p50/p90/p95/p99 of raw samples."""
     arr = np.asarray(list(values), dtype=float)
