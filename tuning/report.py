@@ -33,7 +33,7 @@ def format_run(result) -> str:
         f"throughput {s['throughput_rps']:.1f} req/s   model busy {100 * s['model_busy']:.0f}%   "
         f"padding waste {_fmt(s['padding_waste'])}   (window {s['window_s']:.1f} s; "
         + (f"{k.graph} compile/capture {s['compile_s']:.1f} s, " if s.get("compile_s") is not None else "")
-        + f"model warm-up {s['warmup_s']:.1f} s, both outside the window)",
+        + f"model warm-up {s['warmup_s']:.1f} s: outside the window)",
         "",
         "stage ledger (per request, ms; share of the p50 / p99 sums)",
         table([{"stage": st, **v} for st, v in s["stages"].items()], ["stage", "p50_ms", "p99_ms", "share", "share_p99"]),
