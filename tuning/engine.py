@@ -163,49 +163,95 @@ class Engine:
         from .model import load_minilm, prepare_model
 
         self.knobs = knobs.resolve(torch.cuda.is_available())
-        self.device = torch.device(self.knobs.device)
         if self.knobs.torch_threads is not None:
             torch.set_num_threads(self.knobs.torch_threads)
         self.clock = clock or _clock.now
-        base = model if model is not None else load_minilm()
-        self.model = prepare_model(base, self.device, self.knobs.dtype) if isinstance(base, torch.nn.Module) else base
         self.compile_s = 0.0
+        self.sim = None
+        if self.knobs.device == "sim":
+            # the simulated accelerator: tensors stay on the CPU, the forward is a timed stand-in
+            from .sim import SimulatedDevice, load_profile, model_profile_for
+
+            self.device = torch.device("cpu")
+            self.sim = SimulatedDevice(load_profile(self.knobs.sim_profile), model_profile_for(model), self.clock)
+            self.model = model
+        else:
+            self.device = torch.device(self.knobs.device)
+            base = model if model is not None else load_minilm()
+            self.model = prepare_model(base, self.device, self.knobs.dtype) if isinstance(base, torch.nn.Module) else base
         self.runner = self._make_runner()
 
-    def _make_runner(self) -> Callable:
-        k = self.knobs
-        if k.graph == "compile":
-            import torch._dynamo
+    @property
+    def device_info(self) -> dict[str, Any]:
+        """The ``device`` block of a summary: kind (``simulated``, ``cpu`` or ``cuda``), name and source."""
+        if self.sim is not None:
+            return self.sim.info()
+        if self.device.type == "cuda":
+            return {"kind": "cuda", "name": torch.cuda.get_device_name(self.device), "source": "measured"}
+        return {"kind": "cpu", "name": _cpu_name(), "source": "measured"}
 
-            # one compilation per bucket shape: allow that many before dynamo gives up and falls back to eager
-            shapes = len(k.bucket_lengths) if k.padding == "bucket" else 1
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * shapes + 2)
-            return torch.compile(self.model, dynamic=k.padding == "dynamic")
+    @property
+    def simulated(self) -> bool:
+        return self.sim is not None
+
+    def device_spans(self) -> list:
+        """The simulated device's timeline (empty on a real device)."""
+        return self.sim.spans() if self.sim is not None else []
+
+    def _make_runner(self, batch_sizes: Sequence[int] | None = None) -> Callable:
+        """The callable that runs the model under the ``graph`` knob.
+
+        ``batch_sizes``: the batch sizes compiled or captured exactly (default: ``knobs.batch_size``;
+        a ragged batch is padded up to the nearest, so no new shape reaches compiled or captured
+        code inside a measured window). The batch sweep passes every size it times.
+        """
+        k = self.knobs
+        sizes = tuple(sorted(set(batch_sizes or (k.batch_size,))))
+        if self.sim is not None:
+            from .sim import SimulatedModel
+
+            return SimulatedModel(self.sim, k.dtype, k.graph, sizes if k.graph != "eager" else ())
+        if k.graph == "compile":
+            from .graphs import CompiledRunner
+
+            dynamic = k.padding == "dynamic"
+            lengths = 1 if dynamic else len(self._warmup_lengths())
+            return CompiledRunner(self.model, sizes, dynamic=dynamic, expected_shapes=len(sizes) * lengths)
         if k.graph == "cuda_graph":
             from .graphs import CudaGraphRunner
 
-            return CudaGraphRunner(self.model, self.device, batch_sizes=(k.batch_size,))
+            return CudaGraphRunner(self.model, self.device, batch_sizes=sizes)
         return self.model
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def _warmup_lengths(self) -> list[int]:
+        k = self.knobs
+        return [k.max_length] if k.padding == "fixed" else list(k.bucket_lengths)
+
     def warmup_shapes(self) -> list[tuple[int, int]]:
         """The (batch, length) shapes to run before measuring.
 
-        Compiled and captured graphs need every shape they will see (one per bucket); eager
-        needs one representative shape to settle allocators and thread pools.
+        Compiled and captured graphs need every shape they will see (one per bucket at
+        ``batch_size``: ragged batches are padded up to it); eager, and compile with dynamic
+        shapes, need one representative shape to settle allocators and thread pools.
         """
         k = self.knobs
         if k.graph == "eager" or k.padding == "dynamic":
             return [(k.batch_size, min(64, k.max_length))]
-        lengths = [k.max_length] if k.padding == "fixed" else list(k.bucket_lengths)
-        return [(k.batch_size, n) for n in lengths]
+        return [(k.batch_size, n) for n in self._warmup_lengths()]
 
     def warmup(self, shapes: Sequence[tuple[int, int]] | None = None, repeats: int = 2) -> float:
-        """Run dummy batches (compiling or capturing each shape); returns the seconds it took."""
+        """Run dummy batches (compiling or capturing each shape); returns the seconds it took.
+
+        Afterwards the runner is sealed: a compiled runner warns (and counts) for each shape it
+        compiles later, a graph runner refuses to capture inside the measured window.
+        """
         t0 = time.perf_counter()
+        if hasattr(self.runner, "sealed"):
+            self.runner.sealed = False
         for batch, length in shapes or self.warmup_shapes():
             ids = torch.full((batch, length), 1000, dtype=torch.long, device=self.device)
             mask = torch.ones_like(ids)
@@ -213,6 +259,8 @@ class Engine:
                 for _ in range(repeats):
                     self.runner(ids, mask)
         self._sync()
+        if hasattr(self.runner, "seal"):
+            self.runner.seal()
         self.compile_s = time.perf_counter() - t0
         return self.compile_s
 
@@ -225,6 +273,9 @@ class Engine:
             non_blocking = self.knobs.pin_memory and self.device.type == "cuda"
             ids = batch.input_ids.to(self.device, non_blocking=non_blocking)
             mask = batch.attention_mask.to(self.device, non_blocking=non_blocking)
+            if self.sim is not None:  # host-to-device copy of ids and mask on the simulated device
+                self.sim.copy_in(ids.numel() * ids.element_size() + mask.numel() * mask.element_size(),
+                                 pinned=self.knobs.pin_memory)
             self._sync()
             t1 = self.clock()
             with torch.inference_mode():
@@ -242,9 +293,31 @@ class Engine:
         except Exception as exc:
             t = self.clock()
             reason = f"inference failed: {type(exc).__name__}: {exc}"
-            if isinstance(exc, torch.OutOfMemoryError):
+            if is_out_of_memory(exc):
                 reason = f"out of memory at batch {len(batch.ok_items)} x {batch.padded_length}: lower batch_size or max_length"
             return BatchOutput(None, 0.0, t - t0, 0.0, t0, t, reason)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """An out-of-memory failure: torch's own, or a cuBLAS/cuDNN handle or workspace allocation that failed
+    (those arrive as a plain RuntimeError)."""
+    oom_type = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
+    if isinstance(exc, oom_type):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("ALLOC_FAILED" in text or "out of memory" in text.lower())
+
+
+def _cpu_name() -> str:
+    import platform
+
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def quiet_fork_warnings() -> None:

@@ -63,56 +63,123 @@ class BatchSweepResult:
 
 
 def _memory_mb(device: torch.device) -> float:
+    """Peak memory of the point: CUDA peak *reserved* (graph pools are reserved, not allocated, so
+    cuda_graph rows stay comparable with eager), or the process RSS on a CPU."""
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
+        return torch.cuda.max_memory_reserved(device) / 2**20
     return psutil.Process().memory_info().rss / 2**20
+
+
+def is_oom(exc: BaseException) -> bool:
+    """An out-of-memory failure: torch's, or a cuBLAS/cuDNN workspace allocation that failed."""
+    from .engine import is_out_of_memory
+
+    return is_out_of_memory(exc)
+
+
+def _visit_order(sizes: list[int], rounds: int) -> list[list[int]]:
+    """Each round visits every size, ascending then descending (ABBA), so a drift or a slow spell
+    lands on all sizes alike instead of on whichever came first."""
+    return [sizes if r % 2 == 0 else sizes[::-1] for r in range(rounds)]
 
 
 def batch_sweep(runner: Callable, device: torch.device, sizes: Sequence[int], length: int = 64,
                 repeats: int = 5, warmup: int = 2, dtype: str = "fp32", graph: str = "eager",
-                make_batch: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]] | None = None) -> BatchSweepResult:
-    """Time ``runner`` at each batch size with inputs of ``length`` tokens (real tokens, no padding)."""
+                make_batch: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]] | None = None,
+                rounds: int = 5, timer: Callable[[], float] = time.perf_counter) -> BatchSweepResult:
+    """Time ``runner`` at each batch size with inputs of ``length`` tokens (real tokens, no padding).
+
+    ``warmup`` untimed calls per size first (compiling or capturing each shape; then a runner with
+    ``seal()`` is sealed), then ``rounds`` interleaved rounds: each visits every size (ABBA order),
+    runs one untimed call and ``repeats`` timed ones. A size's time is the median over rounds of
+    its round medians; ``iqr_ms`` is their spread; ``round_ms`` keeps them. An out-of-memory size
+    is recorded as such and left out of later rounds; the sweep goes on.
+    """
     if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
         raise ValueError(f"sizes={list(sizes)!r} must be positive integers, e.g. 1,2,4,8,16,32")
+    for name, value in (("repeats", repeats), ("rounds", rounds)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} must be an integer >= 1")
     make_batch = make_batch or (lambda b, n: (torch.randint(1000, 20000, (b, n), device=device),
                                               torch.ones((b, n), dtype=torch.long, device=device)))
+    cuda = device.type == "cuda"
+    sizes = sorted(set(sizes))
     result = BatchSweepResult(length, device.type, dtype, graph)
-    for size in sorted(sizes):
-        row: dict[str, Any] = {"batch_size": size, "length": length}
+    rows = {s: {"batch_size": s, "length": length} for s in sizes}
+    batches: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    round_ms: dict[int, list[float]] = {s: [] for s in sizes}
+    memory: dict[int, float] = {s: 0.0 for s in sizes}
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    def fail(size: int, exc: BaseException) -> None:
+        batches.pop(size, None)
+        if cuda:
+            torch.cuda.empty_cache()
+        rows[size].update(status="oom", error=str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+
+    def visit(size: int, calls: int, timed: int) -> None:
+        """``calls`` untimed then ``timed`` timed calls at ``size``; records memory, and the round median."""
+        if cuda:
+            if graph == "eager":
+                torch.cuda.empty_cache()  # another size's cached blocks are not this size's memory
+            torch.cuda.reset_peak_memory_stats(device)
         try:
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            ids, mask = make_batch(size, length)
+            if size not in batches:
+                batches[size] = make_batch(size, length)
+            ids, mask = batches[size]
             times = []
             with torch.inference_mode():
-                for i in range(warmup + repeats):
-                    if device.type == "cuda":
-                        torch.cuda.synchronize(device)
-                    t0 = time.perf_counter()
+                for i in range(calls + timed):
+                    sync()
+                    t0 = timer()
                     runner(ids, mask)
-                    if device.type == "cuda":
-                        torch.cuda.synchronize(device)
-                    if i >= warmup:
-                        times.append((time.perf_counter() - t0) * 1000)
-            per_batch = float(np.median(times))
+                    sync()
+                    if i >= calls:
+                        times.append((timer() - t0) * 1000)
+            memory[size] = max(memory[size], _memory_mb(device))
+            if times:
+                round_ms[size].append(float(np.median(times)))
+        except Exception as exc:
+            if not is_oom(exc):
+                raise
+            fail(size, exc)
+
+    for size in sizes:
+        visit(size, warmup, 0)
+    if hasattr(runner, "seal"):
+        runner.seal()
+    for order in _visit_order(sizes, rounds):
+        for size in order:
+            if rows[size].get("status") != "oom":
+                visit(size, 1, repeats)
+    for size in sizes:
+        row = rows[size]
+        if row.get("status") == "oom":
+            row.update(per_batch_ms=math.nan, per_sample_ms=math.nan, throughput=math.nan, iqr_ms=math.nan,
+                       rounds=len(round_ms[size]), round_ms=round_ms[size], memory_mb=memory[size] or math.nan)
+        else:
+            per_batch = float(np.median(round_ms[size]))
             row.update(status="ok", per_batch_ms=per_batch, per_sample_ms=per_batch / size,
-                       throughput=size / per_batch * 1000, iqr_ms=float(np.subtract(*np.percentile(times, [75, 25]))),
-                       memory_mb=_memory_mb(device))
-        except torch.OutOfMemoryError as exc:
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-            row.update(status="oom", per_batch_ms=math.nan, per_sample_ms=math.nan, throughput=math.nan,
-                       iqr_ms=math.nan, memory_mb=_memory_mb(device), error=str(exc).splitlines()[0][:200])
+                       throughput=size / per_batch * 1000 if per_batch > 0 else math.nan,
+                       iqr_ms=float(np.subtract(*np.percentile(round_ms[size], [75, 25]))),
+                       rounds=len(round_ms[size]), round_ms=round_ms[size], memory_mb=memory[size])
         result.rows.append(row)
     return result
 
 
-def run_batch_sweep(knobs, sizes: Sequence[int], length: int = 64, repeats: int = 5, engine=None) -> BatchSweepResult:
-    """The batch sweep for a knob set's model, device, dtype and graph mode."""
+def run_batch_sweep(knobs, sizes: Sequence[int], length: int = 64, repeats: int = 5, engine=None,
+                    rounds: int = 5) -> BatchSweepResult:
+    """The batch sweep for a knob set's model, device, dtype and graph mode.
+
+    Under ``compile`` and ``cuda_graph`` every swept size is compiled or captured exactly (its own
+    graph, nothing padded up), during the sweep's warm-up, so each row times its own work.
+    """
     from .engine import Engine
 
     engine = engine or Engine(knobs)
-    if knobs.graph != "eager":
-        engine.warmup([(s, length) for s in sorted(sizes)])
-    return batch_sweep(engine.runner, engine.device, sizes, length, repeats, dtype=engine.knobs.dtype,
-                       graph=engine.knobs.graph)
+    runner = engine._make_runner(batch_sizes=sizes) if engine.knobs.graph != "eager" else engine.runner
+    return batch_sweep(runner, engine.device, sizes, length, repeats, dtype=engine.knobs.dtype,
+                       graph=engine.knobs.graph, rounds=rounds)

@@ -1,0 +1,89 @@
+"""The GPU paths, driven on a CPU: fake capture, fake compile, fake NVML, synthetic signals."""
+
+import dataclasses
+import functools
+import math
+
+import pytest
+import torch
+
+from tests.helpers import TinyModel
+from tuning import graphs
+from tuning.engine import Engine
+from tuning.graphs import CudaGraphRunner
+from tuning.knobs import Knobs
+from tuning.sweep import batch_sweep, run_batch_sweep
+
+
+def _replaying_capture(log):
+    """Stands in for CUDA capture: 'replay' re-runs the model on the static buffers, logging each shape it runs."""
+    def capture(fn, ids, mask):
+        log.append(("capture", tuple(ids.shape)))
+        out = fn(ids, mask)
+
+        def replay():
+            log.append(("replay", tuple(ids.shape)))
+            out.copy_(fn(ids, mask))
+        return out, replay
+    return capture
+
+
+def _graph_engine(monkeypatch, log, **knobs):
+    """An Engine on the CPU whose knobs say cuda_graph, capturing with the stand-in."""
+    monkeypatch.setattr(graphs, "CudaGraphRunner", functools.partial(CudaGraphRunner, capture_fn=_replaying_capture(log)))
+    engine = Engine(Knobs(device="cpu", padding="bucket", buckets=(8,), max_length=16, **knobs), TinyModel())
+    engine.knobs = dataclasses.replace(engine.knobs, device="cuda", graph="cuda_graph")
+    engine.runner = engine._make_runner()
+    return engine
+
+
+# -- issue 15 item 1: the batch sweep under graph='cuda_graph' ---------------------------------------------------
+
+
+def test_batch_sweep_under_cuda_graph_captures_and_replays_each_size_exactly(monkeypatch):
+    log = []
+    engine = _graph_engine(monkeypatch, log, batch_size=2)
+    result = run_batch_sweep(engine.knobs, [1, 2, 4, 8], length=8, repeats=2, engine=engine)
+    assert (result.to_frame().status == "ok").all(), result.to_frame()
+    captured = sorted(shape for kind, shape in log if kind == "capture")
+    assert captured == [(1, 8), (2, 8), (4, 8), (8, 8)]  # one graph per swept size, none padded up
+    replayed = {shape for kind, shape in log if kind == "replay"}
+    assert replayed == set(captured)
+    assert result.graph == "cuda_graph"
+
+
+# -- issue 16 item 7: the batch sweep interleaves its sizes over rounds ----------------------------------------
+
+
+class _LoadedMachine:
+    """A fake clock and a runner whose cost per row is fixed, doubled while another process loads the machine."""
+
+    def __init__(self, per_row_ms, busy_until_ms):
+        self.now_ms = 0.0
+        self.per_row_ms = per_row_ms
+        self.busy_until_ms = busy_until_ms
+        self.order = []
+
+    def timer(self):
+        return self.now_ms / 1000
+
+    def runner(self, ids, mask):
+        rows = ids.shape[0]
+        self.order.append(rows)
+        slow = 2.0 if self.now_ms < self.busy_until_ms else 1.0
+        self.now_ms += self.per_row_ms[rows] * rows * slow
+
+
+def test_batch_sweep_interleaves_sizes_so_a_slow_spell_does_not_pick_the_knee():
+    # per sample: 16 and 32 cost the same, 64 is 10% worse; the machine is slow for the first 400 ms
+    machine = _LoadedMachine({16: 1.0, 32: 1.0, 64: 1.1}, busy_until_ms=400)
+    result = batch_sweep(machine.runner, torch.device("cpu"), [16, 32, 64], length=8, repeats=3, warmup=1,
+                         rounds=5, timer=machine.timer)
+    frame = result.to_frame().set_index("batch_size")
+    assert result.knee == 16, frame
+    assert frame.loc[64, "per_sample_ms"] == pytest.approx(1.1)
+    assert frame.loc[16, "rounds"] == 5 and len(frame.loc[16, "round_ms"]) == 5
+    # every size is visited once per round, the order alternating (ABBA) so drift hits all sizes alike
+    timed = [rows for rows in machine.order[3:]]
+    visits = [timed[i] for i in range(0, len(timed), 4)]  # one re-warm call then 3 timed per visit
+    assert visits == [16, 32, 64, 64, 32, 16, 16, 32, 64, 64, 32, 16, 16, 32, 64]
