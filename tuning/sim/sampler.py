@@ -1,0 +1,45 @@
+"""A simulated GPU sampler: the recorder's GPU section from the stand-in's device timeline.
+
+Sampled at the recorder's interval on the shared clock, like NVML would be: SM utilization is
+the share of each interval the simulated device computed (what NVML's ``utilization.gpu``
+reads: the share of time a kernel ran), memory is the model's weights plus the largest
+activation seen so far, power is interpolated between the profile's idle and maximum draw.
+The series is labelled simulated in its device name and reason.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from ..profile.gpu import GpuSample, GpuSeries
+from .profiles import DeviceProfile
+from .standin import DeviceSpan, span_overlap
+
+
+def simulated_gpu_series(spans: Sequence[DeviceSpan], profile: DeviceProfile, t0: float, t1: float,
+                         interval: float, weights_bytes: float = 0.0) -> GpuSeries:
+    """One sample per ``interval`` from ``t0`` to ``t1``, each covering the interval before it."""
+    name = f"simulated {profile.name}"
+    series = GpuSeries(True, f"simulated device ({profile.source}); not an NVML reading", devices=[name])
+    if t1 <= t0 or interval <= 0:
+        return series
+    spans = sorted(spans, key=lambda s: s.t0)
+    peak_mem = weights_bytes
+    total_mb = profile.mem_bytes / 2**20
+    for end in np.arange(t0 + interval, t1 + interval / 2, interval):
+        start = end - interval
+        busy = sum(span_overlap(s, start, end) for s in spans if s.t1 >= start and s.t0 <= end)
+        util = min(busy / interval, 1.0) * 100
+        for s in spans:
+            if s.t0 <= end:
+                peak_mem = max(peak_mem, s.memory_bytes)
+        power = (profile.idle_power_w + (profile.max_power_w - profile.idle_power_w) * util / 100
+                 if math.isfinite(profile.idle_power_w) and math.isfinite(profile.max_power_w) else math.nan)
+        series.samples.append(GpuSample(
+            t=float(end), gpu=0, name=name, sm_util=util, mem_util=math.nan, mem_used_mb=peak_mem / 2**20,
+            mem_total_mb=total_mb, power_w=power, power_limit_w=profile.max_power_w, sm_clock_mhz=math.nan,
+            temp_c=math.nan, proc_sm_util=util))
+    return series

@@ -1,0 +1,189 @@
+"""The stand-in for the model call on the simulated accelerator.
+
+Everything on the host runs for real; only the forward is replaced. Each call
+
+1. spins the calling thread for the predicted host time (eager dispatch is CPU work that
+   competes with preprocessing threads for cores and the GIL; under ``cuda_graph`` it is one
+   short replay),
+2. sleeps for the rest of the predicted call without holding the GIL (the host is free
+   while the device computes, as with a real GPU),
+3. records the device's busy time on a timeline (what NVML's utilization would read), and
+4. returns deterministic, L2-normalised embeddings of the right shape, computed cheaply, so
+   every downstream stage, count and outcome runs unchanged. They are marked simulated and
+   are never compared with real embeddings.
+
+A batch whose predicted memory exceeds the device's raises ``torch.OutOfMemoryError`` the
+way the real path reports it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from .costmodel import CallCost, ModelProfile, copy_seconds, predict
+from .profiles import DeviceProfile
+
+MEMORY_USABLE = 0.92  # share of device memory a process can allocate (context, fragmentation)
+
+
+@dataclass(frozen=True)
+class DeviceSpan:
+    """One call on the device timeline: wall span and the device compute inside it (shared clock, s)."""
+
+    t0: float
+    t1: float
+    busy_s: float
+    memory_bytes: float
+
+
+class SimulatedDevice:
+    """A device profile, a model profile, a timeline of calls and the clock they share."""
+
+    def __init__(self, device: DeviceProfile, model: ModelProfile, clock: Callable[[], float] = time.perf_counter):
+        self.profile = device
+        self.model = model
+        self.clock = clock
+        self.timeline: list[DeviceSpan] = []
+        self._costs: dict[tuple[int, int, str, str], CallCost] = {}
+        self._lock = threading.Lock()
+        self._overshoot = 60e-6  # learnt: how late time.sleep wakes up here
+        rng = np.random.default_rng(0)
+        table = rng.standard_normal((1024, model.output_dim)).astype(np.float32)
+        self._table = table / np.linalg.norm(table, axis=1, keepdims=True)
+
+    def info(self) -> dict:
+        return self.profile.info()
+
+    def label(self) -> str:
+        return self.profile.label()
+
+    def cost(self, batch: int, length: int, dtype: str, graph: str) -> CallCost:
+        key = (batch, length, dtype, graph)
+        cost = self._costs.get(key)
+        if cost is None:
+            cost = self._costs[key] = predict(self.model, self.profile, batch, length, dtype, graph)
+        return cost
+
+    def wait(self, seconds: float, spin: bool) -> None:
+        """Take ``seconds`` of wall time: spinning (host CPU work) or sleeping (GIL released)."""
+        if seconds <= 0:
+            return
+        deadline = time.perf_counter() + seconds
+        if spin:
+            while time.perf_counter() < deadline:
+                pass
+            return
+        ahead = seconds - self._overshoot
+        if ahead > 0:
+            t = time.perf_counter()
+            time.sleep(ahead)
+            late = time.perf_counter() - t - ahead
+            self._overshoot = 0.9 * self._overshoot + 0.1 * min(max(late, 0.0), 2e-3)
+        # the last tens of microseconds: spin (sleep(0) would yield the core for a whole timeslice under load)
+        while time.perf_counter() < deadline:
+            pass
+
+    def copy_in(self, nbytes: float, pinned: bool) -> float:
+        """A host-to-device copy: sleeps for its predicted time (DMA, not host work); returns it."""
+        seconds = copy_seconds(self.profile, nbytes, pinned)
+        self.wait(seconds, spin=False)
+        return seconds
+
+    def run(self, batch: int, length: int, dtype: str, graph: str) -> CallCost:
+        """Take the time one forward takes on the device and record it on the timeline."""
+        cost = self.cost(batch, length, dtype, graph)
+        limit = self.profile.mem_bytes * MEMORY_USABLE
+        if cost.memory_bytes > limit:
+            raise torch.OutOfMemoryError(
+                f"simulated {self.profile.name}: batch {batch} x {length} needs {cost.memory_bytes / 2**30:.1f} GiB "
+                f"of {limit / 2**30:.1f} GiB usable (predicted)")
+        t0 = self.clock()
+        start = time.perf_counter()
+        self.wait(cost.host_s, spin=True)
+        self.wait(cost.call_s - (time.perf_counter() - start), spin=False)
+        with self._lock:
+            self.timeline.append(DeviceSpan(t0, self.clock(), cost.device_s, cost.memory_bytes))
+        return cost
+
+    def embeddings(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Deterministic unit vectors, one per row, from the row's tokens (cheap; not a model)."""
+        # numpy, not torch: a torch op here would wake the intra-op thread pool, real CPU work a device call lacks
+        ids, mask = input_ids.numpy(), attention_mask.numpy()
+        key = (ids * mask).sum(axis=1) + 7 * mask.sum(axis=1)
+        return torch.from_numpy(self._table[key % len(self._table)])
+
+    def busy_between(self, t0: float, t1: float) -> float:
+        """Device compute seconds inside [t0, t1], each call's compute spread evenly over its span."""
+        with self._lock:
+            spans = list(self.timeline)
+        return sum(span_overlap(s, t0, t1) for s in spans)
+
+    def spans(self) -> list[DeviceSpan]:
+        with self._lock:
+            return list(self.timeline)
+
+
+def span_overlap(span: DeviceSpan, t0: float, t1: float) -> float:
+    """The device compute of ``span`` that falls inside [t0, t1]."""
+    width = span.t1 - span.t0
+    if width <= 0:
+        return span.busy_s if t0 <= span.t0 <= t1 else 0.0
+    inside = max(0.0, min(span.t1, t1) - max(span.t0, t0))
+    return span.busy_s * inside / width
+
+
+def device_busy(spans: Sequence[DeviceSpan], t0: float, t1: float) -> float:
+    """Share of [t0, t1] the device computed."""
+    if t1 <= t0:
+        return float("nan")
+    return min(sum(span_overlap(s, t0, t1) for s in spans) / (t1 - t0), 1.0)
+
+
+def window_device_busy(device: dict, timeline: Sequence[DeviceSpan], t0: float, t1: float, window_s: float,
+                       model_busy: float) -> float:
+    """Device busy of a measured window by device kind: the simulated timeline; on a CPU the model call is
+    the device's work (model busy); on CUDA unknown here (NaN: NVML measures it)."""
+    kind = device.get("kind")
+    if kind == "simulated":
+        return min(sum(span_overlap(s, t0, t1) for s in timeline) / window_s, 1.0) if window_s > 0 else float("nan")
+    if kind == "cpu":
+        return model_busy
+    return float("nan")
+
+
+class SimulatedModel:
+    """A callable with the model's signature ``(input_ids, attention_mask) -> [B, D]`` that runs on a
+    :class:`SimulatedDevice` in one dtype and graph mode.
+
+    Under ``compile`` and ``cuda_graph``, a batch smaller than the captured size is padded to the
+    smallest captured size that holds it (as the real graph runner does), so it costs that size.
+    """
+
+    simulated = True
+
+    def __init__(self, device: SimulatedDevice, dtype: str, graph: str, captured_batches: Sequence[int] = ()):
+        self.device = device
+        self.dtype = dtype
+        self.graph = graph
+        self.captured_batches = tuple(sorted(captured_batches))
+
+    def shape_cost_batch(self, batch: int) -> int:
+        if self.graph == "eager" or not self.captured_batches:
+            return batch
+        for size in self.captured_batches:
+            if size >= batch:
+                return size
+        return batch  # larger than every captured size: the real runner would capture (or compile) it
+
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids has shape {tuple(input_ids.shape)}; expected [batch, length]")
+        batch, length = input_ids.shape
+        self.device.run(self.shape_cost_batch(batch), length, self.dtype, self.graph)
+        return self.device.embeddings(input_ids, attention_mask)
