@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from .data import DEFAULT_DATA, Record, check_limit, require_file
 from .engine import Engine, Preparer, make_tokenizer, quiet_fork_warnings
+from .sim.standin import window_device_busy
 from .knobs import Knobs
 from .model import tokenizer_files
 from .profile.threads import name_this_thread
@@ -221,6 +222,8 @@ class PipelineResult:
     warmup_s: float
     embeddings: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
     plan_spans: list[tuple[float, float]] = field(default_factory=list)  # length-grouping passes (group_by='tokens')
+    device: dict[str, Any] = field(default_factory=dict)  # kind (simulated | cpu | cuda), name/profile, source
+    device_timeline: list[Any] = field(default_factory=list, repr=False)  # simulated device calls (DeviceSpan)
 
     @property
     def window_s(self) -> float:
@@ -252,6 +255,18 @@ class PipelineResult:
         return min(busy / self.window_s, 1.0)
 
     @property
+    def device_busy(self) -> float:
+        """Device compute time inside the measured window / window length: the simulated device's timeline;
+        on a CPU the model call is the device's work (equals model busy); on CUDA NaN here (the recorder's
+        NVML series measures it)."""
+        return window_device_busy(self.device, self.device_timeline, self.t_window_start, self.t_end,
+                                  self.window_s, self.model_busy)
+
+    @property
+    def simulated(self) -> bool:
+        return self.device.get("kind") == "simulated"
+
+    @property
     def truncated(self) -> int:
         return sum(r.truncated for r in self.requests)
 
@@ -272,8 +287,25 @@ class PipelineResult:
     def wait_for_input_s(self) -> float:
         return sum(b.wait_for_input_ms for b in self.batches if not b.warmup) / 1000
 
+    def _queued_intervals(self) -> list[tuple[float, float]]:
+        """Each measured batch's wait for the model, ``[t_ready, t_received]``, clipped to the window."""
+        lo, hi = self.t_window_start, self.t_end
+        out = [(max(b.t_ready, lo), min(b.t_received, hi)) for b in self.batches if not b.warmup]
+        return [(a, b) for a, b in out if b > a]
+
     def wait_for_model_s(self) -> float:
-        return sum(b.wait_for_model_ms for b in self.batches if not b.warmup) / 1000
+        """Seconds of the window in which at least one ready batch waited for the model (the union of
+        the batches' waits: with prefetching, several batches wait at once and their waits overlap)."""
+        total, end = 0.0, -math.inf
+        for a, b in sorted(self._queued_intervals()):
+            if b > end:
+                total += b - max(a, end)
+                end = b
+        return total
+
+    def mean_queued(self) -> float:
+        """Time-average number of ready batches waiting for the model over the window (Little's law)."""
+        return sum(b - a for a, b in self._queued_intervals()) / self.window_s
 
     def to_frame(self) -> pd.DataFrame:
         """One row per request."""
@@ -288,14 +320,19 @@ class PipelineResult:
         return stage_ledger([r for r in self.measured if r.outcome == "ok"], STAGES)
 
     def waits(self) -> dict[str, dict[str, float | None]]:
-        """The two waits per batch: model idle for input (starvation) vs ready batch idle (back-pressure)."""
+        """The two waits per batch: model idle for input (starvation) vs ready batch idle (back-pressure).
+
+        ``share_of_window`` is the share of the window in which the wait happened: for the model's
+        wait for input the waits follow one another; ready batches wait side by side, so theirs is
+        the union of their intervals, and ``mean_queued`` is how many waited on average.
+        """
         measured = [b for b in self.batches if not b.warmup]
         out = {}
-        for name in ("wait_for_input", "wait_for_model"):
-            values = [getattr(b, f"{name}_ms") for b in measured]
-            s = summarize(values)
+        for name, seconds in (("wait_for_input", self.wait_for_input_s()), ("wait_for_model", self.wait_for_model_s())):
+            s = summarize(getattr(b, f"{name}_ms") for b in measured)
             out[name] = {"p50_ms": clean(s["p50"]), "p99_ms": clean(s["p99"]),
-                         "share_of_window": clean(sum(values) / 1000 / self.window_s)}
+                         "share_of_window": clean(seconds / self.window_s)}
+        out["wait_for_model"]["mean_queued"] = clean(self.mean_queued())
         return out
 
     def summary(self) -> dict[str, Any]:
@@ -304,6 +341,8 @@ class PipelineResult:
         return {
             "throughput_rps": clean(self.throughput_rps),
             "model_busy": clean(self.model_busy),
+            "device_busy": clean(self.device_busy),
+            "device": self.device,
             "requests": len(self.requests),
             "ok": self.ok,
             "errors": self.errors,
@@ -374,7 +413,7 @@ class Pipeline:
             if k.prefetch_factor is not None:
                 extra["prefetch_factor"] = k.prefetch_factor
         return DataLoader(dataset, batch_sampler=sampler, collate_fn=self.preparer, num_workers=k.num_workers,
-                          pin_memory=k.pin_memory, **extra)
+                          pin_memory=k.pin_memory and self.engine.device.type == "cuda", **extra)
 
     def run(self, data: str | Path | Sequence[Any] = DEFAULT_DATA, limit: int | None = None,
             warmup_batches: int = 2, keep_embeddings: bool = True,
@@ -433,7 +472,8 @@ class Pipeline:
                 b.warmup = False
         plan_spans = getattr(self._sampler, "spans", [])
         return PipelineResult(self.knobs, sorted(requests, key=lambda r: r.index), batches, t_start, t_window,
-                              t_end, warmup_s, embeddings, plan_spans)
+                              t_end, warmup_s, embeddings, plan_spans, self.engine.device_info,
+                              [d for d in self.engine.device_spans() if d.t1 >= t_start])
 
 
 def run_pipeline(knobs: Knobs, data: str | Path | Sequence[Any] = DEFAULT_DATA, limit: int | None = None,
