@@ -87,3 +87,43 @@ def test_batch_sweep_interleaves_sizes_so_a_slow_spell_does_not_pick_the_knee():
     timed = [rows for rows in machine.order[3:]]
     visits = [timed[i] for i in range(0, len(timed), 4)]  # one re-warm call then 3 timed per visit
     assert visits == [16, 32, 64, 64, 32, 16, 16, 32, 64, 64, 32, 16, 16, 32, 64]
+
+
+# -- issue 15 item 2: launch-bound is not saturated; device busy decides saturation --------------------------------
+
+import importlib  # noqa: E402
+
+dg = importlib.import_module("tuning.profile.diagnose")
+
+
+def test_launch_bound_batch_one_on_an_idle_device_is_not_saturated():
+    # batch 1 on an idle H200: the host is inside the model call 95% of the time, launching kernels
+    s = dg.Signals(model_busy=0.95, wait_for_input_share=0.02, median_span_ms=3.0, mean_batch=1.0,
+                   launch_share=0.8, device_busy=0.12, batch_size_knob=1, dtype_knob="fp16", padding_knob="bucket")
+    d = dg.diagnose(s)
+    assert d.kind == "fragmented", d
+    assert any("launch overhead" in r for r in d.reasons)
+    assert "cuda_graph" in d.next_step and "reduce-overhead" in d.next_step
+    assert d.evidence["device_busy"] == 0.12
+
+
+def test_saturated_reads_device_busy_when_known_and_model_busy_otherwise():
+    host_bound = dg.diagnose(dg.Signals(model_busy=0.95, wait_for_input_share=0.02, mean_batch=16.0, device_busy=0.2))
+    assert host_bound.kind == "fragmented" and any("device busy 20%" in r for r in host_bound.reasons), host_bound
+    busy = dg.diagnose(dg.Signals(model_busy=0.95, wait_for_input_share=0.02, mean_batch=16.0, device_busy=0.9))
+    assert busy.kind == "saturated" and any("device busy 90%" in r for r in busy.reasons), busy
+    unknown = dg.diagnose(dg.Signals(model_busy=0.95, wait_for_input_share=0.02, mean_batch=16.0))
+    assert unknown.kind == "saturated" and any("model busy 95%" in r for r in unknown.reasons), unknown
+
+
+def test_a_starved_launch_bound_run_is_starved_first():
+    s = dg.Signals(model_busy=0.3, wait_for_input_share=0.6, max_thread_cpu=99.0, max_thread_name="loader",
+                   launch_share=0.8, device_busy=0.05)
+    assert dg.diagnose(s).kind == "starved"
+
+
+def test_busy_docs_say_which_busy_is_which():
+    from tuning.profile import busy
+
+    assert "device busy" in dg.Signals.__doc__ and "model busy" in dg.Signals.__doc__
+    assert "not device time" in busy.__doc__

@@ -1,6 +1,10 @@
 """Model busy % over time from inference spans: the device-agnostic utilization.
 
-On CUDA the engine synchronises around each forward, so the spans are device time.
+Model busy is the share of wall time inside the model call, host work included. On CUDA the
+engine synchronises before and after each forward, so a span runs from the first kernel
+launch to the end of the last kernel: host launch time plus device time, not device time.
+A launch-bound model reads near 100% here while the device idles; device busy (NVML, kernel
+time, or the simulated device's timeline) is the other utilization (see ``diagnose``).
 """
 
 from __future__ import annotations
