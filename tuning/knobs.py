@@ -17,7 +17,7 @@ TOKENIZERS = ("naive", "fast")
 PADDINGS = ("dynamic", "fixed", "bucket")
 DTYPES = ("fp32", "bf16", "fp16")
 GRAPHS = ("eager", "compile", "cuda_graph")
-DEVICES = ("auto", "cpu", "cuda")
+DEVICES = ("auto", "cpu", "cuda", "sim")
 GROUP_BY = ("bytes", "tokens")
 
 
@@ -45,7 +45,10 @@ class Knobs:
     # model
     dtype: str = _knob("fp32", "model precision: fp32, bf16 or fp16 (fp16 needs CUDA)")
     graph: str = _knob("eager", "'eager'; 'compile' (torch.compile); 'cuda_graph' (capture and replay, needs CUDA and fixed shapes)")
-    device: str = _knob("auto", "'auto' (CUDA when available), 'cpu' or 'cuda'")
+    device: str = _knob("auto", "'auto' (CUDA when available, else the CPU), 'cpu', 'cuda', or 'sim' (the real host "
+                        "pipeline against a simulated accelerator, see sim_profile; every result is labelled simulated)")
+    sim_profile: str = _knob("h200-sxm-estimate", "device='sim' only: a shipped device profile (h200-sxm-estimate, "
+                             "h100-sxm-estimate, l4-estimate) or the path of a JSON profile from `tuning calibrate`")
     torch_threads: int | None = _knob(None, "intra-op threads of the model (None: torch's default)")
     # online serving
     max_wait_ms: float = _knob(0.0, "dynamic batching: longest a request waits for its batch to fill (0: no waiting)")
@@ -73,6 +76,8 @@ class Knobs:
         _check_choice(self, "dtype", DTYPES)
         _check_choice(self, "graph", GRAPHS)
         _check_choice(self, "device", DEVICES)
+        if not isinstance(self.sim_profile, str) or not self.sim_profile:
+            _fail_type("sim_profile", self.sim_profile, "a shipped profile name or a JSON path")
         if self.torch_threads is not None:
             _check_int(self, "torch_threads", minimum=1)
         _check_number(self, "max_wait_ms", minimum=0.0)
@@ -111,6 +116,11 @@ class Knobs:
         exists (``pin_memory`` without CUDA is turned off).
         """
         device = self.device if self.device != "auto" else ("cuda" if cuda_available else "cpu")
+        if device == "sim":
+            from .sim import load_profile
+
+            load_profile(self.sim_profile)  # a clear error now, not in the middle of a run
+            return self
         if device == "cuda" and not cuda_available:
             raise ValueError("device='cuda' but no CUDA device is available here; set device='cpu' or 'auto'")
         changes: dict[str, Any] = {"device": device}

@@ -1,8 +1,23 @@
 """Load generator: closed loop at fixed concurrency, open loop at a fixed (Poisson) rate.
 
-Drives the in-process :class:`~tuning.serve.Server` or any HTTP endpoint that takes the
-same JSON as ``POST /embed``. Warm-up is excluded from every figure; the counts of the
-measured requests add up: ``submitted == ok + errors + timeouts + rejected``.
+Drives the in-process :class:`~tuning.serve.Server`, any HTTP endpoint that takes the same
+JSON as ``POST /embed``, or a server in another process over a pipe (:class:`PipeTarget`).
+The counts of the measured requests add up: ``submitted == ok + errors + timeouts + rejected``.
+
+How it measures (see the README, "How latency is measured"):
+
+- Latency is client side. In the open loop it runs from each request's *scheduled* arrival,
+  not from its send: when every client is busy the arrival waits, and that wait is part of
+  its latency (no coordinated omission, as wrk2 and HdrHistogram require). The send lag
+  (send - scheduled) and the achieved send rate are reported beside the offered rate, with
+  a warning when the generator fell short of it. In the closed loop it runs from the send.
+- Percentiles cover every outcome (a timeout or a rejection is a latency too), with the
+  error rate beside them; the ok-only percentiles are reported as ``ok_p99_ms`` and so on.
+- The measured window is steady: warm-up requests before it and a cool-down after it keep
+  the load constant, so no measured request is sent at a ramp or answered in a drain. The
+  measured requests are those sent (closed loop) or scheduled (open loop) in the window;
+  throughput counts the ok answers received in it.
+- Model busy is the server's running busy total read at the two edges of the window.
 """
 
 from __future__ import annotations
@@ -10,10 +25,13 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import queue
 import random
 import threading
 import time
 import urllib.error
+import warnings
+from concurrent.futures import Future
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -29,9 +47,9 @@ from .stats import clean, ledger_dict, stage_ledger, summarize
 Target = Callable[[Any], Response]
 
 
-def server_target(server: Server) -> Target:
-    """Send to an in-process server and wait for the outcome."""
-    return lambda raw: server.submit(raw).result()
+def server_target(server: Server, keep_embeddings: bool = False) -> Target:
+    """Send to an in-process server and wait for the outcome (embeddings only if ``keep_embeddings``)."""
+    return lambda raw: server.submit(raw, embedding=keep_embeddings).result()
 
 
 def http_target(url: str, timeout_s: float = 60.0) -> Target:
@@ -75,7 +93,11 @@ def _json_or_empty(raw: bytes) -> dict:
 
 @dataclass
 class LoadResult:
-    """Raw responses of one load test (warm-up excluded) and what was seen during it."""
+    """Raw responses of one load test's measured window ``[t_window_start, t_end)`` and what was seen.
+
+    ``timings`` holds, per response, the client's (scheduled, sent, received) times; latency is
+    received - scheduled (the open loop's schedule; the send in the closed loop).
+    """
 
     mode: str  # "closed" or "open"
     concurrency: int
@@ -90,6 +112,12 @@ class LoadResult:
     warmup_requests: int = 0
     knobs: Knobs | None = None
     spans_: list[tuple[float, float]] = field(default_factory=list)
+    timings: list[tuple[float, float, float]] = field(default_factory=list, repr=False)
+    ok_in_window: int | None = None  # ok answers received in the window, whichever phase sent them
+    cooldown_requests: int = 0
+    busy_window: tuple[float, float] | None = None  # when the busy total was read
+    device: dict[str, Any] = field(default_factory=dict)  # kind (simulated | cpu | cuda), name/profile, source
+    device_timeline: list[Any] = field(default_factory=list, repr=False)  # simulated device calls (DeviceSpan)
 
     @property
     def window_s(self) -> float:
@@ -104,23 +132,71 @@ class LoadResult:
 
     @property
     def qps(self) -> float:
-        """Successful responses per second over the measured window."""
-        return self.count("ok") / self.window_s
+        """Successful responses received per second in the measured window."""
+        ok = self.ok_in_window if self.ok_in_window is not None else self.count("ok")
+        return ok / self.window_s
+
+    @property
+    def error_rate(self) -> float:
+        """Share of the measured requests whose outcome is not ok."""
+        return (self.submitted - self.count("ok")) / self.submitted if self.submitted else math.nan
+
+    @property
+    def offered_rate(self) -> float | None:
+        """Open loop: arrivals scheduled in the window per second (the Poisson draw of ``rate``)."""
+        return self.submitted / self.window_s if self.mode == "open" else None
+
+    @property
+    def achieved_rate(self) -> float | None:
+        """Open loop: measured requests actually sent in the window per second."""
+        if self.mode != "open":
+            return None
+        return sum(sent < self.t_end for _, sent, _ in self.timings) / self.window_s
 
     @property
     def model_busy(self) -> float:
-        return min(self.busy_s / self.window_s, 1.0) if self.busy_s is not None else math.nan
+        if self.busy_s is None:
+            return math.nan
+        span = self.busy_window[1] - self.busy_window[0] if self.busy_window else self.window_s
+        return min(self.busy_s / max(span, 1e-9), 1.0)
 
-    def latency(self) -> dict[str, float]:
-        return summarize(r.latency_ms for r in self.responses if r.outcome == "ok")
+    def latencies_ms(self, ok_only: bool = False) -> list[float]:
+        """Client-side latency of each measured request (from its scheduled arrival in the open loop)."""
+        if not self.timings:
+            return [r.latency_ms for r in self.responses if not ok_only or r.outcome == "ok"]
+        return [(received - scheduled) * 1000 for r, (scheduled, _, received) in zip(self.responses, self.timings)
+                if not ok_only or r.outcome == "ok"]
+
+    def send_lags_ms(self) -> list[float]:
+        """How late each measured request was sent after its scheduled arrival (0 in the closed loop)."""
+        return [(sent - scheduled) * 1000 for scheduled, sent, _ in self.timings]
+
+    @property
+    def device_busy(self) -> float:
+        """Device compute time in the window / window (simulated timeline; model busy on a CPU; NaN on CUDA)."""
+        from .sim.standin import window_device_busy
+
+        return window_device_busy(self.device, self.device_timeline, self.t_window_start, self.t_end,
+                                  self.window_s, self.model_busy)
+
+    def latency(self, ok_only: bool = False) -> dict[str, float]:
+        """Percentiles over every outcome (``ok_only=True``: the ok requests alone)."""
+        return summarize(self.latencies_ms(ok_only))
 
     def ledger(self) -> pd.DataFrame:
         """Per-stage time of the ok requests (queue wait included): p50/p99 (ms) and shares."""
         return stage_ledger([r for r in self.responses if r.outcome == "ok"], SERVE_STAGES)
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per measured request."""
-        return pd.DataFrame([{**r.as_dict(), "latency_ms": r.latency_ms} for r in self.responses])
+        """One row per measured request; ``latency_ms`` is the client's (from the scheduled arrival)."""
+        rows = [r.as_dict() for r in self.responses]
+        for row, latency, timing in zip(rows, self.latencies_ms(), self.timings or [None] * len(rows)):
+            row["latency_ms"] = latency
+            if timing is not None:
+                scheduled, sent, received = timing
+                row.update(t_scheduled=scheduled, t_sent=sent, t_received=received,
+                           send_lag_ms=(sent - scheduled) * 1000)
+        return pd.DataFrame(rows)
 
     def inflight_frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.inflight, columns=["t", "inflight"])
@@ -142,17 +218,25 @@ class LoadResult:
         return self.wait_for_input_total_s
 
     def summary(self) -> dict[str, Any]:
-        lat = self.latency()
+        lat, ok_lat = self.latency(), self.latency(ok_only=True)
+        lags = summarize(self.send_lags_ms())
         ledger = self.ledger()
         sizes = self.batch_sizes()
+        offered, achieved = self.offered_rate, self.achieved_rate
         return {
             "mode": self.mode, "concurrency": self.concurrency, "rate": self.rate,
+            "latency_from": "scheduled arrival" if self.mode == "open" else "send",
             "qps": clean(self.qps), "p50_ms": clean(lat["p50"]), "p90_ms": clean(lat["p90"]),
-            "p95_ms": clean(lat["p95"]), "p99_ms": clean(lat["p99"]),
+            "p95_ms": clean(lat["p95"]), "p99_ms": clean(lat["p99"]), "error_rate": clean(self.error_rate),
+            **{f"ok_p{q}_ms": clean(ok_lat[f"p{q}"]) for q in (50, 90, 95, 99)},
+            "offered_rate": clean(offered) if offered is not None else None,
+            "achieved_rate": clean(achieved) if achieved is not None else None,
+            "send_lag_p50_ms": clean(lags["p50"]), "send_lag_p99_ms": clean(lags["p99"]),
             "submitted": self.submitted, "ok": self.count("ok"), "errors": self.count("error"),
             "timeouts": self.count("timeout"), "rejected": self.count("rejected"),
-            "warmup_requests": self.warmup_requests, "window_s": clean(self.window_s),
-            "model_busy": clean(self.model_busy),
+            "warmup_requests": self.warmup_requests, "cooldown_requests": self.cooldown_requests,
+            "window_s": clean(self.window_s), "busy_s": clean(self.busy_s) if self.busy_s is not None else None,
+            "model_busy": clean(self.model_busy), "device_busy": clean(self.device_busy), "device": self.device,
             "mean_batch": clean(float(np.mean(sizes))) if sizes else None,
             "stages": ledger_dict(ledger),
             "error_reasons": _top_reasons(self.responses),
@@ -169,26 +253,73 @@ def _top_reasons(responses: Sequence[Response], top: int = 5) -> list[dict[str, 
     return [{"reason": k, "count": v} for k, v in sorted(counts.items(), key=lambda kv: -kv[1])[:top]]
 
 
-class _Tracker:
-    """Counts in-flight requests and keeps every response with its warm-up flag."""
+class _Run:
+    """One load test's phases (warm-up, measured window, cool-down) and every request's record.
 
-    def __init__(self, clock: _clock.Clock):
+    A request's phase is decided when it is due: at its send in the closed loop, at its scheduled
+    arrival in the open loop. The window opens at the first measured request and closes at the first
+    one after it; then cool-down requests keep the load steady until every measured request has its
+    answer, and the test stops. The busy probe is read at the two edges.
+    """
+
+    def __init__(self, inputs: Sequence[Any], clock: _clock.Clock, warmup_requests: int, warmup_s: float,
+                 requests: int | None, duration_s: float | None, busy_probe: Callable[[], float | None] | None):
+        self.source = itertools.cycle(inputs)
         self.clock = clock
+        self.warmup_requests, self.warmup_s = warmup_requests, warmup_s
+        self.requests, self.duration_s = requests, duration_s
+        self.busy_probe = busy_probe
         self.lock = threading.Lock()
+        self.t_begin = clock()
+        self.t0: float | None = None
+        self.t1: float | None = None
+        self.busy: list[tuple[float, float | None]] = []  # (when, busy total) at the window's edges
+        self.n_warm = self.n_measured = self.n_cool = 0
+        self.outstanding = 0  # measured requests not yet answered
         self.inflight = 0
         self.series: list[tuple[float, int]] = []
-        self.responses: list[tuple[Response, bool]] = []
+        self.records: list[tuple[Response, str, float, float, float]] = []  # response, phase, sched, sent, recv
+
+    def _read_busy(self) -> None:
+        if self.busy_probe is not None:
+            self.busy.append((self.clock(), self.busy_probe()))
+
+    def ticket(self, due: float) -> tuple[Any, str] | None:
+        """The next request body and its phase (warm, measured, cool) for a request due at ``due``;
+        None when the test is over."""
+        with self.lock:
+            if self.t0 is None:
+                if self.n_warm < self.warmup_requests or due - self.t_begin < self.warmup_s:
+                    self.n_warm += 1
+                    return next(self.source), "warm"
+                self.t0 = due
+                self._read_busy()
+            if self.t1 is None:
+                if (self.n_measured < self.requests) if self.requests is not None else \
+                        (due < self.t0 + self.duration_s):
+                    self.n_measured += 1
+                    self.outstanding += 1
+                    return next(self.source), "measured"
+                self.t1 = due if self.requests is not None else self.t0 + self.duration_s
+                self._read_busy()
+            if self.outstanding == 0:
+                return None
+            self.n_cool += 1
+            return next(self.source), "cool"
 
     def begin(self) -> None:
         with self.lock:
             self.inflight += 1
             self.series.append((self.clock(), self.inflight))
 
-    def end(self, response: Response, warm: bool) -> None:
+    def end(self, response: Response, phase: str, scheduled: float, sent: float) -> None:
         with self.lock:
+            received = self.clock()
             self.inflight -= 1
-            self.series.append((self.clock(), self.inflight))
-            self.responses.append((response, warm))
+            self.series.append((received, self.inflight))
+            self.records.append((response, phase, scheduled, sent, received))
+            if phase == "measured":
+                self.outstanding -= 1
 
 
 def _safe_call(target: Target, raw: Any, clock: _clock.Clock) -> Response:
@@ -202,10 +333,16 @@ def _safe_call(target: Target, raw: Any, clock: _clock.Clock) -> Response:
 def run_load(target: Target | Server | str, inputs: Sequence[Any], concurrency: int = 1,
              requests: int | None = None, duration_s: float | None = None, rate: float | None = None,
              warmup_s: float = 0.0, warmup_requests: int = 0, seed: int = 0,
-             clock: _clock.Clock | None = None) -> LoadResult:
+             clock: _clock.Clock | None = None, busy_probe: Callable[[], float | None] | None = None,
+             keep_embeddings: bool = False) -> LoadResult:
     """Closed loop (``rate=None``): ``concurrency`` clients, each sends its next request when the last
     returns. Open loop (``rate`` req/s): Poisson arrivals, at most ``concurrency`` in flight on the client
-    side. Stops after ``requests`` measured requests or ``duration_s`` seconds (one of them is required).
+    side; latency runs from each arrival's scheduled time. Measures ``requests`` requests or ``duration_s``
+    seconds (one of them is required) after the warm-up, then cools down (see the module docstring).
+
+    ``busy_probe`` returns the server's running busy seconds (an in-process server's is used by default);
+    it is read when the window opens and when it closes. Responses keep their embeddings only with
+    ``keep_embeddings=True`` (in-process server).
     """
     if (requests is None) == (duration_s is None):
         raise ValueError("give exactly one of requests=N or duration_s=S")
@@ -220,52 +357,53 @@ def run_load(target: Target | Server | str, inputs: Sequence[Any], concurrency: 
     if not inputs:
         raise ValueError("inputs is empty: give at least one request body")
     server = target if isinstance(target, Server) else None
-    send = server_target(target) if server else http_target(target) if isinstance(target, str) else target
+    if server is not None:
+        send = server_target(server, keep_embeddings)
+        busy_probe = busy_probe or (lambda: server.busy_total_s)
+    else:
+        send = http_target(target) if isinstance(target, str) else target
     clock = clock or _clock.now
-    tracker = _Tracker(clock)
-    source = itertools.cycle(inputs)
-    lock = threading.Lock()
-    t_begin = clock()
-    state: dict[str, Any] = {"warm": 0, "measured": 0, "window_start": None}
-
-    def next_ticket() -> tuple[Any, bool] | None:
-        """The next request body and whether it is warm-up; None when the test is over."""
-        with lock:
-            now = clock()
-            if state["window_start"] is None:
-                if state["warm"] < warmup_requests or now - t_begin < warmup_s:
-                    state["warm"] += 1
-                    return next(source), True
-                state["window_start"] = now
-            if requests is not None and state["measured"] >= requests:
-                return None
-            if duration_s is not None and now - state["window_start"] >= duration_s:
-                return None
-            state["measured"] += 1
-            return next(source), False
+    run = _Run(inputs, clock, warmup_requests, warmup_s, requests, duration_s, busy_probe)
 
     def closed_client() -> None:
-        while (ticket := next_ticket()) is not None:
-            tracker.begin()
-            tracker.end(_safe_call(send, ticket[0], clock), ticket[1])
+        while True:
+            sent = clock()
+            ticket = run.ticket(sent)
+            if ticket is None:
+                return
+            run.begin()
+            run.end(_safe_call(send, ticket[0], clock), ticket[1], sent, sent)
 
     if rate is None:
         _run_threads(closed_client, concurrency)
     else:
-        _open_loop(send, next_ticket, tracker, rate, concurrency, seed, clock)
-    t_end = clock()
-    measured = [r for r, warm in tracker.responses if not warm]
-    n_warm = sum(warm for _, warm in tracker.responses)
-    t0 = state["window_start"] if state["window_start"] is not None else t_begin
-    result = LoadResult("closed" if rate is None else "open", concurrency, rate, measured, t0, t_end,
-                        tracker.series, warmup_requests=n_warm)
+        _open_loop(send, run, rate, concurrency, seed, clock)
+    t0 = run.t0 if run.t0 is not None else run.t_begin
+    t1 = run.t1 if run.t1 is not None else clock()
+    measured = [rec for rec in run.records if rec[1] == "measured"]
+    result = LoadResult("closed" if rate is None else "open", concurrency, rate, [rec[0] for rec in measured],
+                        t0, t1, run.series, warmup_requests=run.n_warm)
+    result.timings = [(sched, sent, recv) for _, _, sched, sent, recv in measured]
+    result.ok_in_window = sum(r.outcome == "ok" and t0 <= recv <= t1 for r, _, _, _, recv in run.records)
+    result.cooldown_requests = run.n_cool
+    if len(run.busy) == 2 and run.busy[0][1] is not None and run.busy[1][1] is not None:
+        result.busy_s = max(run.busy[1][1] - run.busy[0][1], 0.0)
+        result.busy_window = (run.busy[0][0], run.busy[1][0])
     if server is not None:
-        logs = [b for b in list(server.batches) if b.t_end >= t0]
+        logs = [b for b in list(server.batches) if t0 <= b.t_end <= t1]  # for charts; busy is the running total
         result.batch_log = [(b.t_end, b.size) for b in logs]
         result.spans_ = [(b.t_start, b.t_end) for b in logs]
-        result.busy_s = server.busy_seconds(t0, t_end)
         result.wait_for_input_total_s = sum(b.wait_for_input_ms for b in logs) / 1000
         result.knobs = server.knobs
+        result.device = server.engine.device_info
+        result.device_timeline = [d for d in server.engine.device_spans() if d.t1 >= t0]
+    if result.mode == "open" and result.submitted and result.achieved_rate < 0.95 * result.offered_rate:
+        lag = summarize(result.send_lags_ms())
+        warnings.warn(
+            f"open loop offered {result.offered_rate:.1f} req/s but achieved {result.achieved_rate:.1f} req/s "
+            f"(send lag p50 {lag['p50']:.0f} ms, p99 {lag['p99']:.0f} ms): every one of the {concurrency} "
+            "clients was busy; the latencies count that wait from the scheduled arrival. Raise concurrency, "
+            "or lower the rate below what the server sustains", RuntimeWarning, stacklevel=2)
     return result
 
 
@@ -277,31 +415,106 @@ def _run_threads(fn: Callable[[], None], n: int) -> None:
         t.join()
 
 
-def _open_loop(send: Target, next_ticket: Callable, tracker: _Tracker, rate: float, concurrency: int,
-               seed: int, clock: _clock.Clock) -> None:
-    """Poisson arrivals at ``rate``; at most ``concurrency`` requests in flight on the client side
-    (an arrival that finds every slot busy waits for one, as a real client pool would)."""
+def _open_loop(send: Target, run: _Run, rate: float, concurrency: int, seed: int, clock: _clock.Clock) -> None:
+    """Poisson arrivals at ``rate`` on a fixed schedule; at most ``concurrency`` requests in flight on the
+    client side. An arrival that finds every client busy waits for one (as a real client pool would), but
+    the schedule does not move: its latency still runs from its scheduled time."""
     from concurrent.futures import ThreadPoolExecutor
 
     rng = random.Random(seed)
     slots = threading.Semaphore(concurrency)
 
-    def fire(raw: Any, warm: bool) -> None:
+    def fire(raw: Any, phase: str, scheduled: float, sent: float) -> None:
         try:
-            tracker.end(_safe_call(send, raw, clock), warm)
+            run.end(_safe_call(send, raw, clock), phase, scheduled, sent)
         finally:
             slots.release()
 
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="load-client") as pool:
-        t_next = clock()
-        while (ticket := next_ticket()) is not None:
-            t_next += rng.expovariate(rate)
-            delay = t_next - clock()
+        scheduled = clock()
+        while True:
+            slots.acquire()  # a free client first: any wait for one is send lag, counted in the latency
+            delay = scheduled - clock()
             if delay > 0:
                 time.sleep(delay)
-            slots.acquire()
-            tracker.begin()
-            pool.submit(fire, *ticket)
+            ticket = run.ticket(scheduled)
+            if ticket is None:
+                slots.release()
+                break
+            run.begin()
+            pool.submit(fire, ticket[0], ticket[1], scheduled, clock())
+            scheduled += rng.expovariate(rate)
+
+
+class PipeTarget:
+    """A target in a load-generating process: each request goes over a ``multiprocessing`` connection to
+    :func:`serve_pipe` in the server's process, many in flight on one pipe. Keeps the load generator's
+    threads and GIL out of the measured server. A context manager: closing ends the server side too."""
+
+    def __init__(self, conn: Any):
+        self.conn = conn
+        self._send_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._pending: dict[int, Future] = {}
+        self._ids = itertools.count()
+        self._reader = threading.Thread(target=self._read, name="pipe-reader", daemon=True)
+
+    def __enter__(self) -> "PipeTarget":
+        self._reader.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        with self._send_lock:
+            self.conn.send(None)
+        self._reader.join()
+
+    def _read(self) -> None:
+        while (msg := self.conn.recv()) is not None:
+            key, fields = msg
+            with self._lock:
+                future = self._pending.pop(key)
+            future.set_result(Response(**fields))
+
+    def __call__(self, raw: Any) -> Response:
+        key, future = next(self._ids), Future()
+        with self._lock:
+            self._pending[key] = future
+        with self._send_lock:
+            self.conn.send((key, raw))
+        return future.result()
+
+
+def serve_pipe(server: Server, conn: Any) -> Callable[[], None]:
+    """Answer :class:`PipeTarget` requests arriving on ``conn`` with ``server`` (no embeddings sent back),
+    on a reader and a sender thread; returns a function that waits until the client has closed."""
+    answers: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        n = 0
+        while (msg := conn.recv()) is not None:
+            key, raw = msg
+            server.submit(raw, embedding=False).add_done_callback(lambda f, key=key: answers.put((key, f.result())))
+            n += 1
+        answers.put((None, n))
+
+    def write() -> None:
+        sent, expected = 0, None
+        while expected is None or sent < expected:
+            key, response = answers.get()
+            if key is None:
+                expected = response
+                continue
+            fields = response.as_dict()
+            fields.pop("latency_ms")
+            conn.send((key, fields))
+            sent += 1
+        conn.send(None)
+
+    threads = [threading.Thread(target=fn, name=name, daemon=True) for fn, name in ((read, "pipe-in"),
+                                                                                   (write, "pipe-out"))]
+    for t in threads:
+        t.start()
+    return lambda: [t.join() for t in threads] and None
 
 
 def sweep(knobs: Knobs, inputs: Sequence[Any], variable: str, values: Sequence[Any], requests: int = 200,

@@ -1,9 +1,15 @@
 """The offline driver: a torch DataLoader over the records, timed stage by stage.
 
-Per request it records read, preprocess, wait_for_model (a ready batch waiting for the
-model: back-pressure), copy, inference and postprocess; per batch also wait_for_input
-(the model idle, waiting for a batch: starvation). Every input line gets exactly one
-outcome, ``ok`` or ``error`` with its reason.
+Per request it records group (the length-grouping pass it waited through, ``group_by='tokens'``
+only), read (disk read and parse), preprocess, wait_for_model (a ready batch waiting for the
+model: back-pressure), copy, inference and postprocess; per batch also wait_for_input (the
+model idle, waiting for a batch: starvation). Every input line gets exactly one outcome,
+``ok`` or ``error`` with its reason.
+
+Warm-up: before the inputs, ``warmup_batches`` batches made of an evenly spaced sample of them
+run through the same loader and model and are discarded; the window opens when the last one
+is done. Every input is then measured exactly once, so the measured set is the data set (with a
+length-sorting sampler, discarding the first batches would drop the shortest requests).
 """
 
 from __future__ import annotations
@@ -20,8 +26,10 @@ import pandas as pd
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from . import clock as _clock
+from .buckets import grouping_of
 from .data import DEFAULT_DATA, Record, check_limit, require_file
-from .engine import Engine, Preparer, make_tokenizer, quiet_fork_warnings
+from .engine import Engine, PreparedBatch, Preparer, make_tokenizer, quiet_fork_warnings
 from .sim.standin import window_device_busy
 from .knobs import Knobs
 from .model import tokenizer_files
@@ -29,7 +37,13 @@ from .profile.threads import name_this_thread
 from .preprocess import FastTokenizer, NaiveWordPiece, TextFormatter, Tokenizer, format_record, group_by_length
 from .stats import clean, ledger_dict, stage_ledger, summarize
 
-STAGES = ("read", "preprocess", "wait_for_model", "copy", "inference", "postprocess")
+STAGES = ("group", "read", "preprocess", "wait_for_model", "copy", "inference", "postprocess")
+
+
+class _Fetched(list):
+    """A batch's raw inputs, with the seconds the dataset took to read them (disk included)."""
+
+    read_s = 0.0
 
 
 class LineDataset(Dataset):
@@ -59,6 +73,13 @@ class LineDataset(Dataset):
             fh = self._local.fh = self.path.open("rb")
         # pread: no shared file offset, so forked workers that inherit the handle cannot race on it
         return i + 1, os.pread(fh.fileno(), self.sizes[i], self.offsets[i]).rstrip(b"\r\n")
+
+    def __getitems__(self, indices: Sequence[int]) -> _Fetched:
+        """A batch's lines (the loader calls this), timed: the disk read belongs to the read stage."""
+        t0 = _clock.now()
+        out = _Fetched(self[i] for i in indices)
+        out.read_s = _clock.now() - t0
+        return out
 
     def close(self) -> None:
         fh = getattr(self._local, "fh", None)
@@ -113,7 +134,12 @@ class TokenLengthGroupedBatches(Sampler[list[int]]):
         self.dataset, self.preparer = dataset, preparer
         self.tokenizer = length_tokenizer or preparer.tokenizer
         self.batch_size, self.window = batch_size, max(window, batch_size)
-        self.spans: list[tuple[float, float]] = []
+        self.spans: list[tuple[float, float]] = []  # one per window, in order
+
+    def pass_ms(self, i: int) -> float:
+        """Milliseconds of the pass over the window holding input ``i`` (0-based): what it waited through."""
+        w = i // self.window
+        return (self.spans[w][1] - self.spans[w][0]) * 1000 if w < len(self.spans) else 0.0
 
     def _lengths(self, indices: range) -> list[int]:
         texts, slots = [], []
@@ -145,6 +171,27 @@ class TokenLengthGroupedBatches(Sampler[list[int]]):
         return math.ceil(len(self.dataset) / self.batch_size) + math.ceil(len(self.dataset) / self.window)
 
 
+class WarmupFirst(Sampler[list[int]]):
+    """The warm-up batches (run, then discarded), then the batches of ``sampler``."""
+
+    def __init__(self, warmup: Sequence[list[int]], sampler: Sampler[list[int]]):
+        self.warmup, self.sampler = list(warmup), sampler
+
+    def __iter__(self):
+        yield from self.warmup
+        yield from self.sampler
+
+    def __len__(self) -> int:
+        return len(self.warmup) + len(self.sampler)
+
+
+def warmup_sample(n: int, batch_size: int, batches: int) -> list[list[int]]:
+    """``batches`` batches of inputs at evenly spaced positions of ``n`` (all of them if fewer)."""
+    m = min(batches * batch_size, n)
+    picked = [i * n // m for i in range(m)]
+    return [picked[i:i + batch_size] for i in range(0, m, batch_size)]
+
+
 class SequentialBatches(Sampler[list[int]]):
     def __init__(self, n: int, batch_size: int):
         self.batches = [list(range(i, min(i + batch_size, n))) for i in range(0, n, batch_size)]
@@ -158,7 +205,30 @@ class SequentialBatches(Sampler[list[int]]):
 
 def _worker_init(worker_id: int) -> None:
     torch.set_num_threads(1)  # workers tokenize; the model's threads keep the cores
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # in this worker only (forked ones inherit it)
     name_this_thread(f"loader-worker-{worker_id}")
+
+
+class _Collate:
+    """The loader's collate step: the preparer, with the batch's disk read counted in its read stage."""
+
+    def __init__(self, preparer: Preparer):
+        self.preparer = preparer
+
+    def __call__(self, inputs: Sequence[tuple[int, Any]]) -> PreparedBatch:
+        batch = self.preparer(inputs)
+        batch.read_s += getattr(inputs, "read_s", 0.0)
+        return batch
+
+
+class _Loader(DataLoader):
+    """A DataLoader whose workers start with tokenizer threads off, leaving this process's setting alone."""
+
+    def __iter__(self):
+        if self.num_workers == 0:
+            return super().__iter__()
+        with quiet_fork_warnings():
+            return super().__iter__()  # workers fork here
 
 
 @dataclass
@@ -182,6 +252,7 @@ class RequestRecord:
     wait_for_input_ms: float
     t_done: float
     warmup: bool
+    group_ms: float = 0.0  # the length-grouping pass over this request's window (group_by='tokens')
 
 
 @dataclass
@@ -222,6 +293,7 @@ class PipelineResult:
     warmup_s: float
     embeddings: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
     plan_spans: list[tuple[float, float]] = field(default_factory=list)  # length-grouping passes (group_by='tokens')
+    warmup_batches: list[BatchRecord] = field(default_factory=list)  # run before the window, then discarded
     device: dict[str, Any] = field(default_factory=dict)  # kind (simulated | cpu | cuda), name/profile, source
     device_timeline: list[Any] = field(default_factory=list, repr=False)  # simulated device calls (DeviceSpan)
 
@@ -272,14 +344,17 @@ class PipelineResult:
 
     @property
     def padding_waste(self) -> float:
-        """Padded tokens / real tokens over all model calls (0: no padding)."""
-        real = sum(b.real_tokens for b in self.batches)
-        padded = sum(b.ok * b.padded_length for b in self.batches)
-        return (padded - real) / real if real else math.nan
+        """Pad tokens per real token over the measured model calls: ``padded / real - 1`` (0: no padding;
+        0.5: half as many pad tokens as real ones). :func:`tuning.buckets.padding_waste` means the same."""
+        measured = [b for b in self.batches if not b.warmup]
+        real = sum(b.real_tokens for b in measured)
+        padded = sum(b.ok * b.padded_length for b in measured)
+        return padded / real - 1 if real else math.nan
 
     def spans(self) -> list[tuple[float, float]]:
-        """Inference spans (shared clock, s) of every model call."""
-        return [(b.t_infer_start, b.t_infer_end) for b in self.batches if b.t_infer_end > b.t_infer_start]
+        """Inference spans (shared clock, s) of every model call, warm-up batches included."""
+        return [(b.t_infer_start, b.t_infer_end) for b in self.warmup_batches + self.batches
+                if b.t_infer_end > b.t_infer_start]
 
     def batch_sizes(self) -> list[int]:
         return [b.ok for b in self.batches if not b.warmup and b.ok]
@@ -316,7 +391,10 @@ class PipelineResult:
         return pd.DataFrame([asdict(b) for b in self.batches])
 
     def ledger(self) -> pd.DataFrame:
-        """Per-stage time of the measured ok requests: p50/p99 (ms) and each stage's share of the p50 and p99 sums."""
+        """Per-stage time of the measured ok requests: p50/p99 (ms) and each stage's share of the p50 and p99 sums.
+
+        A stage's time is what the request waited through: its batch's read, preprocess, copy,
+        inference and postprocess, and (``group_by='tokens'``) the grouping pass over its window."""
         return stage_ledger([r for r in self.measured if r.outcome == "ok"], STAGES)
 
     def waits(self) -> dict[str, dict[str, float | None]]:
@@ -395,12 +473,19 @@ class Pipeline:
             return FastTokenizer(tokenizer_files()[1], self.knobs.max_length)
         return self.preparer.tokenizer
 
-    def loader(self, dataset: Dataset) -> DataLoader:
+    def loader(self, dataset: Dataset, warmup: Sequence[list[int]] = ()) -> DataLoader:
+        """The DataLoader over ``dataset``: ``warmup`` index batches first, then the knobs' batches.
+
+        Length grouping (see :func:`tuning.buckets.grouping_of`): ``padding='bucket'`` groups by
+        ``group_by``; ``padding='dynamic'`` with ``group_by='tokens'`` groups by exact token count
+        and pads each batch to its longest; otherwise batches keep arrival order.
+        """
         k = self.knobs
         sizes = getattr(dataset, "sizes", [0] * len(dataset))
-        if k.padding != "bucket":
+        grouping = grouping_of(k)
+        if grouping is None:
             sampler = SequentialBatches(len(dataset), k.batch_size)
-        elif k.group_by == "tokens":
+        elif grouping == "tokens":
             sampler = TokenLengthGroupedBatches(dataset, self.preparer, k.batch_size, k.bucket_window,
                                                 self._length_tokenizer())
         else:
@@ -408,32 +493,42 @@ class Pipeline:
         self._sampler = sampler
         extra: dict[str, Any] = {}
         if k.num_workers > 0:
-            quiet_fork_warnings()
             extra = {"worker_init_fn": _worker_init, "persistent_workers": False}
             if k.prefetch_factor is not None:
                 extra["prefetch_factor"] = k.prefetch_factor
-        return DataLoader(dataset, batch_sampler=sampler, collate_fn=self.preparer, num_workers=k.num_workers,
-                          pin_memory=k.pin_memory and self.engine.device.type == "cuda", **extra)
+        with quiet_fork_warnings():
+            return _Loader(dataset, batch_sampler=WarmupFirst(warmup, sampler) if warmup else sampler,
+                           collate_fn=_Collate(self.preparer), num_workers=k.num_workers,
+                           pin_memory=k.pin_memory and self.engine.device.type == "cuda", **extra)
 
     def run(self, data: str | Path | Sequence[Any] = DEFAULT_DATA, limit: int | None = None,
             warmup_batches: int = 2, keep_embeddings: bool = True,
             on_batch: Callable[[BatchRecord], None] | None = None) -> PipelineResult:
-        """Replay ``data`` (a JSONL path, or a list of records/texts/lines) and return the raw records."""
+        """Replay ``data`` (a JSONL path, or a list of records/texts/lines) and return the raw records.
+
+        ``warmup_batches`` batches of an evenly spaced sample of the inputs run first and are
+        discarded (see the module's docstring); then every input is measured exactly once.
+        """
+        if isinstance(warmup_batches, bool) or not isinstance(warmup_batches, int) or warmup_batches < 0:
+            raise ValueError(f"warmup_batches={warmup_batches!r} must be an integer >= 0")
         dataset = LineDataset(data, limit) if isinstance(data, (str, Path)) else InMemoryDataset(list(data)[:limit])
         self.warmup()
         warmup_s = self.engine.compile_s  # model warm-up, compile or capture included; outside the window
         clock = self.engine.clock
         requests: list[RequestRecord] = []
         batches: list[BatchRecord] = []
+        warm_batches: list[BatchRecord] = []
         embeddings: dict[int, np.ndarray] = {}
+        warm_plan = warmup_sample(len(dataset), self.knobs.batch_size, warmup_batches) if len(dataset) else []
         t_start = clock()
         t_window = t_start
         t_prev = t_start
-        for number, batch in enumerate(self.loader(dataset)):
+        for position, batch in enumerate(self.loader(dataset, warm_plan)):
             t_received = clock()
             out = self.engine.run(batch)
             t_done = clock()
-            warm = number < warmup_batches
+            warm = position < len(warm_plan)
+            number = position if warm else position - len(warm_plan)
             wait_input = (t_received - t_prev) * 1000
             wait_model = max(t_received - batch.t_ready, 0.0) * 1000
             ok_items = batch.ok_items if out.error is None else []
@@ -443,6 +538,10 @@ class Pipeline:
                 t_received, out.t_infer_start, out.t_infer_end, t_done, wait_input, wait_model,
                 batch.read_s * 1000, batch.preprocess_s * 1000, out.copy_s * 1000, out.inference_s * 1000,
                 out.postprocess_s * 1000, warm)
+            if warm:  # discarded: these inputs come again, measured, later
+                warm_batches.append(record)
+                t_window = t_prev = clock()
+                continue
             batches.append(record)
             row = 0
             for it in batch.items:
@@ -453,9 +552,7 @@ class Pipeline:
                 requests.append(RequestRecord(
                     it.index, it.id, "error" if reason else "ok", reason, number, it.n_tokens, it.truncated,
                     batch.padded_length, record.read_ms, record.preprocess_ms, wait_model, record.copy_ms,
-                    record.inference_ms, record.postprocess_ms, wait_input, t_done, warm))
-            if warm:
-                t_window = t_done
+                    record.inference_ms, record.postprocess_ms, wait_input, t_done, False))
             if on_batch is not None:
                 on_batch(record)
             t_prev = clock()
@@ -464,16 +561,12 @@ class Pipeline:
         if len(requests) != len(dataset):
             raise RuntimeError(f"bookkeeping bug: {len(dataset)} inputs but {len(requests)} outcomes")
         t_end = clock()
-        if batches and all(b.warmup for b in batches):  # too short to discard warm-up: measure the whole run
-            t_window = t_start
+        if isinstance(self._sampler, TokenLengthGroupedBatches):
             for r in requests:
-                r.warmup = False
-            for b in batches:
-                b.warmup = False
+                r.group_ms = self._sampler.pass_ms(r.index - 1)
         plan_spans = getattr(self._sampler, "spans", [])
         return PipelineResult(self.knobs, sorted(requests, key=lambda r: r.index), batches, t_start, t_window,
-                              t_end, warmup_s, embeddings, plan_spans, self.engine.device_info,
-                              [d for d in self.engine.device_spans() if d.t1 >= t_start])
+                              t_end, warmup_s, embeddings, plan_spans, warm_batches)
 
 
 def run_pipeline(knobs: Knobs, data: str | Path | Sequence[Any] = DEFAULT_DATA, limit: int | None = None,

@@ -136,6 +136,8 @@ class Recorder:
     def join(self, workload: Workload, ops: OpStats | None = None) -> Profile:
         """Join the samplers' series with the workload's spans; classify the measured window."""
         gpu = self.gpu_sampler.series if self.gpu_sampler else GpuSeries(False, "GPU sampling not requested")
+        if getattr(workload, "device", {}).get("kind") == "simulated":
+            gpu = _simulated_series(workload, self.t_start, self.t_end, self.interval)
         host = self.host_sampler.series if self.host_sampler else HostSeries()
         t0 = getattr(workload, "t_window_start", self.t_start)
         t1 = getattr(workload, "t_end", self.t_end)
@@ -164,8 +166,16 @@ def window_signals(workload: Workload, host: HostSeries, gpu: GpuSeries, t0: flo
     gf = gpu.to_frame()
     gf = gf[(gf.t >= t0) & (gf.t <= t1)]
     power = (gf.power_w / gf.power_limit_w).dropna() if len(gf) else pd.Series(dtype=float)
+    model_busy = float(workload.model_busy)
+    device_busy = float(getattr(workload, "device_busy", math.nan))
+    if not math.isfinite(device_busy) and len(gf) and gf.sm_util.notna().any():
+        device_busy = float(gf.sm_util.mean()) / 100  # NVML: share of time a kernel ran
+    launch_share = ops.launch_share if ops else math.nan
+    if getattr(workload, "device", {}).get("kind") == "simulated" and model_busy > 0:
+        # the stand-in's call is launch (host) time plus device time: the part the device did not cover
+        launch_share = max(0.0, 1.0 - device_busy / model_busy)
     return Signals(
-        model_busy=float(workload.model_busy),
+        model_busy=model_busy, device_busy=device_busy,
         wait_for_input_share=min(workload.wait_for_input_s() / window, 1.0),
         wait_for_model_share=_share(workload, "wait_for_model_s", window),
         median_span_ms=float(np.median([(b - a) * 1000 for a, b in spans])) if spans else math.nan,
@@ -173,12 +183,21 @@ def window_signals(workload: Workload, host: HostSeries, gpu: GpuSeries, t0: flo
         max_thread_cpu=max_cpu, max_thread_name=max_name,
         process_cpu=float(hf.cpu_percent.mean()) if len(hf) else math.nan,
         disk_mb_s=float((hf.read_mb_s + hf.write_mb_s).mean()) if len(hf) else math.nan,
-        launch_share=ops.launch_share if ops else math.nan,
+        launch_share=launch_share,
         gpu_util=float(gf.sm_util.mean()) if len(gf) else math.nan,
         gpu_power_frac=float(power.mean()) if len(power) else math.nan,
         batch_size_knob=workload.knobs.batch_size, dtype_knob=workload.knobs.dtype,
         padding_knob=workload.knobs.padding,
     )
+
+
+def _simulated_series(workload: Any, t0: float, t1: float, interval: float) -> GpuSeries:
+    """The GPU section of a run on the simulated device: its timeline sampled like NVML, labelled."""
+    from ..sim import load_profile
+    from ..sim.sampler import simulated_gpu_series
+
+    profile = load_profile(workload.knobs.sim_profile)
+    return simulated_gpu_series(workload.device_timeline, profile, t0, t1, interval)
 
 
 def host_slack(host: HostSeries) -> float:
@@ -202,7 +221,7 @@ def profile_pipeline(knobs: Knobs, data: Any = None, limit: int | None = None, i
     with Recorder(interval, nvml=nvml) as rec:
         result = pipeline.run(data if data is not None else DEFAULT_DATA, limit, keep_embeddings=False, **run_kwargs)
     ops = None
-    if with_ops:
+    if with_ops and not pipeline.engine.simulated:  # the stand-in launches no operators to count
         ops = _ops_for(pipeline, result)
     return rec.join(result, ops)
 
