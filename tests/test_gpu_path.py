@@ -127,3 +127,49 @@ def test_busy_docs_say_which_busy_is_which():
 
     assert "device busy" in dg.Signals.__doc__ and "model busy" in dg.Signals.__doc__
     assert "not device time" in busy.__doc__
+
+
+# -- issue 15 item 3: the launch budget counts host launch calls and is bounded by measured wall time -------------
+
+from types import SimpleNamespace  # noqa: E402
+
+from torch.autograd import DeviceType  # noqa: E402
+
+from tuning.profile.ops import HOST_LAUNCH_CALLS, stats_from_events  # noqa: E402
+
+
+def _event(name, device_type, us, parent=None):
+    return SimpleNamespace(name=name, device_type=device_type, cpu_parent=parent, cpu_time_total=us,
+                           time_range=SimpleNamespace(elapsed_us=lambda: us))
+
+
+def _cuda_events(batches, kernels, kernel_us, launch_name, launches):
+    events = []
+    for _ in range(batches):
+        op = _event("aten::linear", DeviceType.CPU, 50.0)
+        events.append(op)
+        events += [_event(launch_name, DeviceType.CPU, 4.0, parent=op) for _ in range(launches)]
+        events += [_event("sm90_gemm", DeviceType.CUDA, kernel_us) for _ in range(kernels)]
+        events.append(_event("cudaMemcpyAsync", DeviceType.CPU, 3.0, parent=op))
+    return events
+
+
+def test_launch_budget_is_bounded_by_wall_time_not_clamped():
+    # eager at batch 1: 100 kernels of 5 us (0.5 ms) launched one by one, 2 ms of wall time per batch
+    events = _cuda_events(3, kernels=100, kernel_us=5.0, launch_name="cudaLaunchKernel", launches=100)
+    stats = stats_from_events(events, batches=3, batch_shape=(1, 64), device="cuda", wall_ms=3 * 2.0,
+                              launch_cost_us=20.0)
+    assert stats.launches_per_batch == 100 and stats.kernels_per_batch == 100
+    assert stats.busy_ms_per_batch == pytest.approx(0.5) and stats.wall_ms_per_batch == pytest.approx(2.0)
+    # 100 x 20 us = 2 ms of launches, but only 2 - 0.5 = 1.5 ms of the wall is not kernel time
+    assert stats.launch_share == pytest.approx(0.75)
+    assert stats.summary()["wall_ms_per_batch"] == pytest.approx(2.0)
+
+
+def test_kernels_replayed_from_a_graph_are_not_launches():
+    events = _cuda_events(3, kernels=100, kernel_us=5.0, launch_name="cudaGraphLaunch", launches=1)
+    stats = stats_from_events(events, batches=3, batch_shape=(1, 64), device="cuda", wall_ms=3 * 0.6,
+                              launch_cost_us=20.0)
+    assert stats.kernels_per_batch == 100 and stats.launches_per_batch == 1
+    assert stats.launch_share == pytest.approx(0.02 / 0.6)
+    assert {"cudaLaunchKernel", "cuLaunchKernel", "cudaGraphLaunch"} <= set(HOST_LAUNCH_CALLS)

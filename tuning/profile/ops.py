@@ -1,8 +1,13 @@
 """Operator and launch statistics under ``torch.profiler``, and the launch-overhead budget.
 
 Per batch: operators (and kernels on CUDA) launched, their duration distribution, the
-share shorter than a threshold (fragmentation), and launches x per-launch cost against
-busy time: the most that graph capture could save, predicted before capturing.
+share shorter than a threshold (fragmentation), and the launch budget: the most that graph
+capture could save, predicted before capturing. Launches are the host's launch calls
+(``cudaLaunchKernel``, ``cuLaunchKernel``, ``cudaGraphLaunch``...; operators on a CPU),
+not device kernels: a replayed graph runs many kernels from one launch. The budget is
+launches x the measured cost of one tiny launch, bounded by the wall time per batch that
+is not kernel time (capture cannot save time the device spends computing), as a share of
+the wall time per batch measured without the profiler.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import pandas as pd
@@ -20,6 +25,10 @@ from torch.profiler import ProfilerActivity, profile
 
 from ..stats import clean, summarize
 
+# CUDA runtime/driver calls that launch work from the host (one each, whatever they run)
+HOST_LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
+                     "cudaLaunchCooperativeKernel", "cudaGraphLaunch", "cuGraphLaunch")
+
 
 @dataclass
 class OpStats:
@@ -27,16 +36,21 @@ class OpStats:
     batches: int
     batch_shape: tuple[int, int]
     ops_per_batch: float
-    kernels_per_batch: float  # 0 on CPU
-    busy_ms_per_batch: float
+    kernels_per_batch: float  # device kernels (0 on CPU); replayed graph kernels included
+    busy_ms_per_batch: float  # kernel time on CUDA, wall time on a CPU
     launch_cost_us: float
     short_threshold_us: float
-    durations_us: list[float] = field(repr=False, default_factory=list)  # per launch (kernels on CUDA, ops on CPU)
+    durations_us: list[float] = field(repr=False, default_factory=list)  # per kernel on CUDA, per op on CPU
     top_ops: list[dict[str, Any]] = field(default_factory=list)
+    wall_ms_per_batch: float = math.nan  # measured without the profiler
+    host_launches_per_batch: float = math.nan  # CUDA: host launch calls (HOST_LAUNCH_CALLS)
 
     @property
     def launches_per_batch(self) -> float:
-        return self.kernels_per_batch if self.device == "cuda" else self.ops_per_batch
+        """Host launch calls per batch on CUDA (operators on a CPU)."""
+        if self.device == "cuda":
+            return self.host_launches_per_batch if not math.isnan(self.host_launches_per_batch) else self.kernels_per_batch
+        return self.ops_per_batch
 
     @property
     def short_share(self) -> float:
@@ -51,8 +65,18 @@ class OpStats:
 
     @property
     def launch_share(self) -> float:
-        """launches x per-launch cost / busy time: the upper bound of what capture could save."""
-        return min(self.launch_overhead_ms / self.busy_ms_per_batch, 1.0) if self.busy_ms_per_batch > 0 else math.nan
+        """The most capture could save, as a share of wall time per batch.
+
+        min(launches x per-launch cost, wall - kernel time) / wall on CUDA; launches x cost / wall
+        on a CPU (where busy is wall). Without a wall time, busy time stands in for it.
+        """
+        wall = self.wall_ms_per_batch if not math.isnan(self.wall_ms_per_batch) else self.busy_ms_per_batch
+        if not wall > 0:
+            return math.nan
+        saving = self.launch_overhead_ms
+        if self.device == "cuda" and not math.isnan(self.wall_ms_per_batch):
+            saving = min(saving, max(wall - self.busy_ms_per_batch, 0.0))
+        return min(max(saving / wall, 0.0), 1.0)
 
     def to_frame(self) -> pd.DataFrame:
         return pd.DataFrame({"duration_us": self.durations_us})
@@ -62,7 +86,9 @@ class OpStats:
         return {
             "device": self.device, "batches": self.batches, "batch_shape": list(self.batch_shape),
             "ops_per_batch": self.ops_per_batch, "kernels_per_batch": self.kernels_per_batch,
-            "busy_ms_per_batch": clean(self.busy_ms_per_batch), "launch_cost_us": clean(self.launch_cost_us),
+            "launches_per_batch": clean(float(self.launches_per_batch)),
+            "busy_ms_per_batch": clean(self.busy_ms_per_batch), "wall_ms_per_batch": clean(self.wall_ms_per_batch),
+            "launch_cost_us": clean(self.launch_cost_us),
             "duration_us": {k: clean(v) for k, v in d.items()}, "short_threshold_us": self.short_threshold_us,
             "short_share": clean(self.short_share), "launch_overhead_ms": clean(self.launch_overhead_ms),
             "launch_share": clean(self.launch_share), "top_ops": self.top_ops,
@@ -85,31 +111,15 @@ def launch_cost_us(device: torch.device, repeats: int = 2000) -> float:
     return (time.perf_counter() - t0) / repeats * 1e6
 
 
-def op_stats(runner: Callable, input_ids: torch.Tensor, attention_mask: torch.Tensor, batches: int = 5,
-             short_threshold_us: float = 10.0) -> OpStats:
-    """Profile ``batches`` forwards of ``runner`` on one batch already on its device."""
-    device = input_ids.device
-    cuda = device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with torch.inference_mode():
-        runner(input_ids, attention_mask)  # warm
-        if cuda:
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        for _ in range(batches):  # busy time without the profiler's own overhead
-            runner(input_ids, attention_mask)
-        if cuda:
-            torch.cuda.synchronize(device)
-        wall_ms = (time.perf_counter() - t0) * 1000
-        with profile(activities=activities) as prof:
-            for _ in range(batches):
-                runner(input_ids, attention_mask)
-            if cuda:
-                torch.cuda.synchronize(device)
-    events = prof.events()
+def stats_from_events(events: Iterable[Any], batches: int, batch_shape: tuple[int, int], device: str,
+                      wall_ms: float, launch_cost_us: float, short_threshold_us: float = 10.0) -> OpStats:
+    """:class:`OpStats` from profiler events (``prof.events()``) of ``batches`` forwards taking ``wall_ms``."""
+    events = list(events)
+    cuda = device == "cuda"
     top_level = [e for e in events if e.device_type == DeviceType.CPU and e.cpu_parent is None
                  and e.name.startswith("aten::")]
     kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+    launches = [e for e in events if e.device_type == DeviceType.CPU and e.name in HOST_LAUNCH_CALLS]
     if cuda:
         durations = [e.time_range.elapsed_us() for e in kernels]
         busy_ms = sum(durations) / 1000 / batches
@@ -122,5 +132,35 @@ def op_stats(runner: Callable, input_ids: torch.Tensor, attention_mask: torch.Te
     top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:10]
     top_ops = [{"name": n, "calls_per_batch": len(v) / batches, "total_us_per_batch": sum(v) / batches,
                 "median_us": float(np.median(v))} for n, v in top]
-    return OpStats(device.type, batches, tuple(input_ids.shape), len(top_level) / batches,
-                   len(kernels) / batches, busy_ms, launch_cost_us(device), short_threshold_us, durations, top_ops)
+    return OpStats(device, batches, tuple(batch_shape), len(top_level) / batches, len(kernels) / batches, busy_ms,
+                   launch_cost_us, short_threshold_us, durations, top_ops, wall_ms_per_batch=wall_ms / batches,
+                   host_launches_per_batch=len(launches) / batches if cuda else math.nan)
+
+
+def op_stats(runner: Callable, input_ids: torch.Tensor, attention_mask: torch.Tensor, batches: int = 5,
+             short_threshold_us: float = 10.0) -> OpStats:
+    """Profile ``batches`` forwards of ``runner`` on one batch already on its device.
+
+    Wall time per batch is measured first, without the profiler. A CUDA-graph runner must have
+    been built after :func:`tuning.graphs.init_profiler_for_graphs` (its capture calls it).
+    """
+    device = input_ids.device
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with torch.inference_mode():
+        runner(input_ids, attention_mask)  # warm
+        if cuda:
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(batches):  # wall time without the profiler's own overhead
+            runner(input_ids, attention_mask)
+        if cuda:
+            torch.cuda.synchronize(device)
+        wall_ms = (time.perf_counter() - t0) * 1000
+        with profile(activities=activities) as prof:
+            for _ in range(batches):
+                runner(input_ids, attention_mask)
+            if cuda:
+                torch.cuda.synchronize(device)
+    return stats_from_events(prof.events(), batches, tuple(input_ids.shape), device.type, wall_ms,
+                             launch_cost_us(device), short_threshold_us)
