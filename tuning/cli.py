@@ -125,12 +125,8 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     inputs = [raw for _, raw in read_lines(args.data, args.limit)]
     load = dict(concurrency=args.concurrency, requests=args.requests, duration_s=args.duration, rate=args.rate,
                 warmup_requests=args.warmup)
-    if args.url:
-        before = _scrape_busy(args.url)
-        result = run_load(args.url, inputs, **load)
-        after = _scrape_busy(args.url)
-        if before is not None and after is not None:
-            result.busy_s = after - before
+    if args.url:  # the server's busy total, read when the measured window opens and when it closes
+        result = run_load(args.url, inputs, busy_probe=lambda: _scrape_busy(args.url), **load)
     else:
         from .serve import Server
 

@@ -64,7 +64,9 @@ def prometheus_text(server) -> str:
               "# TYPE tuning_stage_seconds histogram"]
     for stage, hist in server.stage_hists.items():
         lines += hist.render("tuning_stage_seconds", f'stage="{stage}"')
-    lines += ["# HELP tuning_latency_seconds Submit-to-answer time (ok requests).",
+    lines += ["# HELP tuning_latency_seconds Submit-to-answer time of every request, by outcome "
+              "(sum over outcome for the whole tail).",
               "# TYPE tuning_latency_seconds histogram"]
-    lines += server.latency_hist.render("tuning_latency_seconds")
+    for outcome, hist in server.latency_hists.items():
+        lines += hist.render("tuning_latency_seconds", f'outcome="{outcome}"')
     return "\n".join(lines) + "\n"

@@ -88,6 +88,11 @@ def format_load(s: dict) -> str:
         f"target {s['target']}: {mode}, {s['window_s']:.1f} s measured ({s['warmup_requests']} warm-up requests excluded)",
         f"QPS {s['qps']:.1f}   p50 {_fmt(s['p50_ms'], 0)} ms   p95 {_fmt(s['p95_ms'], 0)} ms   p99 {_fmt(s['p99_ms'], 0)} ms"
         f"   model busy {_fmt(None if s['model_busy'] is None else 100 * s['model_busy'], 0)}%   mean batch {_fmt(s['mean_batch'], 1)}",
+        f"latency over every outcome (from the {s.get('latency_from', 'send')}); error rate "
+        f"{_fmt(None if s.get('error_rate') is None else 100 * s['error_rate'], 1)}%   ok only: p50 "
+        f"{_fmt(s.get('ok_p50_ms'), 0)} ms   p99 {_fmt(s.get('ok_p99_ms'), 0)} ms",
+        *([f"offered {_fmt(s['offered_rate'], 1)} req/s   achieved {_fmt(s['achieved_rate'], 1)} req/s   send lag p50 "
+           f"{_fmt(s['send_lag_p50_ms'], 1)} ms   p99 {_fmt(s['send_lag_p99_ms'], 1)} ms"] if s.get("offered_rate") else []),
         f"submitted {s['submitted']} = ok {s['ok']} + errors {s['errors']} + timeouts {s['timeouts']} + rejected {s['rejected']}",
         "", "stage ledger (ok requests, ms)",
         table([{"stage": st, **v} for st, v in s["stages"].items()], ["stage", "p50_ms", "p99_ms", "share"]),

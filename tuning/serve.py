@@ -20,7 +20,7 @@ import queue
 import threading
 from collections import deque
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable
 
 import numpy as np
@@ -44,7 +44,7 @@ _WAKE = object()  # the executor finished a batch: the batcher may send the next
 
 @dataclass
 class Response:
-    """One request's single outcome, its timings (ms) and, if ok, its embedding."""
+    """One request's single outcome, its timings (ms) and, if ok and asked for, its embedding."""
 
     request: int
     outcome: str
@@ -69,7 +69,7 @@ class Response:
         return (self.t_done - self.t_submit) * 1000
 
     def as_dict(self, with_embedding: bool = False) -> dict[str, Any]:
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self)}  # shallow: never copies the embedding
         d["latency_ms"] = self.latency_ms
         emb = d.pop("embedding")
         if with_embedding and emb is not None:
@@ -84,6 +84,7 @@ class _Request:
     t_submit: float
     deadline: float | None
     future: Future
+    keep_embedding: bool = True
     item: Item | None = None
     encoded: Tokenized | None = None
     t_prep_start: float = 0.0
@@ -138,7 +139,8 @@ class Server:
         self.batches: deque[BatchLog] = deque(maxlen=BATCH_LOG_MAX)
         self.batch_hist = Histogram(BATCH_BUCKETS)
         self.stage_hists = {s: Histogram(SECONDS_BUCKETS) for s in SERVE_STAGES}
-        self.latency_hist = Histogram(SECONDS_BUCKETS)
+        self.latency_hist = Histogram(SECONDS_BUCKETS)  # every outcome: a timeout or a rejection is a latency too
+        self.latency_hists = {o: Histogram(SECONDS_BUCKETS) for o in OUTCOMES}  # the same, by outcome
         self.busy_total_s = 0.0
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -193,13 +195,17 @@ class Server:
         with self._lock:
             return len(self._open)
 
-    def submit(self, raw: Any, deadline_ms: float | None = None) -> Future:
-        """Queue one request (a JSONL line, a :class:`~tuning.data.Record` or a text); returns its future."""
+    def submit(self, raw: Any, deadline_ms: float | None = None, embedding: bool = True) -> Future:
+        """Queue one request (a JSONL line, a :class:`~tuning.data.Record` or a text); returns its future.
+
+        ``embedding=False``: the response carries no embedding (a load test needs only the outcome and
+        its timings; kept ones are copied out of the batch, so they do not hold the batch alive).
+        """
         now = self.clock()
         future: Future = Future()
         rid = next(self._ids)
         deadline_ms = deadline_ms if deadline_ms is not None else self.knobs.deadline_ms
-        req = _Request(rid, raw, now, now + deadline_ms / 1000 if deadline_ms else None, future)
+        req = _Request(rid, raw, now, now + deadline_ms / 1000 if deadline_ms else None, future, embedding)
         with self._lock:
             if not self._accepting:
                 reason = "rejected: server is not running (start it, or it is shutting down)"
@@ -209,9 +215,11 @@ class Server:
                 reason = None
                 self._open[rid] = req
         if reason:
+            response = Response(rid, "rejected", reason, t_submit=now, t_done=self.clock())
             with self._lock:
                 self.counts["rejected"] += 1
-            future.set_result(Response(rid, "rejected", reason, t_submit=now, t_done=self.clock()))
+                self._observe_latency(response)
+            future.set_result(response)
             return future
         self._incoming.put(req)
         return future
@@ -229,8 +237,12 @@ class Server:
             if response.outcome == "ok":
                 for stage in SERVE_STAGES:
                     self.stage_hists[stage].observe(getattr(response, f"{stage}_ms") / 1000)
-                self.latency_hist.observe(response.latency_ms / 1000)
+            self._observe_latency(response)
         req.future.set_result(response)
+
+    def _observe_latency(self, response: Response) -> None:
+        self.latency_hist.observe(response.latency_ms / 1000)
+        self.latency_hists[response.outcome].observe(response.latency_ms / 1000)
 
     def _fail_shutdown(self, req: _Request) -> None:
         self._finish(req, Response(req.rid, "error", "server shut down before this request was processed",
@@ -335,13 +347,13 @@ class Server:
                 self._batch_done()
                 continue
             out = self.engine.run(prepared)
-            self._batch_done()
+            self.busy_total_s += out.t_infer_end - out.t_infer_start  # before any answer: a client that reads
+            self._batch_done()                                        # the total after its answer sees its batch
             self._complete(batch, prepared, out, t_batched, t_received)
             self.batches.append(BatchLog(out.t_infer_start, out.t_infer_end, len(prepared.ok_items),
                                          prepared.padded_length, (t_received - t_idle) * 1000, out.error))
             if prepared.ok_items:
                 self.batch_hist.observe(len(prepared.ok_items))
-            self.busy_total_s += out.t_infer_end - out.t_infer_start
             t_idle = self.clock()
 
     def _complete(self, batch: list[_Request], prepared: PreparedBatch, out: Any, t_batched: float,
@@ -354,8 +366,8 @@ class Server:
             reason = item.error or out.error
             embedding = None
             if item.error is None:
-                if out.error is None:
-                    embedding = out.embeddings[row]
+                if out.error is None and req.keep_embedding:
+                    embedding = out.embeddings[row].copy()  # a view would keep the whole batch alive
                 row += 1
             waited = (req.t_prep_start - req.t_submit) + (t_batched - req.t_prep_end)
             self._finish(req, Response(

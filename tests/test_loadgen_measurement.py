@@ -1,0 +1,200 @@
+"""What the load generator measures: open loop timed from the schedule, percentiles over every
+outcome, steady windows with a cool-down, busy from the running total, embeddings only when asked.
+
+Fake services advance a fake clock, so the figures here are exact and the tests do not time anything.
+"""
+
+import io
+import json
+import threading
+import types
+import warnings
+from contextlib import redirect_stdout
+
+import numpy as np
+import pytest
+
+import tuning.loadgen as loadgen
+import tuning.serve as serve
+from tests.helpers import TinyModel
+from tuning.clock import FakeClock
+from tuning.data import read_lines
+from tuning.engine import Engine
+from tuning.knobs import Knobs
+from tuning.loadgen import run_load
+from tuning.serve import Response, Server
+
+KNOBS = Knobs(num_workers=1, batch_size=1, tokenizer="fast", padding="dynamic", max_wait_ms=0.0)
+
+
+@pytest.fixture(scope="module")
+def lines():
+    return [raw for _, raw in read_lines(limit=100)]
+
+
+class FakeService:
+    """One request at a time; each call advances the fake clock by its service time."""
+
+    def __init__(self, clock, service_s=0.002, stalls=None, outcomes=None):
+        self.clock, self.service_s = clock, service_s
+        self.stalls = stalls or {}  # call index -> service time of that call
+        self.outcomes = outcomes or {}  # call index -> outcome
+        self.calls = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, raw):
+        with self.lock:
+            k = self.calls
+            self.calls += 1
+            t0 = self.clock()
+            self.clock.advance(self.stalls.get(k, self.service_s))
+            outcome = self.outcomes.get(k, "ok")
+            return Response(k, outcome, None if outcome == "ok" else f"fake {outcome}", t_submit=t0,
+                            t_done=self.clock())
+
+
+def _fake_time(monkeypatch, clock):
+    """The load generator's sleeps advance the fake clock instead of waiting."""
+    monkeypatch.setattr(loadgen, "time", types.SimpleNamespace(sleep=clock.advance))
+
+
+# --- 1. open loop without coordinated omission ------------------------------------------------------------
+def test_open_loop_times_latency_from_the_scheduled_arrival(monkeypatch):
+    clock = FakeClock(100.0)
+    _fake_time(monkeypatch, clock)
+    service = FakeService(clock, service_s=0.002, stalls={300: 1.0})  # one 1 s stall at 200 req/s
+    result = run_load(service, ["x"], concurrency=1, requests=2000, rate=200.0, clock=clock)
+    s = result.summary()
+    # about 200 arrivals queue up behind the stall: their wait is latency (timed from the send, p99 was 2 ms)
+    assert s["p99_ms"] > 300
+    assert s["send_lag_p99_ms"] > 300 and s["send_lag_p50_ms"] < 1
+    assert result.latency()["count"] == 2000
+    lags = result.to_frame()["send_lag_ms"]
+    assert (lags > 10).sum() > 150  # sends more than 10 ms late, recorded and reported
+    assert s["offered_rate"] == pytest.approx(s["achieved_rate"], rel=0.01)  # the backlog drained in time
+
+
+def test_open_loop_reports_achieved_rate_and_warns_when_it_falls_short(monkeypatch):
+    clock = FakeClock()
+    _fake_time(monkeypatch, clock)
+    service = FakeService(clock, service_s=0.010)  # one client at 10 ms can send 100 req/s, not 200
+    with pytest.warns(RuntimeWarning, match="achieved"):
+        result = run_load(service, ["x"], concurrency=1, requests=500, rate=200.0, clock=clock)
+    s = result.summary()
+    assert s["rate"] == 200.0 and 150 < s["offered_rate"] < 250
+    assert s["achieved_rate"] == pytest.approx(100.0, rel=0.05)
+    assert s["send_lag_p99_ms"] > 1000 and s["p99_ms"] > 1000
+
+
+# --- 2. percentiles over every outcome --------------------------------------------------------------------
+def test_percentiles_cover_every_outcome_with_the_error_rate_beside_them(monkeypatch):
+    clock = FakeClock()
+    _fake_time(monkeypatch, clock)
+    timeouts = {k: "timeout" for k in range(0, 300, 10)}  # every tenth request times out after 1 s
+    service = FakeService(clock, service_s=0.005, stalls={k: 1.0 for k in timeouts}, outcomes=timeouts)
+    result = run_load(service, ["x"], concurrency=1, requests=200, warmup_requests=10, clock=clock)
+    s = result.summary()
+    assert s["p99_ms"] == pytest.approx(1000.0) and s["p50_ms"] == pytest.approx(5.0)
+    assert s["ok_p99_ms"] == pytest.approx(5.0)  # ok-only, labelled as such
+    assert s["error_rate"] == pytest.approx(0.1)
+    assert result.latency(ok_only=True)["count"] == 180 and result.latency()["count"] == 200
+
+
+def test_server_latency_histogram_counts_every_outcome(lines):
+    knobs = KNOBS.replace(max_queue=2, deadline_ms=1.0)
+    server = Server(knobs, engine=Engine(knobs, TinyModel(delay_s=0.02)))
+    with server:
+        futures = [server.submit(raw) for raw in lines[:10]]
+        outcomes = [f.result(timeout=30).outcome for f in futures]
+    assert "rejected" in outcomes and "timeout" in outcomes
+    assert server.latency_hist.count == len(outcomes)
+    from tuning.metrics import prometheus_text
+
+    text = prometheus_text(server)
+    assert f'tuning_latency_seconds_count{{outcome="rejected"}} {outcomes.count("rejected")}' in text
+    assert f'tuning_latency_seconds_count{{outcome="timeout"}} {outcomes.count("timeout")}' in text
+
+
+# --- 4. steady windows, busy from the running total ------------------------------------------------------
+def test_closed_loop_window_is_steady_with_a_cool_down():
+    """A service that answers only when every client has a request in it: a window that ends in a drain at
+    falling concurrency leaves its last requests waiting for partners that never come."""
+    barrier = threading.Barrier(3, timeout=1.0)
+
+    def all_together(raw):
+        try:
+            barrier.wait()
+        except threading.BrokenBarrierError:
+            barrier.reset()
+            return Response(-1, "error", "fewer than 3 requests in flight")
+        return Response(-1, "ok")
+
+    result = run_load(all_together, ["x"], concurrency=3, requests=31, warmup_requests=6)
+    s = result.summary()
+    assert s["submitted"] == s["ok"] == 31
+    assert s["cooldown_requests"] >= 1 and s["warmup_requests"] == 6
+
+
+def test_busy_comes_from_the_running_total_not_the_capped_batch_log(lines, monkeypatch):
+    monkeypatch.setattr(serve, "BATCH_LOG_MAX", 3)
+    delay = 0.005
+    with Server(KNOBS, engine=Engine(KNOBS, TinyModel(delay_s=delay))) as server:
+        result = run_load(server, lines, concurrency=1, requests=40, warmup_requests=2)
+    assert result.busy_s >= 40 * delay  # every measured batch sleeps at least `delay` in the model
+    assert result.busy_s <= result.window_s
+
+
+def test_url_loadtest_busy_excludes_warm_up(lines):
+    from tuning.cli import main
+    from tuning.httpfront import HttpFront
+
+    knobs = KNOBS
+    with HttpFront(Server(knobs, engine=Engine(knobs, TinyModel(delay_s=0.01))), port=0) as front:
+        out = io.StringIO()
+        with redirect_stdout(out):
+            code = main(["loadtest", "--url", front.url + "/embed", "--concurrency", "1", "--requests", "4",
+                         "--warmup", "30", "--limit", "50", "--json"])
+    assert code == 0
+    data = json.loads(out.getvalue())
+    assert data["ok"] == 4 and 0 < data["model_busy"] < 1.0  # 30 warm-up batches over a 4-request window read 1.0
+
+
+def test_busy_probe_is_read_at_the_window_edges(monkeypatch):
+    clock = FakeClock()
+    _fake_time(monkeypatch, clock)
+    service = FakeService(clock, service_s=0.01)
+    result = run_load(service, ["x"], concurrency=1, requests=10, warmup_requests=50, clock=clock,
+                      busy_probe=lambda: service.calls * 0.01)
+    assert result.busy_s == pytest.approx(10 * 0.01) and result.model_busy == pytest.approx(1.0)
+
+
+# --- 6. embeddings only when asked --------------------------------------------------------------------------
+def test_load_test_keeps_embeddings_only_when_asked(lines):
+    knobs = KNOBS.replace(batch_size=4, max_wait_ms=5.0)
+    with Server(knobs, engine=Engine(knobs, TinyModel())) as server:
+        plain = run_load(server, lines, concurrency=4, requests=20)
+        kept = run_load(server, lines, concurrency=4, requests=20, keep_embeddings=True)
+        direct = server.submit(lines[0]).result(timeout=30)
+    assert all(r.embedding is None for r in plain.responses)
+    assert all(r.embedding is not None and r.embedding.base is None for r in kept.responses)  # owns its row
+    assert direct.embedding is not None and direct.embedding.base is None
+    assert "embedding" not in plain.to_frame().columns
+
+
+# --- the pipe client used by the serving bench ----------------------------------------------------------------
+def test_pipe_target_round_trip(lines):
+    import multiprocessing
+
+    from tuning.loadgen import PipeTarget, serve_pipe
+
+    here, there = multiprocessing.Pipe()
+    with Server(KNOBS, engine=Engine(KNOBS, TinyModel())) as server:
+        stop = serve_pipe(server, there)
+        with PipeTarget(here) as target:
+            result = run_load(target, lines, concurrency=4, requests=30, rate=500.0)
+        stop()
+    s = result.summary()
+    assert s["ok"] == 30 and s["stages"]["inference"]["p50_ms"] > 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert np.isfinite(s["p99_ms"])
