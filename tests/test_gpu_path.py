@@ -173,3 +173,45 @@ def test_kernels_replayed_from_a_graph_are_not_launches():
     assert stats.kernels_per_batch == 100 and stats.launches_per_batch == 1
     assert stats.launch_share == pytest.approx(0.02 / 0.6)
     assert {"cudaLaunchKernel", "cuLaunchKernel", "cudaGraphLaunch"} <= set(HOST_LAUNCH_CALLS)
+
+
+# -- issue 15 item 4: torch.compile sees no new shape inside the measured window, or says so -----------------------
+
+
+def test_compile_pads_ragged_batches_and_reports_shapes_compiled_after_warmup(monkeypatch):
+    seen = []
+
+    def fake_compile(model, dynamic=None, mode=None, **kwargs):
+        def compiled(ids, mask):
+            seen.append(tuple(ids.shape))
+            return model(ids, mask)
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    model = TinyModel()
+    engine = Engine(Knobs(device="cpu", graph="compile", padding="bucket", buckets=(8,), max_length=16, batch_size=4),
+                    model)
+    engine.warmup()
+    assert sorted(set(seen)) == [(4, 8), (4, 16)]
+    seen.clear()
+    ids = torch.randint(1000, 5000, (3, 8))
+    mask = torch.ones_like(ids)
+    mask[2, 5:] = 0
+    with torch.inference_mode():
+        out = engine.runner(ids, mask)  # the ragged last batch
+        assert seen == [(4, 8)]  # padded to the compiled size: not a new shape, no recompile
+        assert out.shape == (3, 8) and torch.allclose(out, model(ids, mask))
+        with pytest.warns(RuntimeWarning, match="new shape"):
+            engine.runner(torch.ones(4, 12, dtype=torch.long), torch.ones(4, 12, dtype=torch.long))
+    assert engine.runner.recompiles == 1 and engine.runner.late_shapes == [(4, 12)]
+    assert engine.runner.padded_rows_share == pytest.approx(1 / 7)
+
+
+def test_a_graph_runner_refuses_to_capture_inside_the_measured_window(monkeypatch):
+    log = []
+    engine = _graph_engine(monkeypatch, log, batch_size=4)
+    engine.warmup()
+    assert sorted(shape for kind, shape in log if kind == "capture") == [(4, 8), (4, 16)]
+    with pytest.raises(ValueError, match="warm-up"):
+        engine.runner(torch.ones(4, 12, dtype=torch.long), torch.ones(4, 12, dtype=torch.long))
+    assert engine.runner.late_shapes == [(4, 12)]

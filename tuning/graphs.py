@@ -97,8 +97,10 @@ class _Sealable:
         self.rows_computed = 0
 
     def seal(self) -> None:
-        """Warm-up is over: a shape not seen by now is a compile or capture inside the measured window."""
+        """Warm-up is over: a shape not seen by now is a compile or capture inside the measured window.
+        Row counts restart here, so they describe the measured batches only."""
         self.sealed = True
+        self.rows_requested = self.rows_computed = 0
 
     @property
     def padded_rows_share(self) -> float:
