@@ -215,3 +215,30 @@ def test_a_graph_runner_refuses_to_capture_inside_the_measured_window(monkeypatc
     with pytest.raises(ValueError, match="warm-up"):
         engine.runner(torch.ones(4, 12, dtype=torch.long), torch.ones(4, 12, dtype=torch.long))
     assert engine.runner.late_shapes == [(4, 12)]
+
+
+# -- issue 15 item 5: the torch floor covers the APIs used (recompile_limit: 2.7, torch.OutOfMemoryError: 2.5) -----
+
+
+def test_torch_floor_covers_the_apis_the_gpu_path_uses():
+    import re
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    deps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+    floor = next(re.fullmatch(r"torch>=(\d+)\.(\d+)", d.replace(" ", "")) for d in deps if d.startswith("torch"))
+    assert floor and (int(floor[1]), int(floor[2])) >= (2, 7), deps
+
+
+def test_cublas_allocation_failure_is_an_out_of_memory_outcome():
+    from tuning.engine import PreparedBatch, Item
+
+    class CublasFails(torch.nn.Module):
+        def forward(self, ids, mask):
+            raise RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")
+
+    engine = Engine(Knobs(device="cpu"), CublasFails())
+    ids = torch.ones(2, 8, dtype=torch.long)
+    out = engine.run(PreparedBatch([Item(0), Item(1)], ids, torch.ones_like(ids), 0.0, 0.0, 0.0, padded_length=8))
+    assert out.error and "out of memory" in out.error and "batch_size" in out.error
