@@ -1,8 +1,9 @@
 """Experiments one variable at a time: the batch-size sweep at fixed shapes, with its knee.
 
-Per batch size: per-batch and per-sample latency (median of repeats), memory (CUDA peak
-allocated, or process RSS on a CPU), and an out-of-memory point recorded as such while
-the sweep goes on.
+Per batch size: per-batch and per-sample latency (sizes interleaved over rounds, median of
+the round medians), memory (CUDA peak reserved, so graph pools count, or process RSS on a
+CPU), and an out-of-memory point (cuBLAS allocation failures included) recorded as such
+while the sweep goes on.
 """
 
 from __future__ import annotations
@@ -57,8 +58,10 @@ class BatchSweepResult:
         return int(sizes[-1]) if sizes else None
 
     def summary(self) -> dict[str, Any]:
+        memory = ("CUDA peak reserved, MB (graph pools and the allocator's cache included)" if self.device == "cuda"
+                  else "process RSS, MB")
         return {"length": self.length, "device": self.device, "dtype": self.dtype, "graph": self.graph,
-                "knee": self.knee, "diminishing_returns_at": self.diminishing,
+                "memory": memory, "knee": self.knee, "diminishing_returns_at": self.diminishing,
                 "points": [{k: clean(v) if isinstance(v, float) else v for k, v in r.items()} for r in self.rows]}
 
 
