@@ -242,3 +242,25 @@ def test_cublas_allocation_failure_is_an_out_of_memory_outcome():
     ids = torch.ones(2, 8, dtype=torch.long)
     out = engine.run(PreparedBatch([Item(0), Item(1)], ids, torch.ones_like(ids), 0.0, 0.0, 0.0, padded_length=8))
     assert out.error and "out of memory" in out.error and "batch_size" in out.error
+
+
+# -- issue 15 item 6: graph pools are reserved memory; cuBLAS allocation failures are OOM points -------------------
+
+
+def test_sweep_reports_peak_reserved_memory_and_records_cublas_alloc_failure_as_oom(monkeypatch):
+    for name in ("synchronize", "reset_peak_memory_stats"):
+        monkeypatch.setattr(torch.cuda, name, lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 100 * 2**20)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: 300 * 2**20)  # graph pools live here
+
+    def runner(ids, mask):
+        if ids.shape[0] == 8:
+            raise RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")
+
+    result = batch_sweep(runner, torch.device("cuda"), [2, 8, 4], length=4, repeats=1, warmup=1, rounds=2,
+                         graph="cuda_graph", make_batch=lambda b, n: (torch.ones(b, n, dtype=torch.long),) * 2)
+    frame = result.to_frame().set_index("batch_size")
+    assert frame.loc[2, "memory_mb"] == 300 and frame.loc[4, "status"] == "ok"
+    assert frame.loc[8, "status"] == "oom" and "CUBLAS_STATUS_ALLOC_FAILED" in frame.loc[8, "error"]
+    assert "reserved" in result.summary()["memory"]
