@@ -22,16 +22,28 @@ def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     return "\n".join(lines)
 
 
+def device_line(device: dict[str, Any] | None) -> str:
+    """One line naming the device a result was made on; SIMULATED in capitals where it was."""
+    device = device or {}
+    if device.get("kind") == "simulated":
+        return f"device: SIMULATED {device.get('profile')} ({device.get('source')}); host side measured, model call simulated"
+    if device.get("kind"):
+        return f"device: {device['kind']} ({device.get('name', '')}), measured"
+    return "device: unknown"
+
+
 def format_run(result) -> str:
     """The offline run as a readable block: headline figures, stage ledger, waits, errors."""
     s = result.summary()
     k = result.knobs
     lines = [
+        device_line(s.get("device")),
         f"knobs: batch_size={k.batch_size} num_workers={k.num_workers} tokenizer={k.tokenizer} padding={k.padding} "
         f"dtype={k.dtype} graph={k.graph} device={k.device}",
         f"requests {s['requests']}  ok {s['ok']}  errors {s['errors']}  truncated {s['truncated']}  batches {s['batches']}",
         f"throughput {s['throughput_rps']:.1f} req/s   model busy {100 * s['model_busy']:.0f}%   "
-        f"padding waste {_fmt(s['padding_waste'])}   (window {s['window_s']:.1f} s; "
+        + (f"device busy {100 * s['device_busy']:.0f}%   " if s.get("device_busy") is not None else "")
+        + f"padding waste {_fmt(s['padding_waste'])}   (window {s['window_s']:.1f} s; "
         + (f"{k.graph} compile/capture {s['compile_s']:.1f} s, " if s.get("compile_s") is not None else "")
         + f"model warm-up {s['warmup_s']:.1f} s: outside the window)",
         "",

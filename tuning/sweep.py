@@ -184,5 +184,8 @@ def run_batch_sweep(knobs, sizes: Sequence[int], length: int = 64, repeats: int 
 
     engine = engine or Engine(knobs)
     runner = engine._make_runner(batch_sizes=sizes) if engine.knobs.graph != "eager" else engine.runner
-    return batch_sweep(runner, engine.device, sizes, length, repeats, dtype=engine.knobs.dtype,
-                       graph=engine.knobs.graph, rounds=rounds)
+    result = batch_sweep(runner, engine.device, sizes, length, repeats, dtype=engine.knobs.dtype,
+                         graph=engine.knobs.graph, rounds=rounds)
+    if engine.simulated:  # never a CPU label on the stand-in's figures
+        result.device = f"simulated {engine.knobs.sim_profile}"
+    return result

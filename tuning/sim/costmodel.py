@@ -152,7 +152,9 @@ def measure_model_profile(model: torch.nn.Module, name: str = "model",
                           grid: Sequence[tuple[int, int]] = DEFAULT_GRID) -> ModelProfile:
     """Measure a model profile on this machine (fp32, CPU is fine: counts, FLOPs and bytes do not depend on it)."""
     model = model.float().cpu().eval()
-    runs = [record_ops(model, b, t) for b, t in grid]
+    tables = [m.num_embeddings for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+    vocab = min(tables) if tables else 1001  # a token id every embedding table holds
+    runs = [record_ops(model, b, t, vocab) for b, t in grid]
     names = [op[0] for op in runs[0]]
     for (b, t), run in zip(grid, runs):
         if [op[0] for op in run] != names:
@@ -169,7 +171,8 @@ def measure_model_profile(model: torch.nn.Module, name: str = "model",
         worst = max(worst, float((np.abs(fitted - y).sum(axis=1) / denom).max()))
         coefs[key] = np.round(c.T, 6).tolist()
     launches = [bool(any(run[i][1] for run in runs)) for i in range(len(names))]
-    out = model(torch.ones((1, 4), dtype=torch.long), torch.ones((1, 4), dtype=torch.long))
+    with torch.inference_mode():
+        out = model(torch.ones((1, 4), dtype=torch.long), torch.ones((1, 4), dtype=torch.long))
     return ModelProfile(
         name=name, ops=names, launches=launches, flops=coefs["flops"], float_bytes=coefs["float_bytes"],
         other_bytes=coefs["other_bytes"], param_bytes_fp32=float(sum(p.numel() * 4 for p in model.parameters())),

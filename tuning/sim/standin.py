@@ -4,7 +4,8 @@ Everything on the host runs for real; only the forward is replaced. Each call
 
 1. spins the calling thread for the predicted host time (eager dispatch is CPU work that
    competes with preprocessing threads for cores and the GIL; under ``cuda_graph`` it is one
-   short replay),
+   short replay); on a synchronous (CPU) profile it spins for the whole call, since there the
+   compute is host work too (on one core: a real CPU model's intra-op threads may use more),
 2. sleeps for the rest of the predicted call without holding the GIL (the host is free
    while the device computes, as with a real GPU),
 3. records the device's busy time on a timeline (what NVML's utilization would read), and
@@ -105,8 +106,11 @@ class SimulatedDevice:
                 f"of {limit / 2**30:.1f} GiB usable (predicted)")
         t0 = self.clock()
         start = time.perf_counter()
-        self.wait(cost.host_s, spin=True)
-        self.wait(cost.call_s - (time.perf_counter() - start), spin=False)
+        if self.profile.synchronous:  # a CPU-like device: its compute is host CPU work too
+            self.wait(cost.call_s, spin=True)
+        else:
+            self.wait(cost.host_s, spin=True)
+            self.wait(cost.call_s - (time.perf_counter() - start), spin=False)
         with self._lock:
             self.timeline.append(DeviceSpan(t0, self.clock(), cost.device_s, cost.memory_bytes))
         return cost

@@ -1,0 +1,319 @@
+"""The simulated accelerator: cost formula, calibration, stand-in timing, labels, the starved baseline."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from tuning import preset
+from tuning.sim import (DeviceChoice, ModelProfile, SimulatedDevice, SimulatedModel, device_for, embedded_model_profile,
+                        load_profile, predict, shipped_profiles)
+from tuning.sim.calibrate import Point, calibrate, prediction_error, read_sweeps
+from tuning.sim.costmodel import fused_groups, measure_model_profile
+from tuning.sim.profiles import DeviceProfile
+
+
+
+def run_cli(argv: list[str]) -> tuple[int, str, str]:
+    """The CLI in-process: (exit code, stdout, stderr)."""
+    import contextlib
+    import io
+
+    from tuning.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+def _device(**changes) -> DeviceProfile:
+    base = dict(name="unit", kind="estimate", description="round numbers for hand computation",
+                peak_flops={"fp32": 1e12, "bf16": 2e12, "fp16": 2e12}, flops_efficiency=1.0, mem_bandwidth=1e9,
+                bandwidth_efficiency=1.0, mem_bytes=1e9, launch_s=10e-6, graph_replay_s=5e-6, min_kernel_s=1e-6,
+                h2d_pinned_bps=1e9, h2d_pageable_bps=0.5e9, copy_latency_s=0.0)
+    base.update(changes)
+    return DeviceProfile(**base)
+
+
+def _two_op_model() -> ModelProfile:
+    """op 0: a matmul of 1e9 FLOPs per B*T and 1e3 bytes; op 1: a view; op 2: a norm moving 1e4 bytes per B*T."""
+    zero = [0.0, 0.0, 0.0, 0.0]
+    return ModelProfile(name="toy", ops=["aten.mm", "aten.view", "aten.layer_norm"], launches=[True, False, True],
+                        flops=[[0, 0, 1e9, 0], zero, zero], float_bytes=[[1e3, 0, 0, 0], zero, [0, 0, 1e4, 0]],
+                        other_bytes=[zero, zero, zero], param_bytes_fp32=4e3, output_dim=4)
+
+
+def test_cost_formula_by_hand():
+    model, dev = _two_op_model(), _device()
+    c = predict(model, dev, batch=2, length=5, dtype="fp32", graph="eager")
+    # B*T = 10: mm 1e10 FLOP / 1e12 = 10 ms (bytes 1e3/1e9 = 1 us); norm 1e5 B / 1e9 = 100 us
+    assert c.kernels == 2 and c.launches == 2
+    assert c.device_s == pytest.approx(0.010 + 0.0001)
+    assert c.host_s == pytest.approx(20e-6)
+    # async: mm launched at 10 us runs to 10.01 ms; norm launched at 20 us waits for it, then 100 us
+    assert c.call_s == pytest.approx(10e-6 + 0.010 + 0.0001)
+    bf16 = predict(model, dev, 2, 5, "bf16", "eager")
+    assert bf16.device_s == pytest.approx(0.005 + 0.00005)  # twice the FLOP/s, half the bytes
+    graph = predict(model, dev, 2, 5, "fp32", "cuda_graph")
+    assert graph.host_s == pytest.approx(5e-6) and graph.call_s == pytest.approx(5e-6 + 0.0101)
+    sync = predict(model, _device(synchronous=True), 2, 5, "fp32", "eager")
+    assert sync.call_s == pytest.approx(20e-6 + 0.0101)
+
+
+def test_launch_bound_call_is_host_time_and_minimum_kernel_applies():
+    model, dev = _two_op_model(), _device(launch_s=1e-3, min_kernel_s=50e-6)
+    c = predict(model, dev, batch=1, length=1, dtype="fp32", graph="eager")
+    # kernels: mm 1e9/1e12 = 1 ms, norm max(50 us, 1e4/1e9 = 10 us) = 50 us; launches at 1 ms and 2 ms
+    assert c.device_s == pytest.approx(1e-3 + 50e-6)
+    assert c.call_s == pytest.approx(2e-3 + 50e-6)
+    assert c.device_share == pytest.approx((1.05e-3) / (2.05e-3))
+
+
+def test_compile_fuses_runs_without_flops():
+    model = ModelProfile(name="fuse", ops=["mm", "add", "gelu", "mm", "norm"], launches=[True] * 5,
+                         flops=[[0, 0, 1, 0], [0] * 4, [0] * 4, [0, 0, 1, 0], [0] * 4],
+                         float_bytes=[[1, 0, 0, 0], [2, 0, 0, 0], [3, 0, 0, 0], [1, 0, 0, 0], [5, 0, 0, 0]],
+                         other_bytes=[[0] * 4] * 5, param_bytes_fp32=0, output_dim=1)
+    flops, nbytes, _ = model.per_op(1, 1)
+    f, b = fused_groups(model, flops, nbytes)
+    assert list(f) == [1, 0, 1, 0] and list(b) == [1, 3, 1, 5]
+    assert predict(model, _device(), 1, 1, graph="compile").launches == 4
+
+
+def test_measured_model_profile_matches_flop_counter_and_fits_exactly():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(50, 8)
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, ids, mask):
+            h = self.lin(self.emb(ids)) * mask.unsqueeze(-1)
+            return torch.nn.functional.normalize(h.sum(1), dim=-1)
+
+    model = Tiny()
+    profile = measure_model_profile(model, "tiny", grid=((1, 4), (2, 4), (1, 8), (3, 6), (2, 10)))
+    ids = torch.full((5, 7), 3)
+    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+        model(ids, torch.ones_like(ids))
+    assert profile.totals(5, 7)["flops"] == pytest.approx(counter.get_total_flops(), rel=1e-6)
+    assert profile.fit_error < 1e-3
+    assert profile.output_dim == 8 and 0 < profile.kernels < len(profile.ops)  # views launch nothing
+
+
+def test_shipped_minilm_profile_agrees_with_a_fresh_measurement():
+    from tuning.model import random_minilm
+
+    shipped = embedded_model_profile()
+    fresh = measure_model_profile(random_minilm(), "fresh", grid=((1, 8), (2, 8), (1, 16), (2, 16), (3, 12)))
+    assert shipped.kernels == fresh.kernels == 74
+    for b, t in ((1, 32), (16, 128)):
+        assert shipped.totals(b, t)["flops"] == pytest.approx(fresh.totals(b, t)["flops"], rel=1e-3)
+
+
+def test_shipped_profiles_load_with_sources_and_estimate_names():
+    names = shipped_profiles()
+    assert {"h100-sxm-estimate", "h200-sxm-estimate", "l4-estimate"} <= set(names)
+    for name in names:
+        p = load_profile(name)
+        assert p.kind == "estimate" and "estimate" in p.name and "estimate" in p.label()
+        assert {"peak_flops", "mem_bandwidth", "launch_s"} <= set(p.sources)
+    h200 = load_profile("h200-sxm-estimate")
+    assert h200.peak_flops["bf16"] == 989e12 and h200.mem_bandwidth == 4.8e12
+    assert load_profile("h100-sxm-estimate").mem_bandwidth == 3.35e12
+
+
+def test_bad_profile_names_the_value_and_the_fix(tmp_path):
+    with pytest.raises(ValueError, match="sim_profile='nope'.*h200-sxm-estimate"):
+        load_profile("nope")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**load_profile().as_dict(), "flops_efficiency": 1.5}))
+    with pytest.raises(ValueError, match="flops_efficiency=1.5"):
+        load_profile(str(bad))
+    with pytest.raises(ValueError, match="sim_profile='nope'"):
+        preset("baseline", device="sim", sim_profile="nope").resolve(False)
+
+
+def _synthetic_points(truth: DeviceProfile, graphs=("eager", "cuda_graph"), sizes=(1, 4, 16, 64), lengths=(32, 128, 256)):
+    model = embedded_model_profile()
+    return [Point(b, t, d, g, predict(model, truth, b, t, d, g).call_s * 1000)
+            for b in sizes for t in lengths for d in ("fp32", "bf16") for g in graphs]
+
+
+def test_calibration_recovers_known_parameters():
+    truth = _device(peak_flops={"fp32": 20e12, "bf16": 80e12, "fp16": 80e12}, mem_bandwidth=250e9, launch_s=7e-6,
+                    min_kernel_s=3e-6, graph_replay_s=20e-6, mem_bytes=24e9)
+    fitted, worst = calibrate(_synthetic_points(truth), embedded_model_profile(), "cuda", "fit")
+    assert worst < 1e-3
+    assert fitted.kind == "measured" and not fitted.synchronous
+    assert fitted.peak_flops["fp32"] == pytest.approx(20e12, rel=0.02)
+    assert fitted.mem_bandwidth == pytest.approx(250e9, rel=0.02)
+    assert fitted.launch_s == pytest.approx(7e-6, rel=0.02)
+    assert fitted.min_kernel_s == pytest.approx(3e-6, rel=0.05)
+    assert fitted.graph_replay_s == pytest.approx(20e-6, rel=0.1)
+    held_out = _synthetic_points(truth, sizes=(8, 32), lengths=(96,))
+    assert prediction_error(embedded_model_profile(), fitted, held_out) < 0.01
+
+
+def test_calibration_from_sweep_files_and_the_cli(tmp_path):
+    truth = _device(synchronous=True, peak_flops={"fp32": 50e9, "bf16": 80e9, "fp16": 80e9}, mem_bandwidth=10e9)
+    model = embedded_model_profile()
+    paths = []
+    for length in (16, 64):
+        points = [{"batch_size": b, "length": length, "status": "ok",
+                   "per_batch_ms": predict(model, truth, b, length).call_s * 1000} for b in (1, 2, 4, 8)]
+        points.append({"batch_size": 64, "length": length, "status": "oom", "per_batch_ms": None})
+        path = tmp_path / f"sweep{length}.json"
+        path.write_text(json.dumps({"length": length, "device": "cpu", "dtype": "fp32", "graph": "eager", "points": points}))
+        paths.append(path)
+    points, kind = read_sweeps(paths)
+    assert len(points) == 8 and kind == "cpu"
+    out = tmp_path / "mine.json"
+    code, stdout, _ = run_cli(["calibrate", "--from", str(paths[0]), "--from", str(paths[1]), "-o", str(out), "--json"])
+    assert code == 0, stdout
+    summary = json.loads(stdout)
+    assert summary["worst_fit_error"] < 0.02 and summary["fitted"]["synchronous"] is True
+    mine = load_profile(str(out))
+    assert mine.kind == "measured" and mine.name == "mine"
+    code, _, err = run_cli(["calibrate", "--from", str(tmp_path / "missing.json"), "-o", str(out)])
+    assert code == 2 and "missing.json" in err
+
+
+def _timed_device(host_s: float, device_s: float) -> SimulatedDevice:
+    """A device and model where one call costs exactly ``host_s`` of launches and ``device_s`` of compute."""
+    model = ModelProfile(name="one", ops=["k"], launches=[True], flops=[[device_s * 1e12, 0, 0, 0]],
+                         float_bytes=[[0, 0, 0, 0]], other_bytes=[[0, 0, 0, 0]], param_bytes_fp32=0, output_dim=3)
+    return SimulatedDevice(_device(launch_s=host_s, min_kernel_s=0.0), model)
+
+
+def test_stand_in_takes_the_predicted_time():
+    device = _timed_device(host_s=0.002, device_s=0.008)
+    model = SimulatedModel(device, "fp32", "eager")
+    ids = torch.ones((2, 5), dtype=torch.long)
+    assert device.cost(2, 5, "fp32", "eager").call_s == pytest.approx(0.010)
+    times = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        out = model(ids, ids)
+        times.append(time.perf_counter() - t0)
+    assert float(np.median(times)) == pytest.approx(0.010, abs=0.002)
+    assert out.shape == (2, 3) and np.allclose(np.linalg.norm(out.numpy(), axis=1), 1.0, atol=1e-5)
+    assert len(device.spans()) == 7 and device.spans()[0].busy_s == pytest.approx(0.008)
+
+
+def test_stand_in_host_part_occupies_its_thread_and_device_part_frees_it():
+    device = _timed_device(host_s=0.030, device_s=0.090)
+    model = SimulatedModel(device, "fp32", "eager")
+    ids = torch.ones((1, 1), dtype=torch.long)
+    # relative to a plain 30 ms spin measured just before, so a loaded machine shifts both alike
+    cpu0 = time.thread_time()
+    device.wait(0.030, spin=True)
+    reference = time.thread_time() - cpu0
+    cpu0 = time.thread_time()
+    model(ids, ids)
+    cpu = time.thread_time() - cpu0
+    # the 30 ms host part is CPU work; the 90 ms device part is not (spinning it would read ~4x the reference)
+    assert 0.5 * reference <= cpu <= 2.0 * reference, f"call {cpu * 1000:.1f} ms CPU, 30 ms spin {reference * 1000:.1f} ms"
+
+    # while the device part sleeps, another Python thread runs (the GIL is released)
+    progress = {"n": 0}
+    stop = threading.Event()
+
+    def count():
+        while not stop.is_set():
+            progress["n"] += 1
+
+    worker = threading.Thread(target=count)
+    worker.start()
+    time.sleep(0.05)
+    start = progress["n"]
+    time.sleep(0.1)
+    idle_rate = (progress["n"] - start) / 0.1
+    start, t0 = progress["n"], time.perf_counter()
+    SimulatedModel(_timed_device(host_s=0.0, device_s=0.1), "fp32", "eager")(ids, ids)
+    busy_rate = (progress["n"] - start) / (time.perf_counter() - t0)
+    stop.set()
+    worker.join()
+    assert busy_rate > 0.5 * idle_rate
+
+
+def test_stand_in_out_of_memory_is_reported_like_the_real_path():
+    from tuning.engine import is_out_of_memory
+
+    tiny = SimulatedDevice(_device(mem_bytes=1e3), _two_op_model())
+    with pytest.raises(torch.OutOfMemoryError, match="simulated unit") as info:
+        SimulatedModel(tiny, "fp32", "eager")(torch.ones((4, 4), dtype=torch.long), torch.ones((4, 4), dtype=torch.long))
+    assert is_out_of_memory(info.value)
+
+
+def test_graph_modes_cost_the_captured_batch():
+    device = SimulatedDevice(load_profile(), embedded_model_profile())
+    graph = SimulatedModel(device, "bf16", "cuda_graph", captured_batches=(8, 16))
+    assert graph.shape_cost_batch(3) == 8 and graph.shape_cost_batch(9) == 16
+    assert SimulatedModel(device, "bf16", "eager", captured_batches=(8,)).shape_cost_batch(3) == 3
+
+
+def test_device_for_auto_picks_the_simulated_h200_without_cuda():
+    choice = device_for("auto")
+    assert isinstance(choice, DeviceChoice)
+    if not torch.cuda.is_available():
+        assert choice.knob == "sim" and choice.simulated and "SIMULATED" in choice.banner
+        assert "h200-sxm-estimate" in choice.label and "estimate" in choice.label
+    assert device_for("cpu").knob == "cpu" and not device_for("cpu").simulated
+    with pytest.raises(ValueError, match="DEVICE='gpu'"):
+        device_for("gpu")
+
+
+def test_sim_knobs_allow_what_the_device_can_do():
+    k = preset("tuned", device="sim", dtype="fp16", graph="cuda_graph", pin_memory=True)
+    assert k.resolve(False) == k  # fp16, CUDA graphs and pinned copies are the point on a simulated GPU
+    with pytest.raises(ValueError, match="cuda_graph.*dynamic"):
+        preset("baseline", device="sim", graph="cuda_graph")
+
+
+def test_results_on_sim_are_labelled_in_json_and_tables():
+    from tuning.pipeline import Pipeline
+    from tuning.report import format_run
+
+    result = Pipeline(preset("tuned", device="sim")).run(limit=48)
+    summary = result.summary()
+    assert summary["device"]["kind"] == "simulated" and summary["device"]["profile"] == "h200-sxm-estimate"
+    assert "estimate" in summary["device"]["source"]
+    assert 0 < summary["device_busy"] <= summary["model_busy"] <= 1
+    assert result.ok == 48
+    assert "SIMULATED h200-sxm-estimate" in format_run(result)
+    code, stdout, _ = run_cli(["run", "--set", "device=sim", "--limit", "30"])
+    assert code == 0 and "SIMULATED" in stdout
+    code, stdout, _ = run_cli(["sweep", "batch", "--sizes", "1,2", "--length", "16", "--repeats", "1",
+                               "--set", "device=sim", "--json"])
+    assert code == 0 and json.loads(stdout)["device"] == "simulated h200-sxm-estimate"
+
+
+def test_real_cpu_results_say_measured():
+    from tuning.pipeline import Pipeline
+    from tuning.model import random_minilm
+
+    result = Pipeline(preset("tuned", device="cpu"), model=random_minilm()).run(limit=16)
+    assert result.summary()["device"]["kind"] == "cpu"
+    assert result.device_busy == pytest.approx(result.model_busy)
+
+
+def test_sim_baseline_is_starved_or_fragmented_with_the_device_mostly_idle():
+    from tuning.profile.recorder import profile_pipeline
+
+    profile = profile_pipeline(preset("baseline", device="sim"), limit=400, interval=0.25)
+    summary = profile.summary()
+    assert profile.diagnosis.kind in ("starved", "fragmented"), summary["diagnosis"]
+    assert profile.signals.device_busy < 0.30
+    assert profile.signals.device_busy < profile.signals.model_busy  # launch-bound: host busy, device idle
+    assert summary["gpu"]["available"] and summary["gpu"]["devices"] == ["simulated h200-sxm-estimate"]
+    assert "simulated" in summary["gpu"]["reason"]

@@ -1,0 +1,215 @@
+"""Fit a device profile from batch sweeps measured on a real device.
+
+Input: the JSON of ``python -m tuning sweep batch --json`` (one object per length, dtype and graph
+mode; a file may hold one object, a list of them, or one per line). Each ok point gives the
+measured milliseconds of one forward at (batch, length, dtype, graph). The fit chooses the
+profile's free parameters, effective FLOP/s per dtype, effective bandwidth, launch cost,
+minimum kernel time and (with ``cuda_graph`` points) the replay cost, to minimise the squared
+log error of :func:`tuning.sim.costmodel.predict` over the points (SciPy's trust-region least
+squares in log space from a few starts: the max() in the formula makes shallow local minima). The result is a
+``measured`` profile whose efficiencies are 1.0 (the fitted rates are the achieved ones).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from .costmodel import DTYPE_BYTES, ModelProfile, fused_groups
+from .profiles import DeviceProfile, load_profile
+
+
+@dataclass(frozen=True)
+class Point:
+    batch: int
+    length: int
+    dtype: str
+    graph: str
+    ms: float
+
+
+def read_sweeps(paths: Sequence[str | Path]) -> tuple[list[Point], str]:
+    """Every ok point of the sweep files, and the device kind they were measured on."""
+    points: list[Point] = []
+    devices: set[str] = set()
+    for path in paths:
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"--from {str(path)!r}: no such file; write one with `python -m tuning sweep batch --json > FILE`")
+        text = path.read_text()
+        try:
+            loaded = json.loads(text)
+            sweeps = loaded if isinstance(loaded, list) else [loaded]
+        except json.JSONDecodeError:
+            try:
+                sweeps = [json.loads(line) for line in text.splitlines() if line.strip()]
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"--from {str(path)!r} is not sweep JSON ({exc}); expected the output of "
+                                 "`python -m tuning sweep batch --json`") from None
+        for sweep in sweeps:
+            if not isinstance(sweep, dict) or "points" not in sweep:
+                raise ValueError(f"--from {str(path)!r}: an entry without 'points'; expected `sweep batch --json` output")
+            devices.add(str(sweep.get("device", "unknown")))
+            for p in sweep["points"]:
+                if p.get("status", "ok") != "ok" or p.get("per_batch_ms") is None:
+                    continue
+                points.append(Point(int(p["batch_size"]), int(p.get("length", sweep.get("length"))),
+                                    str(sweep.get("dtype", "fp32")), str(sweep.get("graph", "eager")),
+                                    float(p["per_batch_ms"])))
+    if len(points) < 4:
+        raise ValueError(f"only {len(points)} ok sweep point(s) in {', '.join(map(str, paths))}; calibration needs "
+                         "at least 4 over two or more lengths")
+    kinds = {d.split(":")[0].replace("simulated ", "") for d in devices}
+    if any(d.startswith("simulated") for d in devices):
+        raise ValueError("these sweeps were measured on the simulated device; calibrate from a real device's sweep")
+    return points, "cpu" if kinds == {"cpu"} else "cuda"
+
+
+class _Design:
+    """Per point, the model's per-kernel FLOPs and bytes, precomputed once."""
+
+    def __init__(self, model: ModelProfile, points: Sequence[Point]):
+        self.points = list(points)
+        self.kernels = []
+        for p in self.points:
+            flops, nbytes, launches = model.per_op(p.batch, p.length, p.dtype)
+            if p.graph == "compile":
+                self.kernels.append(fused_groups(model, flops, nbytes))
+            else:
+                self.kernels.append((flops[launches], nbytes[launches]))
+        self.measured = np.array([p.ms / 1000 for p in self.points])
+
+    def predict(self, params: dict[str, float], synchronous: bool) -> np.ndarray:
+        out = np.empty(len(self.points))
+        for i, (p, (f, b)) in enumerate(zip(self.points, self.kernels)):
+            k = np.maximum(params["min_kernel_s"], np.maximum(f / params[f"flops_{p.dtype}"], b / params["bandwidth"]))
+            if p.graph == "cuda_graph":
+                out[i] = params["graph_replay_s"] + k.sum()
+            elif synchronous:
+                out[i] = len(k) * params["launch_s"] + k.sum()
+            else:
+                launched = params["launch_s"] * np.arange(1, len(k) + 1)
+                # end of the last kernel: kernel i starts at max(launch i, end of kernel i-1)
+                out[i] = float(np.max(launched + np.cumsum(k[::-1])[::-1]))
+        return out
+
+
+def _initial_guess(design: _Design, dtypes: Sequence[str]) -> dict[str, float]:
+    """Rates from the largest points (compute- or bandwidth-bound there), launch cost from the smallest."""
+    order = np.argsort([p.batch * p.length for p in design.points])
+    small, large = order[0], order[-1]
+    f_small, _ = design.kernels[small]
+    f, b = design.kernels[large]
+    t_large = design.measured[large]
+    guess = {"bandwidth": max(float(b.sum()) / t_large, 1e9), "launch_s": design.measured[small] / max(len(f_small), 1) / 2,
+             "min_kernel_s": design.measured[small] / max(len(f_small), 1) / 4, "graph_replay_s": 15e-6}
+    for d in dtypes:
+        idx = [i for i in order if design.points[i].dtype == d]
+        f_d, _ = design.kernels[idx[-1]]
+        guess[f"flops_{d}"] = max(float(f_d.sum()) / design.measured[idx[-1]], 1e9)
+    return guess
+
+
+def fit_parameters(model: ModelProfile, points: Sequence[Point], synchronous: bool,
+                   start: dict[str, float] | None = None, rounds: int = 400) -> tuple[dict[str, float], float]:
+    """Least squares in log space; returns the parameters and the worst relative error."""
+    design = _Design(model, points)
+    dtypes = sorted({p.dtype for p in points})
+    params = _initial_guess(design, dtypes)
+    params.update({k: v for k, v in (start or {}).items() if k in params})
+    free = [k for k in params if k != "graph_replay_s" or any(p.graph == "cuda_graph" for p in points)]
+    if synchronous:
+        free = [k for k in free if k != "graph_replay_s"]
+
+    from scipy.optimize import least_squares
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        trial = {**params, **dict(zip(free, np.exp(x)))}
+        return np.log(design.predict(trial, synchronous)) - np.log(design.measured)
+
+    x0 = np.log([params[k] for k in free])
+    best = None
+    # a few starts around the guess: max() makes the surface piecewise smooth with shallow local minima
+    for shift in (0.0, -1.5, 1.5):
+        fit = least_squares(residuals, x0 + shift * np.array([k.startswith(("flops", "bandwidth")) for k in free]),
+                            method="trf", x_scale=1.0, max_nfev=rounds * len(free))
+        if best is None or fit.cost < best.cost:
+            best = fit
+    params = {**params, **dict(zip(free, np.exp(best.x)))}
+    worst = float(np.max(np.abs(design.predict(params, synchronous) / design.measured - 1)))
+    return params, worst
+
+
+def prediction_error(model: ModelProfile, profile: DeviceProfile, points: Sequence[Point]) -> float:
+    """Worst relative error of a profile's predictions on measured points (e.g. shapes left out of the fit)."""
+    from .costmodel import predict
+
+    errors = [abs(predict(model, profile, p.batch, p.length, p.dtype, p.graph).call_s / (p.ms / 1000) - 1) for p in points]
+    return float(max(errors)) if errors else math.nan
+
+
+def calibrate(points: Sequence[Point], model: ModelProfile, device_kind: str, name: str,
+              base: str | DeviceProfile | None = None) -> tuple[DeviceProfile, float]:
+    """A measured device profile fitted to ``points``, and the fit's worst relative error on them.
+
+    Fields the sweep cannot see (memory size, copy bandwidths, power) come from ``base`` (default:
+    the shipped H200 estimate on CUDA; on a CPU copies are free and memory is this machine's).
+    """
+    synchronous = device_kind == "cpu"
+    params, worst = fit_parameters(model, points, synchronous)
+    if base is None and synchronous:
+        import psutil
+
+        base_profile = load_profile("h200-sxm-estimate").replace(
+            mem_bytes=float(psutil.virtual_memory().total), h2d_pinned_bps=1e15, h2d_pageable_bps=1e15,
+            copy_latency_s=0.0, idle_power_w=math.nan, max_power_w=math.nan)
+    else:
+        base_profile = load_profile(base or "h200-sxm-estimate")
+    dtypes = {d: params.get(f"flops_{d}") for d in DTYPE_BYTES}
+    fallback = next(v for v in dtypes.values() if v is not None)
+    half = dtypes["bf16"] or dtypes["fp16"]  # an unmeasured half precision takes the other one's rate
+    peak = {d: float(v if v is not None else (half if d != "fp32" and half else fallback)) for d, v in dtypes.items()}
+    measured = sorted({p.dtype for p in points})
+    graphs = sorted({p.graph for p in points})
+    sources = {
+        "peak_flops": f"fitted: achieved FLOP/s per dtype ({', '.join(measured)} measured"
+                      + (f"; {', '.join(d for d in DTYPE_BYTES if d not in measured)} copied from a measured one)" if len(measured) < 3 else ")"),
+        "mem_bandwidth": "fitted: achieved bandwidth of operators without FLOPs",
+        "launch_s": "fitted: host time per launched operator",
+        "min_kernel_s": "fitted: floor of one operator's time",
+        "graph_replay_s": "fitted from cuda_graph points" if "cuda_graph" in graphs else f"from {base_profile.name}",
+        "other fields": f"from {base_profile.name}" if not synchronous else "this machine: copies free, memory = RAM",
+    }
+    profile = base_profile.replace(
+        name=name, kind="measured",
+        description=(f"fitted to {len(points)} batch-sweep points ({device_kind}, lengths "
+                     f"{sorted({p.length for p in points})}, {', '.join(measured)}, {', '.join(graphs)}) on "
+                     f"{time.strftime('%Y-%m-%d')}; worst fit error {worst:.1%}"),
+        peak_flops=peak, flops_efficiency=1.0, mem_bandwidth=float(params["bandwidth"]), bandwidth_efficiency=1.0,
+        launch_s=float(params["launch_s"]), min_kernel_s=float(params["min_kernel_s"]),
+        graph_replay_s=float(params["graph_replay_s"]), synchronous=synchronous, sources=sources)
+    return profile, worst
+
+
+def calibrate_files(paths: Iterable[str | Path], name: str, model: ModelProfile | None = None,
+                    base: str | None = None) -> tuple[DeviceProfile, float, list[Point]]:
+    from . import embedded_model_profile
+
+    points, kind = read_sweeps(list(paths))
+    profile, worst = calibrate(points, model or embedded_model_profile(), kind, name, base)
+    return profile, worst, points
+
+
+def describe(profile: DeviceProfile) -> dict[str, Any]:
+    """The fitted figures in readable units."""
+    return {"name": profile.name, "kind": profile.kind, "synchronous": profile.synchronous,
+            **{f"tflops_{d}": round(v / 1e12, 4) for d, v in profile.peak_flops.items()},
+            "bandwidth_gb_s": round(profile.mem_bandwidth * profile.bandwidth_efficiency / 1e9, 2),
+            "launch_us": round(profile.launch_s * 1e6, 2), "min_kernel_us": round(profile.min_kernel_s * 1e6, 2),
+            "graph_replay_us": round(profile.graph_replay_s * 1e6, 2)}
