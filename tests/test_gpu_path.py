@@ -264,3 +264,78 @@ def test_sweep_reports_peak_reserved_memory_and_records_cublas_alloc_failure_as_
     assert frame.loc[2, "memory_mb"] == 300 and frame.loc[4, "status"] == "ok"
     assert frame.loc[8, "status"] == "oom" and "CUBLAS_STATUS_ALLOC_FAILED" in frame.loc[8, "error"]
     assert "reserved" in result.summary()["memory"]
+
+
+# -- issue 15 item 7: NVML watches this process's GPU (by UUID); MIG's NOT_SUPPORTED is NaN, not the end -----------
+
+import time  # noqa: E402
+
+from tests.fake_nvml import FakeNvml, NVMLError_NotSupported  # noqa: E402
+from tuning.profile import gpu as gpu_mod  # noqa: E402
+from tuning.profile.recorder import Recorder  # noqa: E402
+
+
+class _NodeNvml(FakeNvml):
+    """Four GPUs with UUIDs; utilization 10, 20, 30, 40 %."""
+
+    def __init__(self, **kw):
+        super().__init__(devices=4, **kw)
+
+    def nvmlDeviceGetUUID(self, h):
+        return f"GPU-{h}{h}{h}{h}aaaa-0000-0000-0000-00000000000{h}".encode()
+
+
+def test_nvml_watches_the_cuda_device_of_this_process_by_uuid(monkeypatch):
+    # CUDA_VISIBLE_DEVICES=2,3: this process's cuda:1 is the node's GPU 3
+    monkeypatch.setattr(gpu_mod, "cuda_uuid", lambda index: {0: "2222aaaa-0000-0000-0000-000000000002",
+                                                            1: "3333aaaa-0000-0000-0000-000000000003"}[index])
+    with gpu_mod.GpuSampler(0.1, nvml=_NodeNvml(), device=1) as sampler:
+        time.sleep(0.25)
+    frame = sampler.series.to_frame()
+    assert len(frame) >= 2 and set(frame.gpu) == {3} and (frame.sm_util == 40).all()
+    assert len(sampler.series.devices) == 1 and "GPU-3333" in sampler.series.devices[0]
+    with Recorder(0.1, nvml=_NodeNvml(), device=0) as rec:
+        time.sleep(0.15)
+    assert set(rec.gpu_sampler.series.to_frame().gpu) == {2}
+
+
+def test_nvml_device_not_found_is_a_reason_not_a_crash(monkeypatch):
+    monkeypatch.setattr(gpu_mod, "cuda_uuid", lambda index: "ffffffff-0000-0000-0000-000000000000")
+    with pytest.warns(RuntimeWarning, match="no GPU with UUID"):
+        with gpu_mod.GpuSampler(0.1, nvml=_NodeNvml(), device=0) as sampler:
+            pass
+    assert not sampler.series.available and "ffffffff" in sampler.series.reason
+
+
+class _MigNvml(FakeNvml):
+    def nvmlDeviceGetUtilizationRates(self, h):
+        raise NVMLError_NotSupported("Not Supported")
+
+
+def test_utilization_not_supported_on_mig_is_nan_and_sampling_goes_on(recwarn):
+    with gpu_mod.GpuSampler(0.1, nvml=_MigNvml(devices=1)) as sampler:
+        time.sleep(0.25)
+    frame = sampler.series.to_frame()
+    assert len(frame) >= 2 and frame.sm_util.isna().all() and frame.mem_util.isna().all()
+    assert (frame.mem_used_mb == 2048).all() and sampler.series.reason is None
+    assert not [w for w in recwarn if "stopped" in str(w.message)]
+    assert "kernel" in gpu_mod.GpuSample.__doc__ and "1 s" in gpu_mod.GpuSample.__doc__
+
+
+
+# -- issue 15 item 8: the profiler is initialised before capture, or the eager model is profiled -------------------
+
+from tuning.profile import ops as ops_mod  # noqa: E402
+from tuning.profile import recorder as recorder_mod  # noqa: E402
+
+
+@pytest.mark.parametrize("ready_before_capture", [False, True])
+def test_ops_profile_graph_replays_only_when_the_profiler_was_ready_before_capture(monkeypatch, ready_before_capture):
+    monkeypatch.setattr(graphs, "_PROFILER_READY", ready_before_capture)
+    engine = _graph_engine(monkeypatch, [], batch_size=2)
+    engine.warmup()
+    profiled = []
+    monkeypatch.setattr(ops_mod, "op_stats", lambda runner, ids, mask, batches=5: profiled.append(runner) or "stats")
+    result = SimpleNamespace(batches=[SimpleNamespace(ok=2, padded_length=8)])
+    assert recorder_mod._ops_for(SimpleNamespace(engine=engine), result) == "stats"
+    assert profiled == [engine.runner if ready_before_capture else engine.model]

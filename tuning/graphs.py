@@ -119,11 +119,14 @@ class CudaGraphRunner(_Sealable):
 
     def __init__(self, model: Callable, device: torch.device, batch_sizes: Sequence[int] | None = None,
                  capture_fn: Callable | None = None):
-        if capture_fn is None:
+        real = capture_fn is None
+        if real:
             if device.type != "cuda":
                 raise ValueError(f"graph='cuda_graph' needs a CUDA device, got {device}; use graph='compile' or 'eager'")
             capture_fn = functools.partial(cuda_capture, pool=torch.cuda.graph_pool_handle())
         super().__init__(batch_sizes)
+        self._real = real
+        self.profiler_ready = True  # every graph captured after the profiler's first use: safe to profile replays
         self.model = model
         self.device = device
         self.capture_fn = capture_fn
@@ -143,6 +146,9 @@ class CudaGraphRunner(_Sealable):
                 raise ValueError(f"shape {key} was not captured during warm-up (captured: {sorted(self.graphs)}); "
                                  "capturing inside the measured window is refused: warm up every (batch, length) "
                                  "the run will see (Engine.warmup_shapes)")
+            if self._real:
+                init_profiler_for_graphs()
+            self.profiler_ready = self.profiler_ready and _PROFILER_READY
             ids = torch.zeros((batch, length), dtype=torch.long, device=self.device)
             mask = torch.ones((batch, length), dtype=torch.long, device=self.device)
             out, replay = self.capture_fn(self.model, ids, mask)

@@ -68,3 +68,21 @@ def precision_report(texts: Sequence[str], dtypes: Sequence[str] = ("bf16", "fp1
         cosines[name] = (emb * reference).sum(axis=1) / (
             np.linalg.norm(emb, axis=1) * np.linalg.norm(reference, axis=1))
     return PrecisionReport(dev.type, len(texts), cosines, refused)
+
+
+def compare_outputs(reference, candidate) -> dict:
+    """Agreement of two offline runs' embeddings, record by record (e.g. a graph mode against eager):
+    ``compared`` records, ``min_cosine`` and ``max_abs_diff``. Both runs must keep their embeddings
+    and run a real model: simulated embeddings are stand-ins and are never compared."""
+    for name, run in (("reference", reference), ("candidate", candidate)):
+        device = getattr(run, "device", None)
+        if isinstance(device, dict) and device.get("kind") == "simulated":
+            raise ValueError(f"the {name} ran on the simulated device: its embeddings are stand-ins; "
+                             "compare runs of the real model (device='cpu' or 'cuda')")
+    common = sorted(set(reference.embeddings) & set(candidate.embeddings))
+    if not common:
+        raise ValueError("no record has an embedding in both runs; run both with keep_embeddings=True on the same data")
+    a = np.stack([reference.embeddings[i] for i in common]).astype(np.float64)
+    b = np.stack([candidate.embeddings[i] for i in common]).astype(np.float64)
+    cos = (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    return {"compared": len(common), "min_cosine": float(cos.min()), "max_abs_diff": float(np.abs(a - b).max())}

@@ -235,3 +235,55 @@ def group_by_length(lengths: Sequence[float], batch_size: int, window: int) -> l
 
 
 TextFormatter = Callable[[Record], str]
+
+
+# --- naive vs fast, side by side -------------------------------------------------------------
+
+@dataclass
+class TokenizerComparison:
+    """Per tokenizer: seconds to encode and pad the same texts, and whether the ids agree."""
+
+    texts: int
+    seconds: dict[str, float]  # tokenizer -> encode + build_batch time for all texts
+    mismatches: list[int]  # indices of texts whose ids differ between the tokenizers
+
+    @property
+    def ids_identical(self) -> bool:
+        return not self.mismatches
+
+    @property
+    def speedup(self) -> float:
+        """naive time / fast time."""
+        return self.seconds["naive"] / self.seconds["fast"] if self.seconds.get("fast") else float("nan")
+
+    def to_frame(self) -> "pd.DataFrame":
+        import pandas as pd
+
+        return pd.DataFrame([{"tokenizer": name, "records": self.texts, "seconds": s,
+                              "us_per_record": s / max(self.texts, 1) * 1e6, "ids_identical": self.ids_identical}
+                             for name, s in self.seconds.items()])
+
+
+def compare_tokenizers(texts: Sequence[str], max_length: int = 256, batch_size: int = 16,
+                       model_dir: str | Path | None = None) -> TokenizerComparison:
+    """Encode and pad ``texts`` with the naive and the fast tokenizer (same batches); time each
+    and check that they give the same ids."""
+    import time
+
+    from .model import tokenizer_files
+
+    vocab, tokenizer_json = tokenizer_files(model_dir)
+    tokenizers = {"naive": NaiveWordPiece.from_vocab_file(vocab, max_length),
+                  "fast": FastTokenizer(tokenizer_json, max_length)}
+    seconds, ids = {}, {}
+    for name, tok in tokenizers.items():
+        t0 = time.perf_counter()
+        out: list[Tokenized] = []
+        for start in range(0, len(texts), batch_size):
+            encoded = tok.encode_batch(texts[start:start + batch_size])
+            tok.build_batch(encoded, max(len(e.ids) for e in encoded))
+            out.extend(encoded)
+        seconds[name] = time.perf_counter() - t0
+        ids[name] = [e.ids for e in out]
+    mismatches = [i for i, (a, b) in enumerate(zip(ids["naive"], ids["fast"])) if a != b]
+    return TokenizerComparison(len(texts), seconds, mismatches)

@@ -1,9 +1,15 @@
 """Accelerator trend sampling through NVML (the ``pynvml`` module of ``nvidia-ml-py``).
 
-Per GPU and interval: SM and memory-controller utilization, memory used/total, power draw
-and its enforced limit, SM clock, temperature, and this process's own SM utilization
-where NVML offers it. No NVML library, no GPU, or an NVML failure: a warning with the
-reason and a series without made-up numbers (a metric a GPU does not support is NaN).
+Per GPU and interval: kernel-active and memory-controller utilization, memory used/total,
+power draw and its enforced limit, SM clock, temperature, and this process's own SM
+utilization where NVML offers it. No NVML library, no GPU, or an NVML failure: a warning
+with the reason and a series without made-up numbers (a metric a GPU does not support,
+e.g. utilization on a MIG slice, is NaN).
+
+Which GPU: NVML numbers GPUs its own way, ignoring ``CUDA_VISIBLE_DEVICES``; the sampler
+maps this process's CUDA device to NVML by UUID (the device in use when CUDA is already
+initialised, or the one passed as ``device=``). Only when no CUDA device is known does it
+watch every GPU NVML sees.
 """
 
 from __future__ import annotations
@@ -22,6 +28,15 @@ from .sampler import PeriodicSampler
 
 @dataclass
 class GpuSample:
+    """One NVML reading of one GPU.
+
+    ``sm_util`` is NVML's ``util.gpu``: the percent of the sample period in which at least one
+    kernel was running (any process), not the share of SMs busy; a single small kernel
+    keeps it at 100. ``mem_util``: percent of the period the memory controller was busy.
+    ``power_w``: ``nvmlDeviceGetPowerUsage``, on Ampere and Hopper a 1 s moving average, so
+    it lags short bursts. ``gpu``: NVML's index of the GPU (not the CUDA index).
+    """
+
     t: float
     gpu: int
     name: str
@@ -65,6 +80,32 @@ class GpuSeries:
         return out
 
 
+def _norm_uuid(uuid: Any) -> str:
+    text = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+    text = text.strip().lower()
+    for prefix in ("gpu-", "mig-"):
+        if text.startswith(prefix):
+            return text[len(prefix):]
+    return text
+
+
+def cuda_uuid(index: int) -> str:
+    """The UUID of this process's CUDA device ``index`` (after ``CUDA_VISIBLE_DEVICES``)."""
+    import torch
+
+    return str(torch.cuda.get_device_properties(index).uuid)
+
+
+def current_cuda_device() -> int | None:
+    """This process's CUDA device when CUDA is already initialised here (None otherwise: starting
+    CUDA only to pick a GPU to watch would take GPU memory from a CPU run)."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.current_device()
+    return None
+
+
 def load_nvml():
     """The ``pynvml`` module, or an ImportError that says what to install."""
     try:
@@ -75,15 +116,22 @@ def load_nvml():
 
 
 class GpuSampler(PeriodicSampler):
-    """Samples every GPU through NVML; pass ``nvml=`` a stand-in module in tests."""
+    """Samples this process's GPU through NVML; pass ``nvml=`` a stand-in module in tests.
+
+    ``device``: a CUDA device index of this process, or a GPU/MIG UUID; None: the CUDA device
+    in use if CUDA is initialised, else every GPU NVML sees.
+    """
 
     thread_name = "gpu-sampler"
 
-    def __init__(self, interval: float = 0.5, clock: _clock.Clock | None = None, nvml: Any = None):
+    def __init__(self, interval: float = 0.5, clock: _clock.Clock | None = None, nvml: Any = None,
+                 device: int | str | None = None):
         super().__init__(interval, clock)
         self._nvml = nvml
+        self.device = device
         self.series = GpuSeries(False, "not started")
         self._handles: list[Any] = []
+        self._indices: list[int] = []
         self._last_proc_ts: dict[int, int] = {}
 
     def _unavailable(self, reason: str) -> bool:
@@ -101,17 +149,45 @@ class GpuSampler(PeriodicSampler):
         except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
             return self._unavailable(f"NVML could not start ({type(exc).__name__}: {exc}); no NVIDIA driver or GPU here")
         try:
+            target = self._target_uuid()
             count = nvml.nvmlDeviceGetCount()
-            self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+            chosen = [(i, nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count)]
+            if target is not None:
+                chosen = [(i, h) for i, h in chosen if _norm_uuid(nvml.nvmlDeviceGetUUID(h)) == _norm_uuid(target)]
+                if not chosen and count:  # a MIG slice is not among the whole GPUs: ask NVML by its UUID
+                    chosen = self._by_uuid(target)
+                if not chosen and count:
+                    self._shutdown()
+                    return self._unavailable(f"NVML has no GPU with UUID {target} (CUDA device {self.device!r})")
+            if not chosen:
+                self._shutdown()
+                return self._unavailable("NVML found no GPU")
+            self._indices = [i for i, _ in chosen]
+            self._handles = [h for _, h in chosen]
             names = [self._text(nvml.nvmlDeviceGetName(h)) for h in self._handles]
+            if target is not None:
+                names = [f"{n} ({self._text(nvml.nvmlDeviceGetUUID(h))})" for n, h in zip(names, self._handles)]
         except Exception as exc:
             self._shutdown()
             return self._unavailable(f"NVML error listing GPUs ({type(exc).__name__}: {exc})")
-        if not self._handles:
-            self._shutdown()
-            return self._unavailable("NVML found no GPU")
         self.series = GpuSeries(True, None, [], names)
         return True
+
+    def _target_uuid(self) -> str | None:
+        """The UUID to watch: ``device`` as given, or this process's CUDA device; None: every GPU."""
+        device = self.device if self.device is not None else current_cuda_device()
+        if device is None:
+            return None
+        return device if isinstance(device, str) else cuda_uuid(int(device))
+
+    def _by_uuid(self, target: str) -> list[tuple[int, Any]]:
+        get = getattr(self._nvml, "nvmlDeviceGetHandleByUUID", None)
+        for prefix in ("MIG-", "GPU-", ""):
+            try:
+                return [(-1, get((prefix + _norm_uuid(target)).encode()))] if get else []  # -1: a MIG slice
+            except Exception:
+                continue
+        return []
 
     @staticmethod
     def _text(value: Any) -> str:
@@ -137,14 +213,24 @@ class GpuSampler(PeriodicSampler):
             self._last_proc_ts[index] = max(getattr(s, "timeStamp", 0) for s in stats)
         return float(max(s.smUtil for s in mine)) if mine else math.nan
 
+    def _utilization(self, handle: Any) -> tuple[float, float]:
+        """(kernel-active %, memory-controller %); NaN where unsupported (MIG slices)."""
+        try:
+            util = self._nvml.nvmlDeviceGetUtilizationRates(handle)
+        except Exception as exc:
+            if "NotSupported" in type(exc).__name__ or "Not Supported" in str(exc):
+                return math.nan, math.nan
+            raise
+        return float(util.gpu), float(util.memory)
+
     def sample(self, t: float) -> bool:
         nvml = self._nvml
         try:
-            for i, h in enumerate(self._handles):
-                util = nvml.nvmlDeviceGetUtilizationRates(h)
+            for k, (i, h) in enumerate(zip(self._indices, self._handles)):
+                kernel_util, mem_util = self._utilization(h)
                 mem = nvml.nvmlDeviceGetMemoryInfo(h)
                 self.series.samples.append(GpuSample(
-                    t, i, self.series.devices[i], float(util.gpu), float(util.memory),
+                    t, i, self.series.devices[k], kernel_util, mem_util,
                     mem.used / 2**20, mem.total / 2**20,
                     self._optional(nvml.nvmlDeviceGetPowerUsage, h) / 1000,
                     self._optional(nvml.nvmlDeviceGetEnforcedPowerLimit, h) / 1000,

@@ -107,10 +107,13 @@ class Recorder:
     """Starts every sampler around a workload (one clock), then :meth:`join` makes one :class:`Profile`."""
 
     def __init__(self, interval: float = 0.5, gpu: bool = True, host: bool = True,
-                 clock: _clock.Clock | None = None, nvml: Any = None, busy_window_s: float | None = None):
+                 clock: _clock.Clock | None = None, nvml: Any = None, busy_window_s: float | None = None,
+                 device: int | str | None = None):
+        """``device``: the CUDA device index (or GPU UUID) the workload runs on, mapped to NVML by UUID;
+        None: the CUDA device in use when CUDA is initialised, else every GPU."""
         self.clock = clock or _clock.now
         self.interval = interval
-        self.gpu_sampler = GpuSampler(interval, self.clock, nvml) if gpu else None
+        self.gpu_sampler = GpuSampler(interval, self.clock, nvml, device=device) if gpu else None
         self.host_sampler = HostSampler(interval) if host else None
         self.busy_window_s = busy_window_s or max(interval, 0.5)
         self._stack: ExitStack | None = None
@@ -237,7 +240,12 @@ def _ops_for(pipeline: Any, result: Any) -> OpStats | None:
     engine = pipeline.engine
     import torch
 
+    runner = engine.runner
+    if getattr(runner, "graphs", None) and not getattr(runner, "profiler_ready", False):
+        # graphs captured before the profiler's first use can crash or hang when replayed under it
+        # (pytorch/pytorch#75504): profile the eager model instead
+        runner = engine.model
     ids = torch.full((batch, length), 1000, dtype=torch.long, device=engine.device)
-    return op_stats(engine.runner, ids, torch.ones_like(ids), batches=3)
+    return op_stats(runner, ids, torch.ones_like(ids), batches=3)
 
 

@@ -1,0 +1,169 @@
+"""Figure builders: each chart is built from a result or frame, carries its device label, and
+the notebook renderer works offline (plotly.js inlined, no CDN)."""
+
+import math
+import re
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import plotly.io as pio
+import pytest
+import torch
+
+from tests.helpers import TinyModel
+from tuning import viz
+from tuning.buckets import padding_waste
+from tuning.knobs import Knobs
+from tuning.pipeline import Pipeline
+from tuning.profile import Recorder
+from tuning.sweep import batch_sweep
+
+SIMULATED = {"kind": "simulated", "profile": "h200-sxm-estimate", "source": "datasheet estimate (NVIDIA H200 SXM)"}
+
+
+@pytest.fixture(scope="module")
+def run():
+    knobs = Knobs(device="cpu", num_workers=0, batch_size=4, tokenizer="fast")
+    return Pipeline(knobs, model=TinyModel()).run(limit=24)
+
+
+class Simulated:
+    """A result as the simulated device labels it (only what the charts read)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def summary(self):
+        return {**self.inner.summary(), "device": SIMULATED}
+
+
+def _title(fig: go.Figure) -> str:
+    return fig.layout.title.text or ""
+
+
+def test_device_labels():
+    assert viz.device_label(SIMULATED) == "simulated h200-sxm-estimate (datasheet estimate)"
+    assert viz.device_label({"kind": "cpu"}) == "real CPU"
+    assert viz.device_label("cpu") == "real CPU"
+    choice = SimpleNamespace(knob="sim", simulated=True, banner="SIMULATED ...",
+                             label="simulated h200-sxm-estimate (datasheet estimate (NVIDIA H200, typical values))")
+    assert viz.device_label(choice) == "simulated h200-sxm-estimate (datasheet estimate)"
+    frame = pd.DataFrame({"x": [1]})
+    frame.attrs["device"] = SIMULATED
+    assert viz.is_simulated(frame)
+    assert viz.device_label(None) == ""
+
+
+def test_ledger_chart_stacks_every_stage_for_p50_and_p99(run):
+    fig = viz.ledger_chart(run)
+    assert isinstance(fig, go.Figure)
+    ledger = run.ledger()
+    assert [t.name for t in fig.data] == list(ledger.index)
+    inference = next(t for t in fig.data if t.name == "inference")
+    assert list(inference.y) == ["p50", "p99"]
+    assert inference.x == pytest.approx([ledger.loc["inference", "p50_ms"], ledger.loc["inference", "p99_ms"]])
+    assert "real CPU" in _title(fig)
+
+
+def test_every_chart_made_on_the_simulated_device_says_so(run):
+    sim = Simulated(run)
+    figures = [viz.ledger_chart(sim), viz.ledger_chart({"a": sim, "b": sim}), viz.waits_chart({"a": sim}),
+               viz.throughput_chart({"a": sim}), viz.panel_chart(sim)]
+    for fig in figures:
+        assert "simulated h200-sxm-estimate" in _title(fig), _title(fig)
+
+
+def test_waits_and_throughput_charts_read_the_results(run):
+    fig = viz.waits_chart({"one": run, "two": run})
+    bars = {t.name: t for t in fig.data if isinstance(t, go.Bar)}
+    share = run.waits()["wait_for_input"]["share_of_window"]
+    assert bars["model waits for input %"].y[0] == pytest.approx(100 * share)
+    line = next(t for t in fig.data if isinstance(t, go.Scatter))
+    assert line.y[0] == pytest.approx(run.throughput_rps)
+    fig = viz.throughput_chart({"one": run})
+    assert fig.data[0].y[0] == pytest.approx(run.throughput_rps)
+
+
+def test_batch_sweep_chart_marks_the_knee():
+    sweep = batch_sweep(TinyModel(), torch.device("cpu"), [1, 2, 4], length=8, repeats=2, warmup=1)
+    fig = viz.batch_sweep_chart(sweep, device="cpu")
+    assert list(fig.data[0].x) == [1, 2, 4]
+    assert any(f"knee: batch {sweep.knee}" in (a.text or "") for a in fig.layout.annotations)
+
+
+def test_padding_chart_has_one_bar_per_strategy():
+    report = padding_waste(list(np.random.default_rng(0).integers(5, 200, 300)), batch_size=16, k=3)
+    fig = viz.padding_chart(report)
+    assert list(fig.data[0].x) == list(report.to_frame().strategy)
+    assert fig.data[0].y == pytest.approx(list(report.to_frame().padded_over_real))
+
+
+def test_load_sweep_and_ladder_charts_take_frames():
+    frame = pd.DataFrame({"max_wait_ms": [0.0, 5.0], "qps": [10.0, 20.0], "p99_ms": [50.0, 80.0], "mean_batch": [1, 3]})
+    frame.attrs["device"] = SIMULATED
+    fig = viz.load_sweep_chart(frame)
+    assert "simulated" in _title(fig) and list(fig.data[0].y) == [10.0, 20.0]
+    ladder = pd.DataFrame({"rung": ["baseline", "workers", "batch"], "qps": [5.0, 8.0, 7.0], "p99_ms": [900, 700, 650],
+                           "device_busy": [0.1, 0.2, 0.3], "model_busy": [0.8, 0.7, 0.9], "kept": [True, True, False]})
+    fig = viz.ladder_chart(ladder, device=SIMULATED)
+    bars = fig.data[0]
+    assert list(bars.x) == ["baseline", "workers", "batch"] and list(bars.y) == [5.0, 8.0, 7.0]
+    assert bars.marker.color[2] != bars.marker.color[1]  # a rung not kept is greyed
+    assert "simulated" in _title(fig)
+
+
+def test_trend_and_thread_charts_from_a_recorded_run():
+    knobs = Knobs(device="cpu", num_workers=0, batch_size=2, tokenizer="fast")
+    pipeline = Pipeline(knobs, model=TinyModel(delay_s=0.002))
+    with Recorder(interval=0.1, gpu=False, host=False) as rec:
+        result = pipeline.run(limit=40)
+    profile = rec.join(result)
+    fig = viz.trend_chart(profile)
+    busy = profile.to_frame("busy")
+    assert fig.data[0].y == pytest.approx(list(100 * busy.busy))
+    assert any("average" in (a.text or "") for a in fig.layout.annotations)
+    assert isinstance(viz.threads_chart(profile), go.Figure)
+
+
+def test_launch_budget_from_signals():
+    profile = SimpleNamespace(signals=SimpleNamespace(median_span_ms=2.0, launch_share=0.75),
+                              workload=SimpleNamespace(batch_sizes=lambda: [1, 1], summary=lambda: {"device": SIMULATED}))
+    fig = viz.launch_budget_chart(profile)
+    assert [t.x[0] for t in fig.data] == pytest.approx([1.5, 0.5])
+    assert "75%" in _title(fig) and "simulated" in _title(fig)
+
+
+def test_precision_and_tokenizer_charts():
+    report = SimpleNamespace(device="cpu", cosines={"bf16": np.array([0.9999, 0.99995])})
+    fig = viz.precision_chart(report)
+    assert fig.data[0].name == "bf16" and "real model on cpu" in _title(fig)
+    frame = pd.DataFrame({"tokenizer": ["naive", "fast"], "us_per_record": [900.0, 300.0]})
+    assert list(viz.tokenizer_chart(frame).data[0].y) == [900.0, 300.0]
+
+
+def test_pct_says_unknown_instead_of_nan():
+    assert viz.pct(math.nan) == "n/a" and viz.pct(None) == "n/a" and viz.pct(0.256) == "26%"
+
+
+def test_notebook_renderer_is_offline():
+    previous = pio.renderers.default
+    try:
+        name = viz.setup_notebook()
+        assert name == pio.renderers.default and "notebook_connected" not in name
+        bundle = pio.renderers[viz.RENDERER].to_mimebundle(go.Figure(go.Bar(y=[1])).to_dict())
+        html = bundle["text/html"]
+        assert not re.search(r"<script[^>]+src=", html), "no external script (CDN) in a chart"
+        assert "cdn" not in html.lower() and "mathjax" not in html.lower()
+    finally:
+        pio.renderers.default = previous
+
+
+def test_banner_renders_plain_and_html():
+    b = viz.banner(SimpleNamespace(banner="SIMULATED DEVICE: a <stand-in>", simulated=True, label="x"))
+    assert repr(b) == "SIMULATED DEVICE: a <stand-in>"
+    assert "&lt;stand-in&gt;" in b._repr_html_()

@@ -1,0 +1,521 @@
+"""Figure builders: each takes a result (or its frame) and returns a plotly figure.
+
+A chart function never measures and a measurement never draws. Every title carries the
+device the numbers came from (``simulated h200-sxm-estimate (datasheet estimate)``, ``real
+CPU``, ``CUDA``), taken from the result's ``summary()["device"]`` or, for a bare frame,
+from ``device=`` or ``frame.attrs["device"]``, so a simulated figure never passes for a
+measured one.
+
+In a notebook, call :func:`setup_notebook` once: plotly.js is inlined (no CDN, works
+offline) and executed notebooks keep a static chart (JupyterLab shows the plotly mimetype,
+an exported HTML file shows the inlined one).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.subplots import make_subplots
+
+RENDERER = "tuning_offline"
+DEFAULT_RENDERER = f"plotly_mimetype+{RENDERER}"
+TEMPLATE = "plotly_white"
+STAGE_COLORS = {
+    "queue_wait": "#bab0ac", "read": "#4c78a8", "preprocess": "#f58518", "wait_for_model": "#e45756",
+    "copy": "#72b7b2", "inference": "#54a24b", "postprocess": "#b279a2",
+}
+
+
+# --- notebook setup and labels ----------------------------------------------------------------
+
+def _offline_renderer():
+    from plotly.io._base_renderers import NotebookRenderer
+
+    class OfflineNotebookRenderer(NotebookRenderer):
+        """The classic notebook renderer with plotly.js inlined once and no MathJax CDN tag."""
+
+        def to_mimebundle(self, fig_dict):
+            html = pio.to_html(fig_dict, config=self.config, include_plotlyjs=False, include_mathjax=False,
+                               full_html=False, default_width="100%", default_height=480, validate=False)
+            return {"text/html": html}
+
+    return OfflineNotebookRenderer(connected=False)
+
+
+def setup_notebook(renderer: str = DEFAULT_RENDERER, template: str = TEMPLATE) -> str:
+    """Offline plotly for notebooks: inline plotly.js (no CDN) and keep static charts in saved outputs.
+
+    Returns the renderer name in use. Call it in a notebook's first cell.
+    """
+    if RENDERER not in pio.renderers:
+        pio.renderers[RENDERER] = _offline_renderer()
+    pio.templates.default = template
+    pio.renderers.default = renderer  # activating the notebook part displays plotly.js once, inline
+    return renderer
+
+
+class Banner:
+    """One line saying which device the numbers come from; rich in a notebook, plain in a terminal."""
+
+    def __init__(self, text: str, simulated: bool):
+        self.text, self.simulated = text, simulated
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def _repr_html_(self) -> str:
+        color = "#8a5a00" if self.simulated else "#1f5f2a"
+        background = "#fff4dc" if self.simulated else "#e9f5ec"
+        return (f'<div style="padding:6px 10px;border-left:4px solid {color};background:{background};'
+                f'color:{color};font-weight:600">{_escape(self.text)}</div>')
+
+
+def banner(device: Any) -> Banner:
+    """The device object's banner (see ``tuning.device_for``) as a displayable line."""
+    text = getattr(device, "banner", None) or device_label(device)
+    return Banner(str(text), bool(getattr(device, "simulated", False)) or "simulated" in str(text))
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _device_info(obj: Any) -> Any:
+    """What a result, frame, mapping of results, profile or device object says about its device."""
+    if obj is None:
+        return None
+    if isinstance(obj, str) or (isinstance(obj, dict) and "kind" in obj) or hasattr(obj, "label"):
+        return obj
+    if isinstance(obj, pd.DataFrame):
+        return obj.attrs.get("device")
+    if isinstance(obj, Mapping):
+        for value in obj.values():
+            found = _device_info(value)
+            if found is not None:
+                return found
+        return None
+    workload = getattr(obj, "workload", None)  # a recorder Profile
+    if workload is not None and obj is not workload:
+        return _device_info(workload)
+    summary = getattr(obj, "summary", None)
+    if callable(summary):
+        try:
+            info = summary().get("device")
+        except Exception:  # a chart must not fail because a summary cannot be made
+            info = None
+        if info:
+            return info
+    for attr in ("device_info", "device"):
+        value = getattr(obj, attr, None)
+        if value and isinstance(value, (str, dict)):
+            return value
+    knobs = getattr(obj, "knobs", None)
+    if knobs is not None and getattr(knobs, "device", None):
+        if knobs.device == "sim":
+            return {"kind": "simulated", "profile": getattr(knobs, "sim_profile", "?"), "source": None}
+        return knobs.device
+    return None
+
+
+def device_label(obj: Any) -> str:
+    """A short device label: ``simulated <profile> (<source>)``, ``real CPU``, ``CUDA ...`` or ``''``."""
+    info = _device_info(obj)
+    if info is None:
+        return ""
+    if hasattr(info, "label") and not isinstance(info, (str, dict)):
+        label = str(info.label)
+        if getattr(info, "simulated", False) and not label.startswith("simulated"):
+            label = f"simulated {label}"
+        match = re.match(r"(simulated \S+) \(([^(:]+)", label)  # "simulated NAME (SOURCE (details...))"
+        return f"{match[1]} ({match[2].strip()})" if match else label
+    if isinstance(info, str):
+        return {"cpu": "real CPU", "cuda": "CUDA", "sim": "simulated device"}.get(info, info)
+    kind = info.get("kind")
+    if kind == "simulated":
+        source = str(info.get("source") or "").split(" (")[0].split(":")[0].strip()  # "datasheet estimate"
+        profile = info.get("profile") or "device"
+        return f"simulated {profile}" + (f" ({source})" if source else "")
+    if kind == "cpu":
+        return "real CPU"
+    if kind == "cuda":
+        return "CUDA " + str(info.get("profile") or info.get("name") or "").strip() if (
+            info.get("profile") or info.get("name")) else "CUDA"
+    return str(kind or "")
+
+
+def is_simulated(obj: Any) -> bool:
+    return device_label(obj).startswith("simulated")
+
+
+def _short(text: str, limit: int = 100) -> str:
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def _title(text: str, source: Any, device: Any = None) -> str:
+    label = _short(device_label(device if device is not None else source))
+    return f"{text}<br><sup>{_escape(label)}</sup>" if label else text
+
+
+def _finish(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
+    fig.update_layout(title=title, height=height, margin=dict(t=80, l=60, r=30, b=50),
+                      legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0))
+    return fig
+
+
+def _as_results(results: Any) -> dict[str, Any]:
+    """One result, a list of them, or a mapping of label -> result, as a mapping."""
+    if isinstance(results, Mapping):
+        return {str(k): v for k, v in results.items()}
+    if isinstance(results, (list, tuple)):
+        return {f"run {i + 1}": r for i, r in enumerate(results)}
+    return {"": results}
+
+
+def _throughput(result: Any) -> float:
+    for attr in ("throughput_rps", "qps"):
+        value = getattr(result, attr, None)
+        if value is not None:
+            return float(value)
+    return math.nan
+
+
+def pct(x: float | None) -> str:
+    """A share as a percentage for printed interpretations; ``n/a`` when unknown (NaN or None)."""
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.0f}%"
+
+
+_pct = pct
+
+
+# --- 01: trends -----------------------------------------------------------------------------
+
+def trend_chart(profile: Any, device: Any = None) -> go.Figure:
+    """Model busy and device busy over time with their averages: how an average hides idle gaps.
+
+    ``profile`` is a recorder :class:`~tuning.profile.Profile` (offline run or load test).
+    """
+    busy = profile.to_frame("busy")
+    gpu = profile.to_frame("gpu")
+    has_power = len(gpu) and gpu["power_w"].notna().any() and gpu["power_limit_w"].notna().any()
+    rows = 2 if has_power else 1
+    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        row_heights=[0.7, 0.3][:rows] if rows == 2 else None,
+                        subplot_titles=["utilization over time", "power, share of limit"][:rows])
+    sim = is_simulated(device if device is not None else profile)
+    if len(busy):
+        fig.add_trace(go.Scatter(x=busy.t, y=100 * busy.busy, mode="lines", name="model busy %",
+                                 line=dict(color="#54a24b", shape="hv")), row=1, col=1)
+        avg = 100 * float(profile.workload.model_busy)
+        fig.add_hline(y=avg, line=dict(color="#54a24b", dash="dash"), row=1, col=1,
+                      annotation_text=f"model busy average {avg:.0f}%", annotation_position="top left")
+    if len(gpu) and gpu["sm_util"].notna().any():
+        per_t = gpu.groupby("t", as_index=False)["sm_util"].mean()
+        name = "device busy % (simulated sampler)" if sim else "GPU utilization % (NVML)"
+        fig.add_trace(go.Scatter(x=per_t.t, y=per_t.sm_util, mode="lines+markers", name=name,
+                                 line=dict(color="#4c78a8")), row=1, col=1)
+        avg_dev = float(per_t.sm_util.mean())
+        fig.add_hline(y=avg_dev, line=dict(color="#4c78a8", dash="dot"), row=1, col=1,
+                      annotation_text=f"device busy average {avg_dev:.0f}%", annotation_position="bottom right")
+        if has_power:
+            frac = (100 * gpu.power_w / gpu.power_limit_w).groupby(gpu.t).mean()
+            fig.add_trace(go.Scatter(x=frac.index, y=frac.values, mode="lines", name="power % of limit"
+                                     + (" (simulated)" if sim else ""), line=dict(color="#e45756")), row=2, col=1)
+    fig.update_yaxes(title_text="%", range=[0, 105], row=1, col=1)
+    fig.update_xaxes(title_text="seconds since the recorder started", row=rows, col=1)
+    return _finish(fig, _title("Trend: busy over time vs its average", profile, device), 460 if rows == 1 else 560)
+
+
+def threads_chart(profile: Any, top: int = 6, device: Any = None) -> go.Figure:
+    """Per-thread CPU % over time (like ``top -H``) for the busiest threads, with their names."""
+    threads = profile.to_frame("threads")
+    fig = go.Figure()
+    if len(threads):
+        threads = threads.assign(label=threads["name"] + " (" + threads["tid"].astype(str) + ")")
+        order = threads.groupby("label")["cpu_percent"].mean().sort_values(ascending=False)
+        for label in order.index[:top]:
+            part = threads[threads.label == label].sort_values("t")
+            fig.add_trace(go.Scatter(x=part.t, y=part.cpu_percent, mode="lines",
+                                     name=f"{label}: mean {order[label]:.0f}%"))
+    fig.add_hline(y=100, line=dict(color="grey", dash="dot"), annotation_text="one core",
+                  annotation_position="top left")
+    fig.update_yaxes(title_text="CPU % of one core")
+    fig.update_xaxes(title_text="seconds since the recorder started")
+    return _finish(fig, _title(f"Per-thread CPU, top {top} threads (host side runs for real)", profile, device), 440)
+
+
+# --- 02: the stage ledger --------------------------------------------------------------------
+
+def _ledger(obj: Any) -> pd.DataFrame:
+    return obj if isinstance(obj, pd.DataFrame) else obj.ledger()
+
+
+def ledger_chart(results: Any, device: Any = None) -> go.Figure:
+    """Per-request time by stage, p50 next to p99, as stacked bars (one pair per result).
+
+    ``results``: a result with ``ledger()``, a ledger frame, or a mapping label -> either.
+    """
+    runs = _as_results(results)
+    fig = go.Figure()
+    stages: list[str] = []
+    for ledger in (_ledger(r) for r in runs.values()):
+        stages += [s for s in ledger.index if s not in stages]
+    ys = [f"{label} {q}".strip() for label in runs for q in ("p50", "p99")]
+    for stage in stages:
+        xs, shares = [], []
+        for r in runs.values():
+            ledger = _ledger(r)
+            for q, share in (("p50_ms", "share"), ("p99_ms", "share_p99")):
+                has = stage in ledger.index
+                xs.append(float(ledger.loc[stage, q]) if has else 0.0)
+                shares.append(float(ledger.loc[stage, share]) if has and share in ledger else math.nan)
+        fig.add_trace(go.Bar(y=ys, x=xs, name=stage, orientation="h", marker_color=STAGE_COLORS.get(stage),
+                             customdata=np.asarray(shares) * 100,
+                             hovertemplate=f"{stage}: %{{x:.2f}} ms (%{{customdata:.0f}}% of the sum)<extra></extra>"))
+    fig.update_layout(barmode="stack")
+    fig.update_yaxes(autorange="reversed")
+    fig.update_xaxes(title_text="ms per request (sum of the stage percentiles)")
+    return _finish(fig, _title("Where a request's time goes: stage ledger, p50 vs p99", results, device),
+                   260 + 60 * len(ys))
+
+
+def waits_chart(results: Any, device: Any = None) -> go.Figure:
+    """Per configuration: share of the window the model waited for input (starvation), the ready
+    batches waited for the model (back-pressure), and model busy; throughput on the right axis."""
+    runs = _as_results(results)
+    labels = list(runs)
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    waits = [r.waits() for r in runs.values()]
+    series = {
+        "model waits for input": [w["wait_for_input"]["share_of_window"] or 0.0 for w in waits],
+        "batch waits for model": [w["wait_for_model"]["share_of_window"] or 0.0 for w in waits],
+        "model busy": [float(r.model_busy) for r in runs.values()],
+    }
+    device_busy = [float(getattr(r, "device_busy", math.nan)) for r in runs.values()]
+    if any(not math.isnan(x) for x in device_busy):
+        series["device busy"] = device_busy
+    colors = {"model waits for input": "#e45756", "batch waits for model": "#f58518", "model busy": "#54a24b",
+              "device busy": "#4c78a8"}
+    for name, values in series.items():
+        fig.add_trace(go.Bar(x=labels, y=[100 * v for v in values], name=name + " %", marker_color=colors[name],
+                             texttemplate="%{y:.0f}%", textposition="outside"), secondary_y=False)
+    fig.add_trace(go.Scatter(x=labels, y=[_throughput(r) for r in runs.values()], name="throughput (req/s)",
+                             mode="lines+markers", line=dict(color="black")), secondary_y=True)
+    fig.update_layout(barmode="group")
+    fig.update_yaxes(title_text="% of the measured window", range=[0, 115], secondary_y=False)
+    fig.update_yaxes(title_text="req/s", rangemode="tozero", secondary_y=True, showgrid=False)
+    return _finish(fig, _title("Is the model fed? Waits and busy share per configuration", results, device), 460)
+
+
+def throughput_chart(results: Any, device: Any = None) -> go.Figure:
+    """Throughput per configuration (bars) with model busy and device busy (markers, right axis)."""
+    runs = _as_results(results)
+    labels = list(runs)
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    waste = [float(getattr(r, "padding_waste", math.nan)) for r in runs.values()]
+    fig.add_trace(go.Bar(x=labels, y=[_throughput(r) for r in runs.values()], name="throughput (req/s)",
+                         marker_color="#4c78a8", texttemplate="%{y:.1f}", textposition="outside",
+                         customdata=np.asarray(waste) * 100,
+                         hovertemplate="%{x}: %{y:.1f} req/s, padding waste %{customdata:.0f}%<extra></extra>"),
+                  secondary_y=False)
+    for attr, color, name in (("model_busy", "#f58518", "model busy %"), ("device_busy", "#54a24b", "device busy %")):
+        values = [100 * float(getattr(r, attr, math.nan)) for r in runs.values()]
+        if any(not math.isnan(v) for v in values):
+            fig.add_trace(go.Scatter(x=labels, y=values, name=name, mode="markers",
+                                     marker=dict(size=12, color=color, symbol="diamond")), secondary_y=True)
+    fig.update_yaxes(title_text="req/s", rangemode="tozero", secondary_y=False)
+    fig.update_yaxes(title_text="busy % of the window", range=[0, 105], secondary_y=True, showgrid=False)
+    return _finish(fig, _title("Throughput per configuration", results, device), 420)
+
+
+# --- 03: batch sweep -------------------------------------------------------------------------
+
+def batch_sweep_chart(sweep: Any, device: Any = None) -> go.Figure:
+    """Per-sample cost and throughput by batch size, the knee marked, out-of-memory points flagged."""
+    frame = sweep if isinstance(sweep, pd.DataFrame) else sweep.to_frame()
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    ok = frame[frame.status == "ok"] if "status" in frame else frame
+    fig.add_trace(go.Scatter(x=ok.batch_size, y=ok.per_sample_ms, mode="lines+markers", name="ms per sample",
+                             line=dict(color="#4c78a8")), secondary_y=False)
+    fig.add_trace(go.Scatter(x=ok.batch_size, y=ok.throughput, mode="lines+markers", name="samples/s",
+                             line=dict(color="#54a24b", dash="dot")), secondary_y=True)
+    if "status" in frame and (frame.status == "oom").any():
+        oom = frame[frame.status == "oom"]
+        for size in oom.batch_size:
+            fig.add_vline(x=size, line=dict(color="#e45756", dash="dot"), annotation_text="out of memory")
+    knee = getattr(sweep, "knee", None)
+    if knee is not None:
+        fig.add_vline(x=knee, line=dict(color="black", dash="dash"), annotation_text=f"knee: batch {knee}",
+                      annotation_position="top right")
+    fig.update_xaxes(title_text="batch size", type="log", tickvals=list(frame.batch_size))
+    fig.update_yaxes(title_text="ms per sample", rangemode="tozero", secondary_y=False)
+    fig.update_yaxes(title_text="samples/s", rangemode="tozero", secondary_y=True, showgrid=False)
+    length = getattr(sweep, "length", None)
+    what = f"Batch-size sweep at {length} tokens" if length else "Batch-size sweep"
+    return _finish(fig, _title(f"{what}: per-sample cost and its knee", sweep, device))
+
+
+def graph_modes_chart(sweeps: Mapping[str, Any], device: Any = None) -> go.Figure:
+    """Per-batch time by batch size for each graph mode (eager, compile, cuda_graph)."""
+    fig = go.Figure()
+    for mode, sweep in sweeps.items():
+        frame = sweep if isinstance(sweep, pd.DataFrame) else sweep.to_frame()
+        frame = frame[frame.status == "ok"] if "status" in frame else frame
+        label = f"{mode} ({device_label(sweep)})" if device is None and device_label(sweep) else mode
+        fig.add_trace(go.Bar(x=[str(b) for b in frame.batch_size], y=frame.per_batch_ms, name=label,
+                             texttemplate="%{y:.2f}", textposition="outside"))
+    fig.update_layout(barmode="group")
+    fig.update_xaxes(title_text="batch size")
+    fig.update_yaxes(title_text="ms per batch (median)", rangemode="tozero")
+    return _finish(fig, _title("Graph modes: time per batch", sweeps, device))
+
+
+def launch_budget_chart(ops: Any, device: Any = None) -> go.Figure:
+    """One model call split into launch overhead (what capture can save at most) and the rest.
+
+    ``ops``: a recorder Profile (its signals: launch share of the median model call, simulated or
+    measured), or op statistics (``OpStats``, or its summary)."""
+    signals = getattr(ops, "signals", None)
+    if signals is not None:
+        busy = float(signals.median_span_ms)
+        batches = ops.workload.batch_sizes() if hasattr(ops.workload, "batch_sizes") else []
+        s = {"busy_ms_per_batch": busy, "launch_share": signals.launch_share,
+             "launch_overhead_ms": busy * signals.launch_share,
+             "batch_shape": None, "mean_batch": float(np.mean(batches)) if batches else None}
+    else:
+        s = ops.summary() if hasattr(ops, "summary") else dict(ops)
+    busy = float(s.get("busy_ms_per_batch") or 0.0)
+    launch = float(s.get("launch_overhead_ms") or 0.0)
+    launch = min(launch, busy) if math.isfinite(launch) else 0.0
+    fig = go.Figure()
+    for name, value, color in (("launch overhead (capture can save at most this)", launch, "#e45756"),
+                               ("compute and the rest", busy - launch, "#54a24b")):
+        fig.add_trace(go.Bar(x=[value], y=["one batch"], orientation="h", name=name, marker_color=color,
+                             texttemplate="%{x:.2f} ms", textposition="inside"))
+    fig.update_layout(barmode="stack")
+    fig.update_xaxes(title_text="ms per batch")
+    shape = s.get("batch_shape")
+    what = (f" at batch x length = {shape[0]} x {shape[1]}" if shape else
+            f" at mean batch {s['mean_batch']:.1f}" if s.get("mean_batch") else "")
+    return _finish(fig, _title(f"Launch-overhead budget{what}: {_pct(s.get('launch_share'))} of busy time",
+                               ops, device), 300)
+
+
+# --- 04: tokenizers, padding, precision -----------------------------------------------------
+
+def tokenizer_chart(comparison: Any, device: Any = None) -> go.Figure:
+    """Time per record of each tokenizer (same ids, different cost)."""
+    frame = comparison if isinstance(comparison, pd.DataFrame) else comparison.to_frame()
+    fig = go.Figure(go.Bar(x=frame["tokenizer"], y=frame["us_per_record"], marker_color=["#e45756", "#54a24b"][:len(frame)],
+                           texttemplate="%{y:.0f} µs", textposition="outside"))
+    fig.update_yaxes(title_text="µs per record (host CPU)", rangemode="tozero")
+    return _finish(fig, _title("Tokenizing: time per record (identical ids)", comparison, device or "cpu"), 380)
+
+
+def padding_chart(report: Any, device: Any = None) -> go.Figure:
+    """Padded tokens per real token by padding strategy (1.0: no padding), with the shapes each needs."""
+    frame = report if isinstance(report, pd.DataFrame) else report.to_frame()
+    fig = go.Figure(go.Bar(x=frame["strategy"], y=frame["padded_over_real"], customdata=frame["shapes"],
+                           marker_color="#4c78a8", texttemplate="%{y:.2f}x", textposition="outside",
+                           hovertemplate="%{x}: %{y:.2f} padded tokens per real token, %{customdata} shapes<extra></extra>"))
+    fig.add_hline(y=1.0, line=dict(color="black", dash="dot"), annotation_text="no padding")
+    fig.update_yaxes(title_text="model tokens / real tokens", rangemode="tozero")
+    return _finish(fig, _title("Padding waste by strategy (the model computes every padded token)", report,
+                               device or "cpu"), 420)
+
+
+def precision_chart(report: Any, device: Any = None) -> go.Figure:
+    """Cosine similarity of each half-precision dtype's embeddings against fp32, per text."""
+    fig = go.Figure()
+    for dtype, cos in getattr(report, "cosines", {}).items():
+        fig.add_trace(go.Box(y=np.asarray(cos, dtype=float), name=dtype, boxpoints="all", jitter=0.4, pointpos=0))
+    fig.update_yaxes(title_text="cosine vs fp32 (1.0: identical)")
+    real = f"real model on {getattr(report, 'device', 'cpu')}"
+    return _finish(fig, _title("Half precision vs fp32, per text (accuracy: always measured, never simulated)",
+                               None, device or real), 420)
+
+
+# --- 06: online batching and the ladder -----------------------------------------------------
+
+def load_sweep_chart(frame: pd.DataFrame, x: str | None = None, device: Any = None) -> go.Figure:
+    """QPS and p99 latency against one swept variable (``max_wait_ms`` or ``concurrency``)."""
+    x = x or frame.columns[0]
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_trace(go.Bar(x=[str(v) for v in frame[x]], y=frame["qps"], name="QPS", marker_color="#4c78a8",
+                         texttemplate="%{y:.0f}", textposition="outside"), secondary_y=False)
+    fig.add_trace(go.Scatter(x=[str(v) for v in frame[x]], y=frame["p99_ms"], name="p99 ms", mode="lines+markers",
+                             line=dict(color="#e45756")), secondary_y=True)
+    if "mean_batch" in frame:
+        fig.add_trace(go.Scatter(x=[str(v) for v in frame[x]], y=frame["mean_batch"], name="mean batch",
+                                 mode="markers", marker=dict(symbol="diamond", color="black")), secondary_y=False)
+    fig.update_xaxes(title_text=x)
+    fig.update_yaxes(title_text="QPS (ok responses/s)", rangemode="tozero", secondary_y=False)
+    fig.update_yaxes(title_text="p99 latency (ms)", rangemode="tozero", secondary_y=True, showgrid=False)
+    return _finish(fig, _title(f"Online: QPS and p99 against {x}", frame, device))
+
+
+_RUNG_NAMES = ("rung", "step", "name", "label")
+_THROUGHPUT_NAMES = ("throughput_rps", "qps", "throughput")
+_P99_NAMES = ("p99_ms", "p99")
+
+
+def _pick(frame: pd.DataFrame, names: Sequence[str]) -> str | None:
+    return next((n for n in names if n in frame.columns), None)
+
+
+def ladder_chart(result: Any, device: Any = None) -> go.Figure:
+    """The ladder, one rung per change: throughput bars, device and model busy, p99 when measured online."""
+    frame = result if isinstance(result, pd.DataFrame) else result.to_frame()
+    rung = _pick(frame, _RUNG_NAMES)
+    labels = [str(v) for v in (frame[rung] if rung else frame.index)]
+    tput = _pick(frame, _THROUGHPUT_NAMES)
+    p99 = _pick(frame, _P99_NAMES)
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    if tput:
+        kept = frame["kept"].astype(bool).tolist() if "kept" in frame else [True] * len(frame)
+        fig.add_trace(go.Bar(x=labels, y=frame[tput], name=tput.replace("_", " "),
+                             marker_color=["#4c78a8" if k else "#c7c7c7" for k in kept],
+                             texttemplate="%{y:.1f}", textposition="outside"), secondary_y=False)
+    for col, color, name in (("device_busy", "#54a24b", "device busy %"), ("model_busy", "#f58518", "model busy %")):
+        if col in frame and frame[col].notna().any():
+            fig.add_trace(go.Scatter(x=labels, y=100 * frame[col].astype(float), name=name, mode="lines+markers",
+                                     line=dict(color=color, dash="dot")), secondary_y=True)
+    if p99 and frame[p99].notna().any():
+        fig.add_trace(go.Scatter(x=labels, y=frame[p99], name="p99 ms", mode="markers",
+                                 marker=dict(symbol="x", size=11, color="#e45756")), secondary_y=True)
+    fig.update_yaxes(title_text=(tput or "throughput").replace("_", " "), rangemode="tozero", secondary_y=False)
+    fig.update_yaxes(title_text="busy % / p99 ms", rangemode="tozero", secondary_y=True, showgrid=False)
+    fig.update_xaxes(title_text="rung (each changes one thing from the one before)")
+    return _finish(fig, _title("The ladder: each change measured against the one before", result, device), 480)
+
+
+# --- the knob panel's figure ----------------------------------------------------------------
+
+def panel_chart(result: Any, history: Sequence[Mapping[str, Any]] = (), device: Any = None) -> go.Figure:
+    """The knob panel's figure: the last run's stage ledger (p50 ms per stage) and throughput per run.
+
+    ``history``: one mapping per run with ``throughput`` and ``label`` (what changed).
+    The trace count is fixed (one per stage, plus the history line) so a widget updates in place.
+    """
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45],
+                        subplot_titles=["last run: ms per request by stage (p50)", "throughput per run"])
+    ledger = result.ledger()
+    for stage in ledger.index:
+        fig.add_trace(go.Bar(x=[float(ledger.loc[stage, "p50_ms"])], y=["p50"], name=stage, orientation="h",
+                             marker_color=STAGE_COLORS.get(stage)), row=1, col=1)
+    runs = list(history) or [{"throughput": _throughput(result), "label": "this run"}]
+    fig.add_trace(go.Scatter(x=list(range(1, len(runs) + 1)), y=[h["throughput"] for h in runs],
+                             text=[h.get("label", "") for h in runs], mode="lines+markers+text",
+                             textposition="top center", name="req/s", line=dict(color="black")), row=1, col=2)
+    fig.update_layout(barmode="stack")
+    fig.update_xaxes(title_text="ms", row=1, col=1)
+    fig.update_xaxes(title_text="run", dtick=1, row=1, col=2)
+    fig.update_yaxes(title_text="req/s", rangemode="tozero", row=1, col=2)
+    s = result.summary()
+    busy = f"model busy {_pct(s.get('model_busy'))}"
+    return _finish(fig, _title(f"{_throughput(result):.1f} req/s, {busy}", result, device), 400)
