@@ -317,3 +317,17 @@ def test_sim_baseline_is_starved_or_fragmented_with_the_device_mostly_idle():
     assert profile.signals.device_busy < profile.signals.model_busy  # launch-bound: host busy, device idle
     assert summary["gpu"]["available"] and summary["gpu"]["devices"] == ["simulated h200-sxm-estimate"]
     assert "simulated" in summary["gpu"]["reason"]
+
+
+def test_tokenizer_files_fall_back_to_the_repository_copies(monkeypatch):
+    import tuning.model as model_mod
+
+    installed = model_mod.tokenizer_files()
+
+    def missing():
+        raise ModuleNotFoundError("the embedded model is not installed")
+
+    monkeypatch.setattr(model_mod, "embedded_model_dir", missing)
+    vocab, tok = model_mod.tokenizer_files()
+    assert vocab.parent.name == "assets" and vocab.read_bytes() == installed[0].read_bytes()
+    assert tok.read_bytes() == installed[1].read_bytes()

@@ -171,7 +171,19 @@ def prepare_model(model: nn.Module, device: torch.device, dtype: str) -> nn.Modu
     return model.to(device=device, dtype=check_dtype(dtype, device)).eval()
 
 
+ASSETS = Path(__file__).resolve().parent / "assets"
+
+
 def tokenizer_files(model_dir: str | Path | None = None) -> tuple[Path, Path]:
-    """``(vocab.txt, tokenizer.json)`` of the embedded model."""
-    model_dir = Path(model_dir) if model_dir is not None else embedded_model_dir()
+    """``(vocab.txt, tokenizer.json)`` of the embedded model.
+
+    Without the model package installed (a GPU machine that cannot receive its 87 MB of weights,
+    the simulated device), the copies kept in ``tuning/assets`` are used: the same files, Apache-2.0.
+    """
+    if model_dir is None:
+        try:
+            model_dir = embedded_model_dir()
+        except (ModuleNotFoundError, FileNotFoundError):
+            return ASSETS / "minilm_vocab.txt", ASSETS / "minilm_tokenizer.json"
+    model_dir = Path(model_dir)
     return model_dir / "vocab.txt", model_dir / "tokenizer.json"
