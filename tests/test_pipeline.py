@@ -48,7 +48,8 @@ def test_ledger_and_frames(messy_file):
     frame = result.to_frame()
     assert len(frame) == len(result.requests) and {"outcome", "inference_ms", "wait_for_input_ms"} <= set(frame)
     assert len(result.batches_frame()) == len(result.batches)
-    assert result.measured and len(result.measured) < len(result.requests)  # warm-up batch excluded
+    # the warm-up batch ran on a sample of the inputs and was discarded; every input is measured once
+    assert len(result.warmup_batches) == 1 and len(result.measured) == len(result.requests)
 
 
 def test_a_failing_batch_fails_only_its_requests(messy_file):
@@ -60,7 +61,7 @@ def test_a_failing_batch_fails_only_its_requests(messy_file):
 
         def forward(self, ids, mask):
             self.calls += 1
-            if self.calls == 4:  # the first three calls are warm-up and batch 0
+            if self.calls == 6:  # two engine warm-up calls, two warm-up batches, batch 0
                 raise RuntimeError("boom")
             return self.proj(mask.float().sum(1, keepdim=True))
 
@@ -79,7 +80,7 @@ def test_custom_formatter_and_texts():
         return record.title
 
     result = Pipeline(Knobs(num_workers=0, batch_size=2, tokenizer="fast"), formatter=formatter).run(limit=6)
-    assert result.ok == 6 and len(seen) == 6
+    assert result.ok == 6 and len(set(seen)) == 6  # warm-up formats a sample of them once more
     texts = Pipeline(Knobs(num_workers=0, batch_size=2, tokenizer="fast")).run(["hello world", "", "second"])
     assert [r.outcome for r in texts.requests] == ["ok", "error", "ok"]
 
@@ -125,7 +126,7 @@ def test_grouping_by_tokens_pads_less_and_counts_its_pass():
     by_bytes = run_pipeline(base, limit=300, keep_embeddings=False)
     by_tokens = run_pipeline(base.replace(group_by="tokens"), limit=300, keep_embeddings=False)
     assert by_tokens.padding_waste < by_bytes.padding_waste
-    assert by_tokens.plan_spans and by_tokens.window_s > by_tokens.t_end - by_tokens.t_window_start
+    assert by_tokens.plan_spans and by_tokens.plan_spans[0][0] >= by_tokens.t_window_start  # inside the window
     assert by_tokens.ok == by_bytes.ok == 300
 
 

@@ -217,22 +217,26 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .buckets import observed_lengths, padding_waste
+    from .buckets import observed_inputs, padding_waste
     from .report import table
 
     knobs = knobs_from_args(args)
     import numpy as np
 
-    lengths = observed_lengths(args.limit, knobs.max_length, args.data)
-    report = padding_waste(lengths, knobs.batch_size, knobs.max_length, args.k, knobs.buckets)
+    lengths, sizes = observed_inputs(args.data, args.limit, knobs.max_length)
+    report = padding_waste(lengths, k=args.k, sizes=sizes, knobs=knobs)
+    rows = report.table.to_dict("records")
+    valid = [n for n in lengths if n]
     if args.json:
         _print_json({"k": args.k, "planned_buckets": list(report.planned), "requests": len(lengths),
-                     "strategies": report.table.to_dict("records")})
+                     "batch_size": knobs.batch_size, "window": knobs.bucket_window, "strategies": rows})
     else:
-        print(f"{len(lengths)} requests, token lengths p50 {int(np.median(lengths))}, max {max(lengths)}")
-        print(table(report.table.to_dict("records"), ["strategy", "shapes", "padded_tokens", "real_tokens",
-                                                       "padded_over_real", "waste"]))
-        print(f"planned buckets: --set buckets={','.join(map(str, report.planned))} --set padding=bucket")
+        print(f"{len(lengths)} requests, token lengths p50 {int(np.median(valid))}, max {max(valid)}; "
+              f"every row simulates the pipeline's batches (batch_size {knobs.batch_size}, "
+              f"window {knobs.bucket_window})")
+        print(table(rows, ["strategy", "shapes", "padded_tokens", "real_tokens", "padded_over_real", "waste"]))
+        best = min(rows, key=lambda r: r["waste"])
+        print(f"least padding: {best['strategy']}: {best['settings']}")
     return 0
 
 

@@ -7,11 +7,12 @@ it; ``Engine`` owns the model, the device and the graph mode.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -320,9 +321,22 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def quiet_fork_warnings() -> None:
-    """DataLoader workers fork after the Rust tokenizer may have used threads; say so once, not per worker."""
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    warnings.filterwarnings("ignore", message=".*This DataLoader will create.*")
+@contextlib.contextmanager
+def quiet_fork_warnings() -> Iterator[None]:
+    """Around the start of DataLoader workers: they inherit ``TOKENIZERS_PARALLELISM=false`` (unless
+    it is set already), so the Rust tokenizer stays single-threaded in them and does not warn about
+    the fork; on exit this process gets its own value back, so its later runs keep their threads.
+    The loader's worker-count warning is silenced inside the block only."""
+    name = "TOKENIZERS_PARALLELISM"
+    before = os.environ.get(name)
+    if before is None:
+        os.environ[name] = "false"
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*This DataLoader will create.*")
+            yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
 
 
