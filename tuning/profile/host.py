@@ -3,6 +3,10 @@
 Per interval: process CPU %, per-thread CPU % with names (this process's threads and those
 of its child processes, e.g. DataLoader workers), resident memory, disk read/write rates.
 CPU % is per core: 100 means one core fully busy.
+
+The thread table sums to the process CPU: threads are keyed by (pid, tid, start time), a thread
+first seen counts from zero, and CPU that no sampled thread holds (a thread that started and
+ended between two samples) is an ``unattributed`` row. The probe process is not counted.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import pandas as pd
 import psutil
 
 from .sampler import MIN_INTERVAL_S
-from .threads import name_this_thread, python_thread_names
+from .threads import name_this_thread, python_thread_keys
 
 
 @dataclass
@@ -40,12 +44,14 @@ class ThreadSample:
     tid: int
     name: str
     cpu_percent: float
+    start: int = 0  # start time in clock ticks since boot: (pid, tid, start) names one thread
 
 
 @dataclass
 class HostSeries:
     samples: list[HostSample] = field(default_factory=list)
     threads: list[ThreadSample] = field(default_factory=list)
+    unattributed: list[ThreadSample] = field(default_factory=list)  # per sample and process: CPU no thread held
     cpu_count: int = field(default_factory=lambda: psutil.cpu_count() or 1)
 
     def to_frame(self) -> pd.DataFrame:
@@ -55,14 +61,30 @@ class HostSeries:
         return pd.DataFrame([asdict(s) for s in self.threads], columns=list(ThreadSample.__dataclass_fields__))
 
     def top_threads(self, n: int = 8) -> list[dict[str, Any]]:
-        """Threads by mean CPU % over the window (like ``top -H`` sorted by CPU)."""
-        frame = self.threads_frame()
-        if frame.empty:
+        """Threads by mean CPU % over the run (like ``top -H`` sorted by CPU), then ``other threads`` (the
+        rest, if any) and ``unattributed``: the rows sum to the mean process CPU (``summary()``).
+
+        A thread's mean is over every sample (zero where it did not run), so short threads weigh
+        what they used."""
+        if not self.samples:
             return []
-        grouped = frame.groupby(["pid", "tid", "name"], as_index=False)["cpu_percent"].agg(["mean", "max"])
-        grouped = grouped.sort_values("mean", ascending=False).head(n)
-        return [{"pid": int(r["pid"]), "tid": int(r["tid"]), "name": str(r["name"]), "cpu_mean": float(r["mean"]),
-                 "cpu_max": float(r["max"])} for _, r in grouped.iterrows()]
+        n_samples = len(self.samples)
+        frame = self.threads_frame()
+        rows: list[dict[str, Any]] = []
+        if not frame.empty:
+            grouped = frame.groupby(["pid", "tid", "start", "name"], as_index=False)["cpu_percent"].agg(["sum", "max"])
+            grouped = grouped.sort_values("sum", ascending=False)
+            rows = [{"pid": int(r["pid"]), "tid": int(r["tid"]), "name": str(r["name"]),
+                     "cpu_mean": float(r["sum"]) / n_samples, "cpu_max": float(r["max"])}
+                    for _, r in grouped.head(n).iterrows()]
+            rest = grouped.iloc[n:]
+            if len(rest):
+                rows.append({"pid": None, "tid": None, "name": f"other threads ({len(rest)})",
+                             "cpu_mean": float(rest["sum"].sum()) / n_samples, "cpu_max": None})
+        lost = [u.cpu_percent for u in self.unattributed]
+        rows.append({"pid": None, "tid": None, "name": "unattributed", "cpu_mean": sum(lost) / n_samples,
+                     "cpu_max": max(lost, default=0.0)})
+        return rows
 
     def summary(self) -> dict[str, Any]:
         frame = self.to_frame()
@@ -92,7 +114,7 @@ class HostSampler:
         self._proc: subprocess.Popen | None = None
         self._reader: threading.Thread | None = None
         self._lines: list[str] = []
-        self._names: dict[int, str] = {}
+        self._names: dict[tuple[int, int], str] = {}  # (tid, start ticks) -> Python name
 
     def __enter__(self) -> "HostSampler":
         self._proc = subprocess.Popen(
@@ -108,11 +130,11 @@ class HostSampler:
         for line in self._proc.stdout:
             self._lines.append(line)
             if self.pid == os.getpid():  # remember names of threads that may end before we do
-                self._names.update(python_thread_names())
+                self._names.update(python_thread_keys())
 
     def __exit__(self, *exc: Any) -> None:
         if self.pid == os.getpid():
-            self._names.update(python_thread_names())
+            self._names.update(python_thread_keys())
         self._proc.stdin.close()
         try:
             self._proc.wait(timeout=10)
@@ -123,15 +145,17 @@ class HostSampler:
         self._proc.stdout.close()
         self._ingest(self._names)
 
-    def _ingest(self, names: dict[int, str]) -> None:
+    def _ingest(self, names: dict[tuple[int, int], str]) -> None:
         for raw in self._lines:
             obj = json.loads(raw)
             self.series.samples.append(HostSample(obj["t"], obj["cpu"], obj["rss"], obj["read"], obj["write"],
                                                   obj["children"]))
-            for pid, tid, comm, cpu in obj["threads"]:
+            for pid, tid, start, comm, cpu in obj["threads"]:
                 if pid == self.pid:  # threads torch/OpenMP start natively have no Python name; they
                     # inherit the OS name of the thread that started them (e.g. "model-executor (native)")
-                    name = names.get(tid) or ("MainThread" if tid == pid else f"{comm} (native)")
+                    name = names.get((tid, start)) or ("MainThread" if tid == pid else f"{comm} (native)")
                 else:
                     name = comm
-                self.series.threads.append(ThreadSample(obj["t"], pid, tid, name, cpu))
+                self.series.threads.append(ThreadSample(obj["t"], pid, tid, name, cpu, start))
+            for pid, cpu in obj["unattributed"]:
+                self.series.unattributed.append(ThreadSample(obj["t"], pid, -1, "unattributed", cpu))

@@ -5,23 +5,89 @@ free of that process's GIL: a thread spinning in Python would otherwise delay an
 sampler by one GIL switch interval per system call. Only the standard library and psutil
 are imported here. One JSON line per sample on stdout; stops when stdin closes.
 Times are ``time.perf_counter()``: CLOCK_MONOTONIC on Linux, the parent's clock too.
+
+What a sample's CPU adds up to: the process tree's CPU in the interval (the measured process
+and its children; this probe, a child too, is left out) = the sum of its threads' CPU + one
+``unattributed`` figure per process. A thread is keyed by (pid, tid, start time), so a reused
+thread id is a new thread; a thread first seen in this sample started after the last one and
+counts from zero. CPU that no live thread holds (threads that started and ended between two
+samples, or ended since the last) is the process's ``unattributed`` CPU.
 """
 
 import argparse
 import json
+import os
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 
 import psutil
 
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
-def _comm(pid, tid):
+
+@dataclass
+class ProcSnap:
+    """One process at one sample: CPU seconds (user + system) and its threads'
+    ``{(tid, start): (cpu seconds, name)}``."""
+
+    cpu: float
+    threads: dict = field(default_factory=dict)
+
+
+def _task_stat(pid, tid):
+    """(cpu seconds, start ticks, name) of one thread from /proc, or None once it has gone."""
     try:
-        with open(f"/proc/{pid}/task/{tid}/comm") as fh:
-            return fh.read().strip()
+        with open(f"/proc/{pid}/task/{tid}/stat") as fh:
+            raw = fh.read()
     except OSError:
-        return f"tid-{tid}"
+        return None
+    name = raw[raw.index("(") + 1:raw.rindex(")")]
+    rest = raw[raw.rindex(")") + 2:].split()  # from field 3 (state) on
+    return (int(rest[11]) + int(rest[12])) / _TICKS, int(rest[19]), name
+
+
+def snapshot(procs):
+    """``{(pid, create time): ProcSnap}`` of the given processes (those that exit meanwhile are left out)."""
+    snaps = {}
+    for p in procs:
+        try:
+            times = p.cpu_times()
+            threads = {}
+            try:
+                tids = [int(tid) for tid in os.listdir(f"/proc/{p.pid}/task")]
+            except OSError:  # not Linux: no start time; key by id alone
+                tids = None
+                for th in p.threads():
+                    threads[(th.id, 0)] = (th.user_time + th.system_time, f"tid-{th.id}")
+            for tid in tids or ():
+                stat = _task_stat(p.pid, tid)
+                if stat is not None:
+                    threads[(tid, stat[1])] = (stat[0], stat[2])
+            snaps[(p.pid, p.create_time())] = ProcSnap(times.user + times.system, threads)
+        except psutil.Error:
+            continue  # a worker that exited between listing and reading
+    return snaps
+
+
+def cpu_delta(prev, now, dt):
+    """CPU % (of one core) in the interval: ``(total, threads, unattributed)``, with
+    ``threads = [[pid, tid, start, name, cpu]]`` and ``unattributed = [[pid, cpu]]``; the threads and
+    the unattributed figures add up to the total."""
+    total, rows, unattributed = 0.0, [], []
+    for (pid, created), snap in now.items():
+        before = prev.get((pid, created))
+        used_threads = 0.0
+        for (tid, start), (cpu, name) in snap.threads.items():
+            was = before.threads.get((tid, start), (0.0,))[0] if before else 0.0  # new thread: from zero
+            used = max(cpu - was, 0.0)
+            used_threads += used
+            rows.append([pid, tid, start, name, used / dt * 100])
+        used_process = max(snap.cpu - (before.cpu if before else 0.0), used_threads)  # new process: from zero
+        unattributed.append([pid, (used_process - used_threads) / dt * 100])
+        total += used_process / dt * 100
+    return total, rows, unattributed
 
 
 def main():
@@ -30,39 +96,35 @@ def main():
     parser.add_argument("--interval", type=float, required=True)
     args = parser.parse_args()
     root = psutil.Process(args.pid)
+    me = os.getpid()
     stop = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
-    prev_t, prev_proc, prev_threads, prev_io = None, {}, {}, None
+    prev_t, prev_snaps, prev_io = None, {}, None
     while True:
         t = time.perf_counter()
         try:
-            procs = [root, *root.children(recursive=True)]
+            procs = [root, *(p for p in root.children(recursive=True) if p.pid != me)]
         except psutil.Error:
             break  # the measured process is gone
-        cpu_now, threads_now, rss, io = {}, {}, 0.0, [0, 0]
+        snaps = snapshot(procs)
+        rss, io = 0.0, [0, 0]
         for p in procs:
             try:
-                times = p.cpu_times()
-                cpu_now[p.pid] = times.user + times.system
                 rss += p.memory_info().rss / 2**20
-                for th in p.threads():
-                    threads_now[(p.pid, th.id)] = (th.user_time + th.system_time, _comm(p.pid, th.id))
                 counters = p.io_counters()
                 io[0] += counters.read_bytes
                 io[1] += counters.write_bytes
             except (psutil.Error, AttributeError):
-                continue  # a worker that exited between listing and reading
+                continue
         if prev_t is not None:
             dt = max(t - prev_t, 1e-9)
-            cpu = sum(max(v - prev_proc.get(pid, v), 0.0) for pid, v in cpu_now.items()) / dt * 100
-            threads = [[pid, tid, name, max(used - prev_threads[(pid, tid)], 0.0) / dt * 100]
-                       for (pid, tid), (used, name) in threads_now.items() if (pid, tid) in prev_threads]
+            cpu, threads, unattributed = cpu_delta(prev_snaps, snaps, dt)
             line = {"t": t, "cpu": cpu, "rss": rss, "read": max(io[0] - prev_io[0], 0) / dt / 2**20,
-                    "write": max(io[1] - prev_io[1], 0) / dt / 2**20, "children": len(procs) - 1, "threads": threads}
+                    "write": max(io[1] - prev_io[1], 0) / dt / 2**20, "children": len(procs) - 1,
+                    "threads": threads, "unattributed": unattributed}
             sys.stdout.write(json.dumps(line) + "\n")
             sys.stdout.flush()
-        prev_t, prev_proc, prev_io = t, cpu_now, io
-        prev_threads = {k: v[0] for k, v in threads_now.items()}
+        prev_t, prev_snaps, prev_io = t, snaps, io
         if stop.wait(args.interval):
             break
 

@@ -1,0 +1,88 @@
+"""The per-thread CPU table loses nothing: new threads count from zero, a reused thread id is a new
+thread, CPU no live thread holds is an ``unattributed`` row, and the probe does not measure itself."""
+
+import json
+import os
+import threading
+import time
+
+import psutil
+import pytest
+
+from tuning.profile.host import HostSampler
+from tuning.profile.threads import name_this_thread
+
+
+def test_new_threads_count_from_zero_and_a_reused_id_is_a_new_thread():
+    from tuning.profile.host_probe import ProcSnap, cpu_delta
+
+    prev = {(10, 1.0): ProcSnap(cpu=5.0, threads={(10, 100): (4.0, "main"), (11, 100): (1.0, "old")})}
+    now = {(10, 1.0): ProcSnap(cpu=5.5, threads={(10, 100): (4.1, "main"),
+                                                  (11, 900): (0.05, "reused"),  # same tid, started later
+                                                  (12, 950): (0.15, "new")}),  # started after prev
+           (20, 7.0): ProcSnap(cpu=0.2, threads={(20, 700): (0.2, "worker")})}  # a new child process
+    total, rows, unattributed = cpu_delta(prev, now, dt=1.0)
+    by_name = {name: cpu for pid, tid, start, name, cpu in rows}
+    assert by_name == pytest.approx({"main": 10.0, "reused": 5.0, "new": 15.0, "worker": 20.0})
+    # 0.5 s of process CPU, 0.3 s held by live threads: the rest (e.g. a thread that ended) is unattributed
+    assert dict(unattributed) == pytest.approx({10: 20.0, 20: 0.0})
+    assert total == pytest.approx(70.0) == sum(by_name.values()) + sum(cpu for _, cpu in unattributed)
+
+
+def test_thread_table_sums_to_process_cpu_with_short_threads():
+    """Threads shorter than an interval used to vanish from the table (100% process CPU, ~1% attributed)."""
+    def burn(seconds):
+        name_this_thread("short")
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    with HostSampler(0.1) as sampler:
+        t_end = time.perf_counter() + 1.2
+        while time.perf_counter() < t_end:
+            t = threading.Thread(target=burn, args=(0.03,))
+            t.start()
+            t.join()
+        time.sleep(0.15)
+    series = sampler.series
+    table = series.top_threads(4)
+    names = [row["name"] for row in table]
+    assert "unattributed" in names
+    process = series.summary()["cpu_percent_mean"]
+    assert process > 30
+    assert sum(row["cpu_mean"] for row in table) == pytest.approx(process, rel=1e-6)
+    short = sum(row["cpu_mean"] for row in series.top_threads(1000) if row["name"] == "short")
+    assert short > 0  # the short threads seen alive are attributed to themselves, from zero
+
+
+def test_the_probe_does_not_count_itself():
+    with HostSampler(0.1) as sampler:
+        others = [c.pid for c in psutil.Process().children(recursive=True) if c.pid != sampler._proc.pid]
+        time.sleep(0.5)
+    assert sampler.series.samples
+    assert all(s.children == len(others) for s in sampler.series.samples)
+    assert sampler._proc.pid not in set(sampler.series.threads_frame().pid)
+
+
+def test_python_names_are_matched_by_thread_id_and_start_time():
+    sampler = HostSampler(0.1)
+    pid = sampler.pid
+    line = {"t": 1.0, "cpu": 30.0, "rss": 1.0, "read": 0.0, "write": 0.0, "children": 0,
+            "threads": [[pid, 77, 100, "comm-a", 10.0], [pid, 77, 500, "comm-b", 15.0]],
+            "unattributed": [[pid, 5.0]]}
+    sampler._lines = [json.dumps(line)]
+    sampler._ingest({(77, 100): "first", (77, 500): "second"})
+    frame = sampler.series.threads_frame()
+    assert list(frame.name) == ["first", "second"]
+    table = sampler.series.top_threads()
+    assert [r["name"] for r in table] == ["second", "first", "unattributed"]
+    assert sum(r["cpu_mean"] for r in table) == pytest.approx(30.0)
+
+
+def test_thread_start_reads_this_threads_start_time():
+    from tuning.profile.threads import thread_start
+
+    if not os.path.exists(f"/proc/{os.getpid()}/task"):
+        pytest.skip("no /proc")
+    start = thread_start(threading.get_native_id())
+    assert isinstance(start, int) and start >= thread_start(os.getpid())
