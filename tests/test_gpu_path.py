@@ -339,3 +339,20 @@ def test_ops_profile_graph_replays_only_when_the_profiler_was_ready_before_captu
     result = SimpleNamespace(batches=[SimpleNamespace(ok=2, padded_length=8)])
     assert recorder_mod._ops_for(SimpleNamespace(engine=engine), result) == "stats"
     assert profiled == [engine.runner if ready_before_capture else engine.model]
+
+
+# -- issue 15 item 9: padding waste counts the rows graphs compute ---------------------------------------------------
+
+
+def test_padding_waste_counts_rows_padded_up_to_the_compiled_batch(monkeypatch):
+    from tuning.pipeline import Pipeline
+
+    monkeypatch.setattr(torch, "compile", lambda model, dynamic=None, mode=None, **kw: model)
+    knobs = Knobs(num_workers=0, batch_size=4, tokenizer="fast", padding="bucket", buckets=(16,), max_length=32,
+                  graph="compile", device="cpu")
+    pipeline = Pipeline(knobs, model=TinyModel())
+    result = pipeline.run(["a few words here"] * 10, keep_embeddings=False)
+    measured = [b for b in result.batches if not b.warmup]
+    assert sorted(b.ok for b in measured) == [2, 4, 4]  # one ragged batch, padded to 4 rows by the runner
+    real = sum(b.real_tokens for b in measured)
+    assert result.padding_waste == pytest.approx(sum(4 * b.padded_length for b in measured) / real - 1)

@@ -75,6 +75,14 @@ def fitting_size(rows: int, batch_sizes: tuple[int, ...] | None) -> int | None:
     return fitting[0] if fitting else None
 
 
+def rows_computed(knobs, rows: int) -> int:
+    """Rows the model computes for a batch of ``rows`` under ``knobs``: compiled and captured runners with
+    fixed shapes pad a ragged batch up to ``batch_size`` (the pad rows are real compute, and padding)."""
+    if knobs.graph in ("compile", "cuda_graph") and knobs.padding != "dynamic" and rows < knobs.batch_size:
+        return knobs.batch_size
+    return rows
+
+
 def pad_rows(ids: torch.Tensor, mask: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Pad a batch to ``rows`` rows; padded rows carry one real-looking token so pooling stays finite."""
     extra = rows - ids.shape[0]

@@ -30,6 +30,7 @@ from . import clock as _clock
 from .buckets import grouping_of
 from .data import DEFAULT_DATA, Record, check_limit, require_file
 from .engine import Engine, PreparedBatch, Preparer, make_tokenizer, quiet_fork_warnings
+from .graphs import rows_computed
 from .sim.standin import window_device_busy
 from .knobs import Knobs
 from .model import tokenizer_files
@@ -348,7 +349,7 @@ class PipelineResult:
         0.5: half as many pad tokens as real ones). :func:`tuning.buckets.padding_waste` means the same."""
         measured = [b for b in self.batches if not b.warmup]
         real = sum(b.real_tokens for b in measured)
-        padded = sum(b.ok * b.padded_length for b in measured)
+        padded = sum(rows_computed(self.knobs, b.ok) * b.padded_length for b in measured)  # graph-padded rows too
         return padded / real - 1 if real else math.nan
 
     def spans(self) -> list[tuple[float, float]]:
@@ -573,5 +574,3 @@ def run_pipeline(knobs: Knobs, data: str | Path | Sequence[Any] = DEFAULT_DATA, 
                  **kwargs: Any) -> PipelineResult:
     """Build a :class:`Pipeline` for ``knobs`` and replay ``data`` once."""
     return Pipeline(knobs).run(data, limit, **kwargs)
-
-
