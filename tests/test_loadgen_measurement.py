@@ -191,10 +191,10 @@ def test_pipe_target_round_trip(lines):
     with Server(KNOBS, engine=Engine(KNOBS, TinyModel())) as server:
         stop = serve_pipe(server, there)
         with PipeTarget(here) as target:
-            result = run_load(target, lines, concurrency=4, requests=30, rate=500.0)
+            result = run_load(target, lines, concurrency=4, requests=30, rate=500.0, busy_probe=target.busy)
         stop()
     s = result.summary()
-    assert s["ok"] == 30 and s["stages"]["inference"]["p50_ms"] > 0
+    assert s["ok"] == 30 and s["stages"]["inference"]["p50_ms"] > 0 and s["busy_s"] > 0
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert np.isfinite(s["p99_ms"])

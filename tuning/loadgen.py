@@ -470,18 +470,25 @@ class PipeTarget:
 
     def _read(self) -> None:
         while (msg := self.conn.recv()) is not None:
-            key, fields = msg
+            key, answer = msg
             with self._lock:
                 future = self._pending.pop(key)
-            future.set_result(Response(**fields))
+            future.set_result(Response(**answer) if isinstance(answer, dict) else answer)
 
-    def __call__(self, raw: Any) -> Response:
+    def _ask(self, kind: str, raw: Any = None) -> Any:
         key, future = next(self._ids), Future()
         with self._lock:
             self._pending[key] = future
         with self._send_lock:
-            self.conn.send((key, raw))
+            self.conn.send((kind, key, raw))
         return future.result()
+
+    def __call__(self, raw: Any) -> Response:
+        return self._ask("request", raw)
+
+    def busy(self) -> float:
+        """The server's running busy seconds (a ``busy_probe`` for :func:`run_load`)."""
+        return self._ask("busy")
 
 
 def serve_pipe(server: Server, conn: Any) -> Callable[[], None]:
@@ -492,21 +499,25 @@ def serve_pipe(server: Server, conn: Any) -> Callable[[], None]:
     def read() -> None:
         n = 0
         while (msg := conn.recv()) is not None:
-            key, raw = msg
-            server.submit(raw, embedding=False).add_done_callback(lambda f, key=key: answers.put((key, f.result())))
+            kind, key, raw = msg
+            if kind == "busy":
+                answers.put((key, server.busy_total_s))
+            else:
+                server.submit(raw, embedding=False).add_done_callback(lambda f, key=key: answers.put((key, f.result())))
             n += 1
         answers.put((None, n))
 
     def write() -> None:
         sent, expected = 0, None
         while expected is None or sent < expected:
-            key, response = answers.get()
+            key, answer = answers.get()
             if key is None:
-                expected = response
+                expected = answer
                 continue
-            fields = response.as_dict()
-            fields.pop("latency_ms")
-            conn.send((key, fields))
+            if isinstance(answer, Response):
+                answer = answer.as_dict()
+                answer.pop("latency_ms")
+            conn.send((key, answer))
             sent += 1
         conn.send(None)
 
