@@ -265,7 +265,35 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def cmd_investigate(args: argparse.Namespace) -> int:
+    from .investigate import format_investigation, investigate
+
+    what_if = None if args.what_if.lower() == "none" else args.what_if
+    inv = investigate(args.data, args.device, args.quick, what_if, args.out, args.target_p99_ms,
+                      progress=not args.json, limit=args.limit)
+    return _emit(args, inv.summary(), lambda: format_investigation(inv))
+
+
+def _add_investigate_flags(p: argparse.ArgumentParser) -> None:
+    from .investigate import DEFAULT_OUT
+    from .ladder import DEFAULT_TARGET_P99_MS
+
+    _add_data_flags(p)
+    p.add_argument("--quick", action="store_true", help="short load tests and fewer points (about 3 minutes on 2 cores)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "sim"],
+                   help="auto: CUDA when present, else the real CPU (plus the what-if on the simulated device)")
+    p.add_argument("--what-if", default="h200-sxm-estimate", metavar="PROFILE",
+                   help="simulated device profile for the what-if section (a shipped name or a JSON path; none: skip)")
+    p.add_argument("--out", type=Path, default=Path(DEFAULT_OUT), help="output directory (report.html, "
+                   "experiments.csv, summary.json, environment.json)")
+    p.add_argument("--target-p99-ms", type=_positive_float, default=DEFAULT_TARGET_P99_MS,
+                   help="p99 latency target: the max wait is chosen under it, a step that breaks it is not kept")
+    p.add_argument("--json", action="store_true", help="print only the final JSON summary (no progress)")
+
+
 COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
+    "investigate": (cmd_investigate, "the main job: baseline under load, the ladder one change at a time, what-if, "
+                                     "HTML report"),
     "run": (cmd_run, "replay the records through the offline pipeline and print throughput and the stage ledger"),
     "profile": (cmd_profile, "run the offline pipeline under every profiler and print the diagnosis"),
     "serve": (cmd_serve, "serve POST /embed, GET /healthz and GET /metrics over HTTP (loopback by default)"),
@@ -281,6 +309,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, (_, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == "investigate":
+            _add_investigate_flags(p)
+            continue
         _add_knob_flags(p, "tuned" if name in ("serve", "loadtest") else "baseline")
         if name != "serve":
             _add_data_flags(p)
