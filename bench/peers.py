@@ -1,71 +1,123 @@
-"""The tuned offline pipeline against ``SentenceTransformer.encode`` (what a user would pick instead).
+"""The tuned offline pipeline against ``SentenceTransformer.encode`` (what a user would pick instead),
+with the difference split into the model's part and the pipeline's part.
 
-Same device, same dtype, on the shipped records, in one run: fp32 then bf16. Ours reads
-and validates every line from disk; theirs gets the formatted texts in memory and sorts
-them by length before batching (batch size 32, as asked).
+Same device, same dtype, on the shipped records; fp32 then bf16. Ours reads and validates every
+line from disk; theirs gets the formatted texts in memory and sorts them by length before
+batching (batch size 32, as asked). Four arms per round, interleaved ABBA, at least 5 rounds:
 
-    python bench/peers.py [--limit N]
+* ``ours``: the tuned pipeline; throughput = requests / measured window (warm-up batches of an
+  evenly spaced sample run first and are discarded);
+* ``theirs``: ``encode`` of all texts after a warm-up ``encode``: texts / that call's time;
+* ``our_model`` and ``their_model``: each library's model alone (our MiniLM; their Transformer
+  + Pooling + Normalize modules) on identical, prepared batches: the tuned run's own batches.
 
-Writes bench/results/peers.json with ``ratio_fp32`` and ``ratio_bf16`` (ours / theirs). Target >= 1.0.
+Per round: ``ratio = ours / theirs``; ``model_ratio = our_model / their_model`` (same inputs, so
+only the model's implementation differs: the model's part); ``pipeline_ratio = ratio /
+model_ratio`` (the rest: reading, tokenizing, batching and padding: the pipeline's part).
+Medians of the per-round values with their spread.
+
+    python bench/peers.py [--limit N] [--rounds 5] [--quick]
+
+Writes bench/results/peers.json. Target: ratio >= 1.0.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
-from common import write
+from common import check_rounds, fmt_spread, interleave, paired_ratio, spread, write
 
 import torch
 
 from tuning.data import load_texts
 from tuning.knobs import preset
 from tuning.model import embedded_model_dir
-from tuning.pipeline import Pipeline
+from tuning.pipeline import LineDataset, Pipeline
 from tuning.report import table
 
-
-def ours_rps(dtype_name: str, device: str, limit: int | None) -> float:
-    pipeline = Pipeline(preset("tuned", dtype=dtype_name, device=device))
-    pipeline.warmup()
-    result = pipeline.run(limit=limit, keep_embeddings=False)
-    return len(result.requests) / (result.t_end - result.t_start)  # whole run, warm-up batches included
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def theirs_rps(st, texts: list[str]) -> float:
-    st.encode(texts[:64], batch_size=32)  # warm-up
-    t0 = time.perf_counter()
-    st.encode(texts, batch_size=32)
-    return len(texts) / (time.perf_counter() - t0)
+def prepared_batches(pipeline: Pipeline, limit: int | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The tuned run's batches (sizes and padded shapes), tokenized once, as model inputs."""
+    dataset = LineDataset(limit=limit)
+    out = [(b.input_ids, b.attention_mask) for b in pipeline.loader(dataset) if b.input_ids is not None]
+    dataset.close()
+    return out
+
+
+def replay_rps(forward, batches, device: torch.device) -> float:
+    """Requests per second of ``forward(ids, mask)`` over ``batches`` (one warm-up call first)."""
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    n = sum(ids.shape[0] for ids, _ in batches)
+    with torch.inference_mode():
+        forward(*batches[0])
+        sync()
+        t0 = time.perf_counter()
+        for ids, mask in batches:
+            forward(ids.to(device), mask.to(device))
+        sync()
+    return n / (time.perf_counter() - t0)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, default=None)
-    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds per dtype; medians are compared")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved ABBA rounds per dtype (at least 5)")
+    parser.add_argument("--quick", action="store_true", help="check the script: 32 records, 2 rounds, temp output")
     args = parser.parse_args()
+    if args.quick:
+        args.limit, args.rounds = min(args.limit or 32, 32), min(args.rounds, 2)
+    check_rounds(args.rounds, args.quick)
     from sentence_transformers import SentenceTransformer
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     texts = load_texts(limit=args.limit)
-    rows, ratios = [], {}
-    for dtype_name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        st = SentenceTransformer(str(embedded_model_dir()), device=device).to(dtype)
-        ours, theirs = [], []
-        for _ in range(args.rounds):
-            ours.append(ours_rps(dtype_name, device, args.limit))
-            theirs.append(theirs_rps(st, texts))
-        ratios[f"ratio_{dtype_name}"] = statistics.median(ours) / statistics.median(theirs)
-        rows += [{"dtype": dtype_name, "runner": "tuning tuned pipeline", "texts_per_s": statistics.median(ours),
-                  "rounds": ", ".join(f"{x:.1f}" for x in ours)},
-                 {"dtype": dtype_name, "runner": "SentenceTransformer.encode(batch_size=32)",
-                  "texts_per_s": statistics.median(theirs), "rounds": ", ".join(f"{x:.1f}" for x in theirs)}]
-        print(f"{dtype_name}: ours {ours}, theirs {theirs}, ratio of medians {ratios[f'ratio_{dtype_name}']:.2f}",
-              flush=True)
-    print(table(rows, ["dtype", "runner", "texts_per_s", "rounds"]))
-    write("peers", {"device": device, "texts": len(texts), "rounds": args.rounds, **ratios, "target": 1.0,
-                    "runs": rows})
+    payload: dict = {"device": device.type, "texts": len(texts), "rounds": args.rounds, "target": 1.0,
+                     "order": "ABBA: ours, theirs, our_model, their_model; then reversed",
+                     "throughput_definition": "requests / measured window, after a warm-up outside it (both)"}
+    rows = []
+    for dtype_name, dtype in DTYPES.items():
+        st = SentenceTransformer(str(embedded_model_dir()), device=device.type).to(dtype)
+        pipeline = Pipeline(preset("tuned", dtype=dtype_name, device=device.type))
+        pipeline.warmup()
+        batches = prepared_batches(pipeline, args.limit)
+
+        def theirs() -> float:
+            st.encode(texts[:64], batch_size=32)  # warm-up, outside the window
+            t0 = time.perf_counter()
+            st.encode(texts, batch_size=32)
+            return len(texts) / (time.perf_counter() - t0)
+
+        arms = {
+            "ours": lambda: pipeline.run(limit=args.limit, keep_embeddings=False).throughput_rps,
+            "theirs": theirs,
+            "our_model": lambda: replay_rps(pipeline.engine.runner, batches, device),
+            "their_model": lambda: replay_rps(lambda ids, mask: st({"input_ids": ids, "attention_mask": mask}),
+                                              batches, device),
+        }
+        samples = interleave(arms, args.rounds,
+                             lambda r, name, v: print(f"{dtype_name} round {r} {name:>11}: {v:.1f} texts/s", flush=True))
+        ratio = paired_ratio(samples["ours"], samples["theirs"])
+        model_ratio = paired_ratio(samples["our_model"], samples["their_model"])
+        pipeline_ratio = spread([o / t / (om / tm) for o, t, om, tm in
+                                 zip(samples["ours"], samples["theirs"], samples["our_model"], samples["their_model"])])
+        payload[f"ratio_{dtype_name}"] = ratio["median"]
+        payload[f"model_ratio_{dtype_name}"] = model_ratio["median"]
+        payload[f"pipeline_ratio_{dtype_name}"] = pipeline_ratio["median"]
+        payload[dtype_name] = {"texts_per_s": {name: spread(v) for name, v in samples.items()}, "ratio": ratio,
+                               "model_ratio": model_ratio, "pipeline_ratio": pipeline_ratio}
+        for name, values in samples.items():
+            rows.append({"dtype": dtype_name, "arm": name, "texts_per_s": fmt_spread(spread(values), 1)})
+        print(f"{dtype_name}: ours/theirs {fmt_spread(ratio)}; model's part {fmt_spread(model_ratio)}; "
+              f"pipeline's part {fmt_spread(pipeline_ratio)}", flush=True)
+        del st, pipeline, batches
+    print(table(rows, ["dtype", "arm", "texts_per_s"]))
+    write("peers", payload, quick=args.quick)
 
 
 if __name__ == "__main__":
