@@ -206,3 +206,12 @@ def test_paired_repeats_are_sized_from_the_difference_spread():
     assert common.pairs_needed(0.06, 0.015) == 62
     assert common.pairs_needed(0.06, 0.03) == 16
     assert common.pairs_needed(0.0, 0.015, minimum=6) == 6
+
+
+def test_profiler_overhead_verdict_needs_the_interval_to_clear_the_target():
+    bench = _bench_module("profiler_overhead")
+    mean, low, high = bench.interval([0.01, -0.01, 0.02, 0.0])
+    assert mean == pytest.approx(0.005) and low < mean < high
+    assert bench.verdict(-0.01, 0.02, 0.03) == "within target"
+    assert bench.verdict(0.04, 0.05, 0.03) == "over target"
+    assert bench.verdict(0.0, 0.05, 0.03).startswith("unresolved")
