@@ -30,9 +30,9 @@ import random
 import threading
 import time
 import urllib.error
+import urllib.request
 import warnings
 from concurrent.futures import Future
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
