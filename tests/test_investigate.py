@@ -34,7 +34,7 @@ def _stub(rules, p99=None, calls=None):
 
 def _ladder(measure, steps, **kw):
     settings = kw.pop("settings", LadderSettings.quick())
-    return run_ladder(device="cpu", measure=measure, progress=False, settings=settings, steps=steps,
+    return run_ladder(device=kw.pop("device", "cpu"), measure=measure, progress=False, settings=settings, steps=steps,
                       sweep=lambda knobs: Sweep(), accuracy=kw.pop("accuracy", lambda dtypes: {"bf16": 0.99999}),
                       lengths=[12, 20, 31, 40, 64, 90], **kw)
 
@@ -99,6 +99,25 @@ def test_max_wait_is_the_best_qps_under_the_p99_target():
     assert step.status == "kept" and step.change == "max_wait_ms=5.0" and len(step.candidates) == 2
     assert ladder.recommended.max_wait_ms == 5.0
     assert list(ladder.waits.max_wait_ms) == [0.0, 5.0, 20.0]
+
+
+def test_on_cuda_the_ladder_pins_memory_prefers_fp16_and_captures_graphs(monkeypatch):
+    import torch
+
+    from tuning.sim import DeviceChoice
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the stub never touches a device
+    measure = _stub([(lambda k: k.batch_size > 1, 1.5), (lambda k: k.padding == "bucket", 1.2),
+                     (lambda k: k.dtype != "fp32", 1.3), (lambda k: k.graph == "cuda_graph", 1.3)])
+    gpu = DeviceChoice("cuda", False, "cuda (stub)", "stub GPU")
+    ladder = _ladder(measure, ("workers", "batch", "buckets", "precision", "graph"), device=gpu,
+                     accuracy=lambda dtypes: {"fp16": MIN_COSINE - 0.001, "bf16": 0.9999})
+    assert "pin_memory=true" in ladder.step("workers").change
+    precision = ladder.step("precision")
+    assert precision.status == "kept" and precision.change == "dtype=bf16" and "fp16: min cosine" in precision.reason
+    assert ladder.step("graph").change == "graph=cuda_graph" and ladder.step("graph").status == "kept"
+    assert ladder.recommended.graph == "cuda_graph" and ladder.recommended.padding == "bucket"
+    assert ladder.summary()["device"]["kind"] == "cuda"
 
 
 def test_bad_arguments_name_the_value():

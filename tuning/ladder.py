@@ -421,10 +421,16 @@ def plan_for(lengths: Sequence[int], max_length: int = 256) -> dict[str, Any]:
 
 # --- the ladder -----------------------------------------------------------------------------------
 
-def _device_block(choice: Any) -> dict[str, Any]:
+def _device_block(choice: Any, sim_profile: str | None = None) -> dict[str, Any]:
+    """The ``device`` block of the ladder's summary (``kind``: simulated, cpu or cuda, as every result's)."""
     kind = {"sim": "simulated"}.get(choice.knob, choice.knob)
-    return {"kind": kind, "knob": choice.knob, "label": choice.label, "simulated": bool(choice.simulated),
-            "banner": getattr(choice, "banner", None)}
+    block = {"kind": kind, "knob": choice.knob, "label": choice.label, "simulated": bool(choice.simulated),
+             "banner": getattr(choice, "banner", None)}
+    if choice.knob == "sim":
+        from .sim import DEFAULT_PROFILE, load_profile
+
+        block.update(load_profile(sim_profile or DEFAULT_PROFILE).info())
+    return block
 
 
 def resolve_device(choice: Any = "auto", profile: str | None = None) -> Any:
@@ -699,7 +705,7 @@ def run_ladder(data: Any = None, device: Any = "auto", quick: bool = False,
                 frame = pd.DataFrame([{"max_wait_ms": e.knobs.max_wait_ms, "qps": e.qps, "p50_ms": e.p50_ms,
                                        "p99_ms": e.p99_ms, "model_busy": e.model_busy, "device_busy": e.device_busy,
                                        "mean_batch": e.mean_batch, "experiment": e.id} for e in [ladder.current] + tried])
-                frame.attrs["device"] = _device_block(dev)
+                frame.attrs["device"] = _device_block(dev, base.sim_profile)
                 result_extra["waits"] = frame
                 under = [e for e in tried if math.isfinite(e.p99_ms) and e.p99_ms <= target_p99_ms]
                 best = max(under or tried, key=lambda e: e.qps)
@@ -709,7 +715,8 @@ def run_ladder(data: Any = None, device: Any = "auto", quick: bool = False,
             bar.update(1)
     finally:
         bar.close()
-    return LadderResult(base, ladder.current.knobs, ladder.steps, ladder.experiments, _device_block(dev), settings,
+    return LadderResult(base, ladder.current.knobs, ladder.steps, ladder.experiments,
+                        _device_block(dev, base.sim_profile), settings,
                         target_p99_ms, ladder.noise(), result_extra.get("sweep"), result_extra.get("precision"),
                         result_extra.get("buckets"), result_extra.get("waits"),
                         {"inputs": len(inputs), "invalid": sum(bad.values()), "invalid_reasons": bad})

@@ -270,16 +270,21 @@ def render_report(inv: Any) -> str:
     wi = inv.what_if or {}
     if wi.get("runs"):
         runs = {f"{name} ({wi['profile']})": t for name, t in wi["runs"].items()}
-        body = [f'<div class="banner sim">SIMULATED DEVICE: {_esc(wi["profile"])} ({_esc(wi.get("source"))}). The host pipeline ran for real on this '
-                "machine; only the model call is a stand-in timed by the cost model. Accuracy is never simulated.</div>",
-                charts.block(lambda: viz.throughput_chart(runs, device=wi["label"]), lambda: what_if_sentence(wi))]
+        sim_loads = {name: t.load for name, t in runs.items() if t.load is not None}
+        body = [f'<div class="banner sim">SIMULATED DEVICE: {_esc(wi["profile"])} ({_esc(wi.get("source"))}). The host '
+                "pipeline ran for real on this machine; only the model call is a stand-in timed by the cost model. "
+                "Accuracy is never simulated.</div>",
+                charts.block(lambda: viz.throughput_chart(runs, device=wi["label"]), lambda: what_if_sentence(wi)),
+                charts.block(lambda: viz.ledger_chart(sim_loads, device=wi["label"]),
+                             lambda: ledger_sentence(sim_loads))]
         base_profile = wi["runs"]["baseline"].profile
         if base_profile is not None:
             body.append(charts.block(lambda: viz.trend_chart(base_profile),
                                      lambda: trend_sentence(base_profile, f"Baseline on the {wi['profile']} stand-in")))
         sections.append(_section("what-if", f"What if: {wi['label']}", "".join(body)))
     elif wi.get("skipped"):
-        sections.append(f'<section id="what-if-skipped"><h2>What if</h2><p>Left out: {_esc(wi["skipped"])}.</p></section>')
+        sections.append(f'<section id="what-if-skipped"><h2>What if</h2><p>Left out: {_esc(wi["skipped"])}.</p>'
+                        "</section>")
 
     # what to ship
     rec = s["recommended"]
