@@ -21,7 +21,7 @@ Runs are interleaved ABBA (baseline, tuned, tuned, baseline, ...) so drift on a 
 on both; each engine (model) is built once, each run starts a fresh server with its own warm-up.
 
     python bench/serving.py            # about 4 minutes; writes bench/results/serving.json
-    python bench/serving.py --quick    # a 1-minute smoke run; writes bench/results/serving_quick.json
+    python bench/serving.py --quick    # a 1-minute smoke run; writes to a temporary folder, not results/
 """
 
 from __future__ import annotations
@@ -159,17 +159,17 @@ def main() -> None:
           f"p99_ratio {figures['p99_ratio']:.2f} [{lo:.2f}, {hi:.2f}] at {rate} req/s "
           f"(open loop, target <= {TARGETS['p99_ratio']})   samples {figures['samples']}   "
           f"{time.perf_counter() - t_start:.0f} s")
-    write("serving_quick" if args.quick else "serving", {
+    write("serving", {
         "method": "qps_ratio: closed loop, median QPS over ABBA runs; p99_ratio: open loop at one fixed rate, "
                   "latency from the scheduled arrival over every outcome, samples pooled over ABBA runs; "
                   "load from a separate process over a pipe",
-        "quick": args.quick, "concurrency": args.concurrency, "requests": args.requests,
+        "concurrency": args.concurrency, "requests": args.requests,
         "closed_rounds": args.closed_rounds, "rounds": args.rounds, "duration_s": args.duration, "rate": rate,
         **figures, "targets": TARGETS,
         "p99_ms": p99, "p99_ms_per_run": {name: [s["p99_ms"] for s in opened[name]] for name in NAMES},
         "qps_per_run": {name: [s["qps"] for s in closed[name]] for name in NAMES},
         "closed": closed, "open": opened,
-    })
+    }, quick=args.quick)
 
 
 if __name__ == "__main__":
