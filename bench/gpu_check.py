@@ -1,169 +1,459 @@
-"""GPU check: one script, under 5 minutes on a CUDA machine.
+"""GPU check: one script that fits a borrowed GPU's window, cheap decisive parts first.
 
-    PYTHONPATH=. python bench/gpu_check.py [--out PATH] [--budget-s 240]
+    PYTHONPATH=. timeout 420 python bench/gpu_check.py --out OUT_DIR --budget-s 300
 
-1. NVML sampler readings during the run (SM util, power, memory, clocks);
-2. op and launch statistics of eager at batch 1: the launch-overhead budget, i.e. the most
-   CUDA-graph capture could save, predicted before capturing;
-3. eager vs compile vs cuda_graph at batch 1, 8 and 16 for two bucket lengths, with
-   compile/capture time apart from steady-state time, and correctness against eager;
-4. a table, and JSON at --out.
+Writes OUT_DIR/gpu_check.json after every point (a run cut short keeps what it measured),
+checking the time budget inside long steps, not only between them. In order:
 
-Runs from the working tree with nothing the GPU image lacks (no plotly, no widgets). When
-the embedded weights are not installed, MiniLM is built from the config.json kept in the
-repo with random weights (timing and equality checks only), and the output says so. On a
-machine without CUDA it still runs (eager and compile on the CPU) and records cuda_graph
-as refused, so its CPU-side logic is tested.
+1. environment and NVML (the CUDA device mapped to NVML by UUID);
+2. eager and cuda_graph at a few (batch, length) shapes, checked against an fp32 eager
+   reference (TF32 off), with capture time apart from steady-state time;
+3. the launch budget: host launch calls, kernel and wall time per batch at batch 1, eager
+   and replayed, so the predicted capture gain can be read against the measured one;
+4. TF32: fp32 with and without TF32 beside the half-precision dtype (its gain is overstated
+   against strict fp32);
+5. the real paths: ``Engine.run`` with pinned copies, the padded ``CudaGraphRunner`` at
+   several batch sizes with ragged batches, and a short ``run_batch_sweep`` per graph mode;
+6. torch.compile on two shapes (default mode, then mode='reduce-overhead'), skipped after
+   its first failure, and the compile sweep last.
+
+Random weights (``tuning.model.random_minilm``) and random token ids: the tokenizer and the
+weights package are not on the GPU image, and timing and equality need neither. Without
+CUDA it runs a reduced form on the CPU (small shapes; cuda_graph refused, the padded graph
+runner exercised with a stand-in capture that re-runs the model: logic only, no timing).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import math
+import os
 import platform
 import sys
 import time
+import traceback
 import warnings
 from pathlib import Path
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from tuning.graphs import CudaGraphRunner  # noqa: E402
-from tuning.model import check_dtype, load_minilm, random_minilm  # noqa: E402
+from tuning.engine import Engine, Item, PreparedBatch  # noqa: E402
+from tuning.graphs import CompiledRunner, CudaGraphRunner  # noqa: E402
+from tuning.knobs import Knobs  # noqa: E402
+from tuning.model import check_dtype, random_minilm  # noqa: E402
 from tuning.profile.gpu import GpuSampler  # noqa: E402
 from tuning.profile.ops import op_stats  # noqa: E402
 from tuning.report import table  # noqa: E402
+from tuning.sweep import run_batch_sweep  # noqa: E402
 
-MODES = ("eager", "compile", "cuda_graph")
-
-
-def load_model() -> tuple[torch.nn.Module, str]:
-    try:
-        return load_minilm(), "all-MiniLM-L6-v2 weights (installed package)"
-    except (ImportError, FileNotFoundError) as exc:
-        return random_minilm(), f"RANDOM weights from tuning/assets/minilm_config.json ({exc}); timings and equality only"
+FULL = {"batches": (1, 8, 32), "lengths": (64, 128), "repeats": 20, "sweep_sizes": (1, 4, 16, 64),
+        "sweep_length": 128, "compile_shapes": ((1, 64), (8, 128))}
+# reduced: the compile sweep's shapes are the compile step's, so its compiles hit the cache
+REDUCED = {"batches": (1, 4), "lengths": (16, 32), "repeats": 5, "sweep_sizes": (1, 4), "sweep_length": 16,
+           "compile_shapes": ((1, 16), (4, 16))}
 
 
-def time_runner(runner, ids, mask, repeats: int, device: torch.device) -> tuple[float, float, torch.Tensor]:
-    """(first-call seconds: compile or capture included, steady median ms, output)."""
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+class OutOfTime(Exception):
+    pass
 
+
+class Report:
+    """The JSON at ``out/gpu_check.json``, rewritten (atomically) after every point."""
+
+    def __init__(self, out: Path, budget_s: float, sampler: GpuSampler | None = None):
+        out.mkdir(parents=True, exist_ok=True)
+        self.path = out / "gpu_check.json"
+        self.t0 = time.perf_counter()
+        self.budget_s = budget_s
+        self.sampler = sampler
+        self.data: dict[str, Any] = {"complete": False, "budget_s": budget_s, "env": {}, "steps": {}, "rows": []}
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def check(self, what: str) -> None:
+        """Raise :class:`OutOfTime` once the budget is spent (called inside long steps too)."""
+        if self.elapsed() > self.budget_s:
+            raise OutOfTime(f"time budget {self.budget_s:.0f} s spent before {what}")
+
+    def row(self, **row: Any) -> dict[str, Any]:
+        self.data["rows"].append(row)
+        self.write()
+        return row
+
+    def step(self, name: str, **info: Any) -> None:
+        self.data["steps"].setdefault(name, {}).update(info)
+        self.write()
+
+    def write(self) -> None:
+        self.data["elapsed_s"] = round(self.elapsed(), 2)
+        if self.sampler is not None:
+            self.data["nvml"] = self.sampler.series.summary()
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=2, default=_jsonable) + "\n")
+        os.replace(tmp, self.path)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return str(value)
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float):
+        return None if not math.isfinite(value) else round(value, 6)
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_runner(runner: Callable, ids: torch.Tensor, mask: torch.Tensor, repeats: int, device: torch.device,
+                report: Report) -> tuple[float, float, int, torch.Tensor]:
+    """(first call s: compile or capture included, steady median ms, timed calls, output); the
+    budget is checked between calls, so a slow shape stops early with what it has."""
     with torch.inference_mode():
-        sync()
+        _sync(device)
         t0 = time.perf_counter()
         out = runner(ids, mask)
-        sync()
+        _sync(device)
         first_s = time.perf_counter() - t0
+        out = out.float().clone()
         for _ in range(3):
             runner(ids, mask)
         times = []
         for _ in range(repeats):
-            sync()
+            if times and report.elapsed() > report.budget_s:
+                break
+            _sync(device)
             t = time.perf_counter()
-            out = runner(ids, mask)
-            sync()
+            runner(ids, mask)
+            _sync(device)
             times.append((time.perf_counter() - t) * 1000)
     times.sort()
-    return first_s, times[len(times) // 2], out.float().clone()
+    return first_s, times[len(times) // 2], len(times), out
 
 
-def make_runner(mode: str, model, device: torch.device, compiled: dict):
-    if mode == "eager":
-        return model
-    if mode == "compile":
-        if "fn" not in compiled:
-            import torch._dynamo
+def stand_in_capture(fn, ids, mask):
+    """CPU stand-in for CUDA capture: replay re-runs the model on the static buffers (logic only)."""
+    out = fn(ids, mask)
 
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 16)
-            compiled["fn"] = torch.compile(model, dynamic=False)
-        return compiled["fn"]
-    return CudaGraphRunner(model, device)  # raises without CUDA, naming the knob to use instead
+    def replay():
+        out.copy_(fn(ids, mask))
+    return out, replay
 
 
-def run_check(batches=(1, 8, 16), lengths=(64, 128), modes=MODES, repeats=20, budget_s=240.0,
-              dtype_name: str | None = None, device_name: str | None = None) -> dict:
-    t_begin = time.perf_counter()
-    device = torch.device(device_name or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype_name = dtype_name or ("fp16" if device.type == "cuda" else "bf16")
-    model, weights = load_model()
-    model = model.to(device=device, dtype=check_dtype(dtype_name, device)).eval()
-    print(f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else platform.processor() or 'cpu'}),"
-          f" dtype {dtype_name}, torch {torch.__version__}; model: {weights}", flush=True)
-    rows, compiled = [], {}
-    gen = torch.Generator().manual_seed(0)
-    with warnings.catch_warnings(record=True) as caught, GpuSampler(0.2) as sampler:
-        warnings.simplefilter("always", RuntimeWarning)
-        ids1 = torch.randint(1000, 20000, (1, lengths[0]), generator=gen).to(device)
-        ops = op_stats(model, ids1, torch.ones_like(ids1), batches=3).summary()
-        print(f"eager at (1, {lengths[0]}): {ops['ops_per_batch']:.0f} ops, {ops['kernels_per_batch']:.0f} kernels per batch, "
-              f"launch cost {ops['launch_cost_us']:.1f} us -> predicted capture gain <= {100 * ops['launch_share']:.0f}%",
-              flush=True)
-        for length in lengths:
-            for batch in batches:
-                ids = torch.randint(1000, 20000, (batch, length), generator=gen)
-                mask = torch.ones_like(ids)
-                mask[batch // 2:, length * 3 // 4:] = 0  # some padded rows, as bucketed batches have
-                ids, mask = ids.to(device), mask.to(device)
-                reference = None
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(torch.nn.functional.cosine_similarity(a.float(), b.float()).min())
+
+
+@contextlib.contextmanager
+def _tf32(enabled: bool):
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+class Check:
+    def __init__(self, report: Report, device: torch.device, dtype_name: str, sizes: dict[str, Any]):
+        self.report = report
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.dtype_name = dtype_name
+        self.sizes = sizes
+        self.model = random_minilm().to(device=device, dtype=check_dtype(dtype_name, device)).eval()
+        self.fp32 = random_minilm().to(device=device).eval()  # the reference: same seed, same weights, fp32
+        self.gen = torch.Generator().manual_seed(0)
+        self.compile_failed: str | None = None
+
+    def batch(self, batch: int, length: int, ragged: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = torch.randint(1000, 20000, (batch, length), generator=self.gen)
+        mask = torch.ones_like(ids)
+        if ragged:
+            mask[batch // 2:, length * 3 // 4:] = 0  # some padded rows, as bucketed batches have
+        return ids.to(self.device), mask.to(self.device)
+
+    def reference(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """fp32 eager output with TF32 off: what every mode and dtype is checked against."""
+        with _tf32(False), torch.inference_mode():
+            return self.fp32(ids, mask).float()
+
+    def graph_runner(self, batch_sizes=None) -> CudaGraphRunner:
+        capture = None if self.cuda else stand_in_capture
+        return CudaGraphRunner(self.model, self.device, batch_sizes=batch_sizes, capture_fn=capture)
+
+    # -- steps ---------------------------------------------------------------------------------------------------
+
+    def points(self) -> None:
+        """eager and cuda_graph per shape (cheap and decisive), checked against fp32."""
+        modes = ("eager", "cuda_graph") if self.cuda else ("eager",)
+        if not self.cuda:
+            self.report.row(mode="cuda_graph", status="refused: no CUDA (logic: step graph_runner_padded)")
+        for length in self.sizes["lengths"]:
+            for batch in self.sizes["batches"]:
+                ids, mask = self.batch(batch, length)
+                ref = self.reference(ids, mask)
+                eager_out = None
                 for mode in modes:
-                    row = {"mode": mode, "batch": batch, "length": length}
-                    if time.perf_counter() - t_begin > budget_s:
-                        rows.append({**row, "status": "skipped: time budget"})
-                        continue
-                    try:
-                        runner = make_runner(mode, model, device, compiled)
-                        first_s, median_ms, out = time_runner(runner, ids, mask, repeats, device)
-                    except Exception as exc:
-                        rows.append({**row, "status": f"refused: {exc}" if isinstance(exc, ValueError)
-                                     else f"failed: {type(exc).__name__}: {str(exc)[:160]}"})
-                        continue
-                    if mode == "eager":
-                        reference = out
-                    ok_ref = reference is not None
-                    cosine = float(torch.nn.functional.cosine_similarity(out, reference).min()) if ok_ref else math.nan
-                    max_abs = float((out - reference).abs().max()) if ok_ref else math.nan
-                    rows.append({**row, "status": "ok", "first_call_s": first_s, "median_ms": median_ms,
-                                 "per_sample_ms": median_ms / batch, "min_cosine_vs_eager": cosine,
-                                 "max_abs_diff": max_abs})
-                    print(f"  {mode:>10} b={batch:<2} L={length}: {median_ms:.3f} ms (first call {first_s:.2f} s), "
-                          f"cos vs eager {cosine:.5f}", flush=True)
-    eager = {(r["batch"], r["length"]): r["median_ms"] for r in rows if r["mode"] == "eager" and r["status"] == "ok"}
-    for r in rows:
-        if r.get("status") == "ok" and (r["batch"], r["length"]) in eager:
-            r["speedup_vs_eager"] = eager[(r["batch"], r["length"])] / r["median_ms"]
-    gpu = sampler.series.summary()
-    return {"device": device.type, "dtype": dtype_name, "torch": torch.__version__, "weights": weights,
-            "elapsed_s": time.perf_counter() - t_begin, "ops_eager_batch1": ops, "nvml": gpu,
-            "nvml_samples": sampler.series.to_frame().tail(5).to_dict("records"),
-            "warnings": [str(w.message) for w in caught], "rows": rows}
+                    self.report.check(f"{mode} b={batch} L={length}")
+                    runner = self.model if mode == "eager" else self.graph_runner()
+                    first_s, median_ms, n, out = time_runner(runner, ids, mask, self.sizes["repeats"], self.device,
+                                                             self.report)
+                    eager_out = out if mode == "eager" else eager_out
+                    row = self.report.row(
+                        mode=mode, batch=batch, length=length, dtype=self.dtype_name, status="ok",
+                        first_call_s=round(first_s, 4), median_ms=median_ms, per_sample_ms=median_ms / batch,
+                        timed_calls=n, min_cosine_vs_fp32=_cosine(out, ref),
+                        min_cosine_vs_eager=_cosine(out, eager_out), max_abs_vs_eager=float((out - eager_out).abs().max()))
+                    print(f"  {mode:>10} b={batch:<3} L={length}: {median_ms:8.3f} ms (first call {first_s:.2f} s), "
+                          f"cos vs fp32 {row['min_cosine_vs_fp32']:.5f}", flush=True)
+        eager = {(r["batch"], r["length"]): r["median_ms"] for r in self.report.data["rows"]
+                 if r.get("mode") == "eager" and r.get("status") == "ok"}
+        for r in self.report.data["rows"]:
+            if r.get("status") == "ok" and (r.get("batch"), r.get("length")) in eager:
+                r["speedup_vs_eager"] = eager[(r["batch"], r["length"])] / r["median_ms"]
+        self.report.step("points", status="ok", rows=sum(r.get("status") == "ok" for r in self.report.data["rows"]))
+
+    def launch_budget(self) -> None:
+        """Predicted capture gain (host launches x cost, bounded by wall - kernel time) at batch 1."""
+        length = self.sizes["lengths"][0]
+        ids, mask = self.batch(1, length, ragged=False)
+        runners = {"eager": self.model}
+        if self.cuda:
+            runners["cuda_graph"] = self.graph_runner()
+        for name, runner in runners.items():
+            self.report.check(f"launch budget {name}")
+            s = op_stats(runner, ids, mask, batches=5).summary()
+            s.pop("top_ops", None)
+            self.report.step("launch_budget", **{name: _clean(s)})
+            what = "host launches" if self.cuda else "ops"
+            print(f"  launch budget {name:>10} (1, {length}): {s['launches_per_batch']:.0f} {what}, "
+                  f"{s['kernels_per_batch']:.0f} kernels, wall {s['wall_ms_per_batch']:.3f} ms, "
+                  f"busy {s['busy_ms_per_batch']:.3f} ms, launch {s['launch_cost_us']:.1f} us -> capture gain <= "
+                  f"{100 * s['launch_share']:.0f}%", flush=True)
+
+    def tf32(self) -> None:
+        if not self.cuda:
+            self.report.step("tf32", status="n/a: no CUDA device")
+            return
+        batch, length = self.sizes["batches"][-1], self.sizes["lengths"][-1]
+        ids, mask = self.batch(batch, length)
+        ref = self.reference(ids, mask)
+        results = {}
+        for name, model, tf32 in (("fp32", self.fp32, False), ("fp32+tf32", self.fp32, True),
+                                  (self.dtype_name, self.model, False)):
+            self.report.check(f"tf32 {name}")
+            with _tf32(tf32):
+                _, median_ms, n, out = time_runner(model, ids, mask, self.sizes["repeats"], self.device, self.report)
+            results[name] = {"median_ms": median_ms, "min_cosine_vs_fp32": _cosine(out, ref), "timed_calls": n}
+            self.report.step("tf32", shape=[batch, length], **{name: _clean(results[name])})
+        gain = {k: results["fp32"]["median_ms"] / v["median_ms"] for k, v in results.items()}
+        self.report.step("tf32", speedup_vs_strict_fp32=_clean(gain))
+        print(f"  tf32 at ({batch}, {length}): " + ", ".join(f"{k} x{v:.2f}" for k, v in gain.items()), flush=True)
+
+    def engine_run_pinned(self) -> None:
+        """Engine.run on a pinned host batch: copy (non-blocking), forward, postprocess."""
+        self.report.check("Engine.run")
+        length = self.sizes["lengths"][0]
+        knobs = Knobs(device=self.device.type, dtype=self.dtype_name, pin_memory=self.cuda, num_workers=0,
+                      padding="bucket", buckets=(length,), max_length=max(self.sizes["lengths"]), batch_size=4)
+        engine = Engine(knobs, self.model)
+        engine.warmup()
+        ids = torch.randint(1000, 20000, (4, length), generator=self.gen)
+        mask = torch.ones_like(ids)
+        mask[2:, length // 2:] = 0
+        batch = PreparedBatch([Item(i) for i in range(4)], ids, mask, 0.0, 0.0, 0.0, padded_length=length)
+        if self.cuda:
+            batch.pin_memory()
+        out = engine.run(batch)
+        if out.error:
+            raise RuntimeError(out.error)
+        ref = self.reference(ids.to(self.device), mask.to(self.device)).cpu()
+        info = {"status": "ok", "pinned": bool(batch.input_ids.is_pinned()) if self.cuda else False,
+                "copy_ms": out.copy_s * 1000, "inference_ms": out.inference_s * 1000,
+                "postprocess_ms": out.postprocess_s * 1000, "rows": int(out.embeddings.shape[0]),
+                "min_cosine_vs_fp32": _cosine(torch.from_numpy(out.embeddings), ref)}
+        self.report.step("engine_run_pinned", **_clean(info))
+        print(f"  Engine.run pinned={info['pinned']}: copy {info['copy_ms']:.3f} ms, inference "
+              f"{info['inference_ms']:.3f} ms, cos vs fp32 {info['min_cosine_vs_fp32']:.5f}", flush=True)
+
+    def graph_runner_padded(self) -> None:
+        """The padded CudaGraphRunner: captured sizes (2, 4, 8), ragged batches 1..8, vs eager; sealed refusal."""
+        length = self.sizes["lengths"][0]
+        runner = self.graph_runner(batch_sizes=(2, 4, 8))
+        worst, checked = 1.0, []
+        with torch.inference_mode():
+            for rows in (1, 2, 3, 5, 8):
+                self.report.check(f"graph runner rows={rows}")
+                ids, mask = self.batch(rows, length)
+                out = runner(ids, mask).float()
+                eager = self.model(ids, mask).float()
+                worst = min(worst, _cosine(out, eager))
+                checked.append(rows)
+                self.report.step("graph_runner_padded", rows_checked=checked, min_cosine_vs_eager=worst,
+                                 captured=sorted(runner.graphs), capture="cuda" if self.cuda else "CPU stand-in (logic only)")
+            runner.seal()
+            try:
+                runner(*self.batch(8, length + 8))
+                refused = False
+            except ValueError:
+                refused = True
+        self.report.step("graph_runner_padded", status="ok" if worst > 0.999 and refused else "MISMATCH",
+                         late_capture_refused=refused, padded_rows_share=runner.padded_rows_share)
+        print(f"  padded graph runner: captured {sorted(runner.graphs)}, min cos vs eager {worst:.5f}, "
+              f"late capture refused: {refused}", flush=True)
+
+    def sweep(self, graph: str) -> None:
+        self.report.check(f"sweep {graph}")
+        length = self.sizes["sweep_length"]
+        try:
+            knobs = Knobs(device=self.device.type, dtype=self.dtype_name, num_workers=0, padding="bucket",
+                          buckets=(length,), max_length=max(length, 32), batch_size=self.sizes["sweep_sizes"][0],
+                          graph=graph)
+            engine = Engine(knobs, self.model)
+        except ValueError as exc:
+            self.report.step(f"sweep_{graph}", status=f"refused: {exc}")
+            print(f"  sweep {graph}: refused ({exc})", flush=True)
+            return
+        t0 = time.perf_counter()
+        result = run_batch_sweep(knobs, list(self.sizes["sweep_sizes"]), length=length, repeats=3, rounds=3,
+                                 engine=engine)
+        s = result.summary()
+        points = [{k: p.get(k) for k in ("batch_size", "status", "per_batch_ms", "per_sample_ms", "iqr_ms",
+                                         "memory_mb")} for p in s["points"]]
+        self.report.step(f"sweep_{graph}", status="ok", seconds=time.perf_counter() - t0, knee=s["knee"],
+                         memory=s["memory"], points=_clean(points))
+        print(f"  sweep {graph}: knee {s['knee']}; per sample ms " +
+              ", ".join(f"{p['batch_size']}: {p['per_sample_ms']:.3f}" if p["per_sample_ms"] else
+                        f"{p['batch_size']}: {p['status']}" for p in points), flush=True)
+
+    def compile(self, mode: str | None) -> None:
+        name = f"compile_{mode or 'default'}"
+        if self.compile_failed:
+            self.report.step(name, status=f"skipped: compile failed before ({self.compile_failed})")
+            return
+        if mode == "reduce-overhead" and not self.cuda:
+            self.report.step(name, status="n/a: no CUDA device")
+            return
+        import torch._dynamo
+
+        torch._dynamo.reset()
+        shapes = self.sizes["compile_shapes"]
+        runner = CompiledRunner(self.model, batch_sizes=sorted({b for b, _ in shapes}), mode=mode,
+                                expected_shapes=len(shapes))
+        for batch, length in shapes:
+            self.report.check(f"{name} {batch}x{length}")
+            ids, mask = self.batch(batch, length)
+            try:
+                first_s, median_ms, n, out = time_runner(runner, ids, mask, self.sizes["repeats"], self.device,
+                                                         self.report)
+            except OutOfTime:
+                raise
+            except Exception as exc:
+                self.compile_failed = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+                self.report.row(mode=name, batch=batch, length=length, status=f"failed: {self.compile_failed}")
+                print(f"  {name} b={batch} L={length}: FAILED {self.compile_failed}", flush=True)
+                return
+            ref = self.reference(ids, mask)
+            with torch.inference_mode():
+                eager = self.model(ids, mask).float()
+            self.report.row(mode=name, batch=batch, length=length, dtype=self.dtype_name, status="ok",
+                            first_call_s=round(first_s, 3), median_ms=median_ms, per_sample_ms=median_ms / batch,
+                            timed_calls=n, min_cosine_vs_fp32=_cosine(out, ref), min_cosine_vs_eager=_cosine(out, eager))
+            print(f"  {name:>10} b={batch:<3} L={length}: {median_ms:8.3f} ms (compile {first_s:.1f} s)", flush=True)
+        self.report.step(name, status="ok", shapes=[list(s) for s in runner.shapes], recompiles=runner.recompiles)
 
 
-def main() -> None:
+def run_check(out: Path, budget_s: float, device_name: str | None = None, dtype_name: str | None = None,
+              quick: bool | None = None, sizes: dict[str, Any] | None = None) -> dict[str, Any]:
+    device = torch.device(device_name or ("cuda" if torch.cuda.is_available() else "cpu"))
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.set_device(device)
+        torch.cuda.init()
+    reduced = quick if quick is not None else not cuda
+    sizes = {**(REDUCED if reduced else FULL), **(sizes or {})}
+    dtype_name = dtype_name or ("bf16" if not cuda or torch.cuda.is_bf16_supported() else "fp16")
+    with warnings.catch_warnings(record=True) as caught, GpuSampler(0.2, device=(device.index or 0) if cuda else None) \
+            as sampler:
+        warnings.simplefilter("always", RuntimeWarning)
+        report = Report(out, budget_s, sampler)
+        report.data["env"] = {
+            "device": device.type, "name": torch.cuda.get_device_name(device) if cuda else platform.processor() or "cpu",
+            "torch": torch.__version__, "cuda": torch.version.cuda, "dtype": dtype_name,
+            "form": "reduced" if reduced else "full",
+            "tf32_matmul_default": torch.backends.cuda.matmul.allow_tf32, "weights": "random (random_minilm, seed 0)",
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "sizes": sizes}
+        report.write()
+        print(f"device {device} ({report.data['env']['name']}), dtype {dtype_name}, torch {torch.__version__}, "
+              f"{report.data['env']['form']} form, budget {budget_s:.0f} s; writing {report.path}", flush=True)
+        print(f"NVML: {'on: ' + ', '.join(sampler.series.devices) if sampler.series.available else 'off: ' + str(sampler.series.reason)}",
+              flush=True)
+        check = Check(report, device, dtype_name, sizes)
+        steps = [("points", check.points), ("launch_budget", check.launch_budget), ("tf32", check.tf32),
+                 ("engine_run_pinned", check.engine_run_pinned), ("graph_runner_padded", check.graph_runner_padded),
+                 ("sweep_eager", functools.partial(check.sweep, "eager")),
+                 ("sweep_cuda_graph", functools.partial(check.sweep, "cuda_graph")),
+                 ("compile_default", functools.partial(check.compile, None)),
+                 ("compile_reduce-overhead", functools.partial(check.compile, "reduce-overhead")),
+                 ("sweep_compile", functools.partial(check.sweep, "compile"))]
+        for name, step in steps:
+            if name == "sweep_compile" and check.compile_failed:
+                report.step(name, status=f"skipped: compile failed before ({check.compile_failed})")
+                continue
+            try:
+                report.check(name)
+                step()
+            except OutOfTime as exc:
+                report.step(name, status=f"skipped: {exc}")
+                print(f"  {name}: skipped ({exc})", flush=True)
+            except Exception as exc:
+                report.step(name, status=f"failed: {type(exc).__name__}: {str(exc)[:300]}",
+                            traceback=traceback.format_exc()[-2000:])
+                print(f"  {name}: FAILED {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+        report.data["warnings"] = sorted({str(w.message)[:300] for w in caught})
+    report.data["complete"] = True
+    report.write()
+    return report.data
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu_check.json")
-    parser.add_argument("--budget-s", type=float, default=240.0, help="skip remaining points after this")
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--batches", default="1,8,16")
-    parser.add_argument("--lengths", default="64,128")
-    parser.add_argument("--modes", default=",".join(MODES))
-    parser.add_argument("--device", default=None)
-    args = parser.parse_args()
-    result = run_check(tuple(int(x) for x in args.batches.split(",")), tuple(int(x) for x in args.lengths.split(",")),
-                       tuple(args.modes.split(",")), args.repeats, args.budget_s, device_name=args.device)
-    print(table(result["rows"], ["mode", "batch", "length", "status", "median_ms", "per_sample_ms", "first_call_s",
-                                 "speedup_vs_eager", "min_cosine_vs_eager"]))
-    g = result["nvml"]
-    print(f"NVML: {'on, ' + str(g['samples']) + ' samples, SM util mean ' + str(g.get('sm_util_mean')) + '%, power mean ' + str(g.get('power_w_mean')) + ' W' if g['available'] else 'off: ' + str(g['reason'])}")
-    print(f"model: {result['weights']}; elapsed {result['elapsed_s']:.0f} s")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    print(f"wrote {args.out}")
+    parser.add_argument("--out", type=Path, required=True, help="folder for gpu_check.json (written after every point)")
+    parser.add_argument("--budget-s", type=float, default=300.0,
+                        help="stop starting new points after this many seconds (checked inside long steps)")
+    parser.add_argument("--device", default=None, help="cuda, cuda:1 or cpu (default: cuda when available)")
+    parser.add_argument("--dtype", default=None, help="half precision to compare with fp32 (default bf16, else fp16)")
+    form = parser.add_mutually_exclusive_group()
+    form.add_argument("--quick", action="store_true", default=None, help="the reduced form (default without CUDA)")
+    form.add_argument("--full", dest="quick", action="store_false", help="the full form (default with CUDA)")
+    args = parser.parse_args(argv)
+    data = run_check(args.out, args.budget_s, args.device, args.dtype, args.quick)
+    rows = [r for r in data["rows"]]
+    print(table(rows, ["mode", "batch", "length", "status", "median_ms", "per_sample_ms", "first_call_s",
+                       "speedup_vs_eager", "min_cosine_vs_fp32"]))
+    failed = [f"{k}: {v['status']}" for k, v in data["steps"].items() if not str(v.get("status", "ok")).startswith(("ok", "n/a", "refused"))]
+    g = data.get("nvml", {})
+    print(f"NVML: {'on, ' + str(g.get('samples')) + ' samples, SM util mean ' + str(g.get('sm_util_mean')) + '%' if g.get('available') else 'off: ' + str(g.get('reason'))}")
+    print("steps not ok: " + ("; ".join(failed) if failed else "none"))
+    print(f"elapsed {data['elapsed_s']:.0f} s; wrote {args.out / 'gpu_check.json'}")
 
 
 if __name__ == "__main__":

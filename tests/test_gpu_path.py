@@ -356,3 +356,34 @@ def test_padding_waste_counts_rows_padded_up_to_the_compiled_batch(monkeypatch):
     assert sorted(b.ok for b in measured) == [2, 4, 4]  # one ragged batch, padded to 4 rows by the runner
     real = sum(b.real_tokens for b in measured)
     assert result.padding_waste == pytest.approx(sum(4 * b.padded_length for b in measured) / real - 1)
+
+
+# -- gpu_check: JSON under --out after every point, the budget checked inside steps --------------------------------
+
+
+def _gpu_check():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "gpu_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_check", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_check_writes_after_every_point_and_stops_at_its_budget(tmp_path):
+    import json
+
+    gc = _gpu_check()
+    report = gc.Report(tmp_path / "out", budget_s=1000)
+    report.row(mode="eager", batch=1, status="ok", median_ms=1.5)
+    assert json.loads((tmp_path / "out" / "gpu_check.json").read_text())["rows"][0]["median_ms"] == 1.5
+    report.budget_s = 0
+    with pytest.raises(gc.OutOfTime):
+        report.check("the next point")
+    data = gc.run_check(tmp_path / "spent", budget_s=0, device_name="cpu", quick=True)
+    written = json.loads((tmp_path / "spent" / "gpu_check.json").read_text())
+    assert written["complete"] and written["env"]["form"] == "reduced"
+    assert written["steps"] and all(s["status"].startswith("skipped") for s in written["steps"].values())
+    assert data["steps"].keys() == written["steps"].keys()
