@@ -215,3 +215,19 @@ def test_profiler_overhead_verdict_needs_the_interval_to_clear_the_target():
     assert bench.verdict(-0.01, 0.02, 0.03) == "within target"
     assert bench.verdict(0.04, 0.05, 0.03) == "over target"
     assert bench.verdict(0.0, 0.05, 0.03).startswith("unresolved")
+
+
+def test_presets_cite_the_sweep_that_chose_them():
+    import re
+
+    from tuning.knobs import preset
+
+    source = (BENCH.parent / "tuning" / "knobs.py").read_text()
+    cited = set(re.findall(r"bench/\w+\.py", source))
+    assert "bench/presets.py" in cited and all((BENCH.parent / c).is_file() for c in cited)
+    bench = _bench_module("presets")
+    tuned = preset("tuned")
+    for factor, label, changes in bench.VARIANTS + [bench.COMPILE]:
+        variant = preset("tuned", **changes)  # every variant is a valid knob set
+        changed = {k for k in tuned.as_dict() if getattr(variant, k) != getattr(tuned, k)}
+        assert changed == set(changes) and (factor == "tuned") == (not changes), label

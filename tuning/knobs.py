@@ -196,7 +196,7 @@ PRESETS: dict[str, Knobs] = {
     # The investigation's starting point: one request per model call, two loader workers,
     # per-record Python tokenization, dynamic shapes, fp32, eager.
     "baseline": Knobs(num_workers=2, batch_size=1, tokenizer="naive", padding="dynamic", dtype="fp32", graph="eager"),
-    # Best measured on the 2-core CPU (bench/results/pipeline.json): batched Rust tokenizer in the
+    # Best measured on the 2-core CPU (sweeps: bench/presets.py, bench/results/presets.json): batched Rust tokenizer in the
     # main process (loader workers only compete with the model for the two cores), length-grouped
     # batches of 16 padded to 8-token buckets (padded tokens cost as much as real ones on a CPU), grouped
     # by exact token length (padding waste 0.14 -> 0.05 against the byte-size proxy), bf16.
