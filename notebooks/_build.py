@@ -113,10 +113,9 @@ is `top -H` for the service (a probe process reads it, so a busy Python thread c
 """),
     code("viz.threads_chart(profile)"),
     code("""
-top = profile.top_threads(3)
-print("busiest threads: " + "; ".join(f"{t['name']} {t['cpu_mean']:.0f}% (max {t['cpu_max']:.0f}%)" for t in top))
-print(f"whole process: {profile.summary()['host'].get('cpu_percent_mean', float('nan')):.0f}% of one core on average, "
-      f"{profile.host.cpu_count} cores")
+threads = "; ".join(f"{t['name']} {t['cpu_mean']:.0f}%" for t in profile.top_threads(3))
+print(f"Whole process: {profile.summary()['host'].get('cpu_percent_mean', float('nan')):.0f}% of one core on average "
+      f"({profile.host.cpu_count} cores here). Per thread: {threads}.")
 """),
     md("""
 ## Step 4: the diagnosis
@@ -258,9 +257,9 @@ runs = {f"workers={n}": tuning.Pipeline(base.replace(num_workers=n)).run(limit=L
 viz.waits_chart(runs)
 """),
     code("""
-wait = {name: r.waits()["wait_for_input"]["share_of_window"] for name, r in runs.items()}
-best = min(wait, key=wait.get)
-print(", ".join(f"{name}: model waited {w:.0%}, {runs[name].throughput_rps:.1f} req/s" for name, w in wait.items()) + f". Least starved: {best}.")
+starved = lambda r: r.waits()["wait_for_input"]["share_of_window"]  # share of the window the model sat idle for input
+best = min(runs, key=lambda k: starved(runs[k]))
+print("; ".join(f"{k}: model waited {starved(r):.0%}, {r.throughput_rps:.1f} req/s" for k, r in runs.items()) + f". Least starved: {best}.")
 """),
     md("""
 ## Step 2: prefetching, then pinned memory, on top of the best worker count
@@ -270,15 +269,18 @@ host-to-device copies faster and asynchronous (on a CPU-only run it has nothing 
 refused, so that run is skipped).
 """),
     code("""
-workers = base.replace(num_workers=max(1, runs[best].knobs.num_workers))
-runs.update({f"{workers.num_workers} workers, prefetch {p}": tuning.Pipeline(workers.replace(prefetch_factor=p)).run(limit=LIMIT) for p in (2, 4)})
-if device.knob != "cpu": runs["+ pin_memory"] = tuning.Pipeline(workers.replace(prefetch_factor=4, pin_memory=True)).run(limit=LIMIT)
+n = min((n for n in WORKERS if n > 0), key=lambda n: starved(runs[f"workers={n}"]))
+workers, ref = base.replace(num_workers=n), runs[f"workers={n}"]
+extra = {f"workers={n}, prefetch 4": tuning.Pipeline(workers.replace(prefetch_factor=4)).run(limit=LIMIT)}
 """),
-    code("viz.waits_chart(runs)"),
     code("""
-first, last = list(runs)[0], min(runs, key=lambda k: runs[k].waits()["wait_for_input"]["share_of_window"])
-print(f"From {first} to {last}: the model's wait for input went from {runs[first].waits()['wait_for_input']['share_of_window']:.0%} "
-      f"to {runs[last].waits()['wait_for_input']['share_of_window']:.0%}, throughput {runs[first].throughput_rps:.1f} -> {runs[last].throughput_rps:.1f} req/s.")
+if device.knob != "cpu":
+    extra[f"workers={n}, prefetch 4, pinned"] = tuning.Pipeline(workers.replace(prefetch_factor=4, pin_memory=True)).run(limit=LIMIT)
+viz.waits_chart({f"workers={n}": ref, **extra})
+"""),
+    code("""
+print("; ".join(f"{k}: model waited {starved(r):.0%} (without: {starved(ref):.0%}), {r.throughput_rps:.1f} req/s (without: {ref.throughput_rps:.1f})"
+                for k, r in extra.items()) + ".")
 """),
     md("""
 ## Step 3: the batch-size sweep and its knee
@@ -436,6 +438,7 @@ NB05 = header(
         "LIMIT = 200 if QUICK else 1200  # records per run",
         "CHECK = 32  # records for the output check",
         "SIZES = (1, 8) if QUICK else (1, 4, 8, 16, 32)  # batch sizes to time",
+        "COMPILE_SIZES = (8,) if QUICK else SIZES  # torch.compile costs seconds per shape on a CPU",
         "LENGTH = 64  # tokens per request in the timed shapes",
     ), "parameters"),
     code(DEVICE),
@@ -480,12 +483,12 @@ Same shapes for every mode (`LENGTH` tokens, no padding). First `compile` agains
 device, then capture against eager on the device this notebook runs on.
 """),
     code("""
-compiled = {g: tuning.run_batch_sweep(check.replace(graph=g), sizes=list(SIZES), length=LENGTH) for g in ("eager", "compile")}
+compiled = {g: tuning.run_batch_sweep(check.replace(graph=g), sizes=list(COMPILE_SIZES), length=LENGTH) for g in ("eager", "compile")}
 viz.graph_modes_chart(compiled)
 """),
     code("""
 c = {g: s.to_frame().set_index("batch_size").per_batch_ms for g, s in compiled.items()}
-print("compile against eager on the real " + real + ": " + ", ".join(f"batch {b}: {c['eager'][b] / c['compile'][b]:.2f}x" for b in SIZES))
+print("compile against eager on the real " + real + ": " + ", ".join(f"batch {b}: {c['eager'][b] / c['compile'][b]:.2f}x" for b in COMPILE_SIZES))
 """),
     code("""
 graph_knobs = tuning.preset("tuned", device=device.knob, dtype="bf16")
@@ -524,6 +527,8 @@ NB06 = header(
         "CONCURRENCY = 16  # clients in flight",
         "WAITS = (0.0, 5.0, 20.0) if QUICK else (0.0, 2.0, 5.0, 10.0, 20.0, 50.0)  # max_wait_ms values",
         "CONCURRENCIES = (1, 8, 32) if QUICK else (1, 4, 8, 16, 32, 64)",
+        "LADDER = dict(duration_s=2.0, warmup_s=0.5, repeats=0, sweep_sizes=(1, 8), sweep_rounds=1, waits_ms=(5.0, 20.0),",
+        "              precision_texts=16, limit=300) if QUICK else {}  # ladder settings (seconds of load per rung, ...)",
     ), "parameters"),
     code(DEVICE),
     md("""
@@ -538,9 +543,8 @@ online = tuning.preset("tuned", device=device.knob, concurrency=CONCURRENCY)
 waits = tuning.load_sweep(online, inputs, "max_wait_ms", list(WAITS), requests=REQUESTS)
 """),
     code("""
-waits.attrs["device"] = device.label
 assert (waits.ok + waits.errors + waits.timeouts + waits.rejected == REQUESTS).all(), "outcome counts add up per point"
-viz.load_sweep_chart(waits, "max_wait_ms")
+viz.load_sweep_chart(waits, "max_wait_ms", device=device)
 """),
     code("""
 best = waits.loc[waits.qps.idxmax()]
@@ -552,8 +556,7 @@ print("; ".join(f"max_wait {r.max_wait_ms:g} ms: {r.qps:.0f} QPS, p99 {r.p99_ms:
 """),
     code("""
 conc = tuning.load_sweep(online.replace(max_wait_ms=float(best.max_wait_ms)), inputs, "concurrency", list(CONCURRENCIES), requests=REQUESTS)
-conc.attrs["device"] = device.label
-viz.load_sweep_chart(conc, "concurrency")
+viz.load_sweep_chart(conc, "concurrency", device=device)
 """),
     code("""
 print("; ".join(f"{r.concurrency} in flight: {r.qps:.0f} QPS, p99 {r.p99_ms:.0f} ms" for r in conc.itertuples())
@@ -566,16 +569,17 @@ From `baseline`, each rung changes one thing and is measured against the rung be
 does not help is not kept. This is the package function the `investigate` command runs.
 """),
     code("""
-ladder = tuning.run_ladder(device=device.knob, quick=QUICK)
-ladder.to_frame()
+ladder = tuning.run_ladder(device=device, settings=tuning.LadderSettings(concurrency=CONCURRENCY, **LADDER))
+ladder.to_frame()[["step", "change", "status", "qps", "p99_ms", "model_busy", "device_busy", "gain", "reason"]]
 """),
     code("viz.ladder_chart(ladder)"),
     code("""
-f = ladder.to_frame()
-first, last = f.iloc[0], f.iloc[-1]
-col = "qps" if "qps" in f else "throughput_rps"
-assert last[col] > first[col], f"the recommended configuration should beat baseline: {last[col]:.1f} vs {first[col]:.1f}"
-print(f"baseline {first[col]:.1f} -> recommended {last[col]:.1f} ({last[col] / first[col]:.1f}x) over {len(f) - 1} rungs.")
+s = ladder.summary()
+assert s["result"]["qps_ratio"] > 1, f"the recommended configuration should beat baseline: {s['result']} vs {s['baseline']}"
+kept = [r["step"] for r in s["steps"] if r["status"] == "kept"]
+print(f"baseline {s['baseline']['qps']:.1f} QPS -> recommended {s['result']['qps']:.1f} QPS ({s['result']['qps_ratio']:.1f}x), "
+      f"p99 {s['baseline']['p99_ms']:.0f} -> {s['result']['p99_ms']:.0f} ms; kept: {', '.join(kept)}.")
+print(f"Ship it with: {ladder.set_line()}")
 """),
     md("""
 ## Step 4: the live server, under your hands

@@ -19,7 +19,7 @@ _LAZY = {
     "plan_buckets": "buckets", "padding_waste": "buckets", "observed_lengths": "buckets",
     "precision_report": "precision", "compare_outputs": "precision", "compare_tokenizers": "preprocess",
     "read_lines": "data", "load_texts": "data", "DEFAULT_DATA": "data",
-    "device_for": "sim", "run_ladder": "ladder",
+    "device_for": "sim", "run_ladder": "ladder", "LadderSettings": "ladder",
 }
 __all__ += sorted(_LAZY)
 

@@ -129,14 +129,12 @@ def device_label(obj: Any) -> str:
     if info is None:
         return ""
     if hasattr(info, "label") and not isinstance(info, (str, dict)):
-        label = str(info.label)
-        if getattr(info, "simulated", False) and not label.startswith("simulated"):
-            label = f"simulated {label}"
-        match = re.match(r"(simulated \S+) \(([^(:]+)", label)  # "simulated NAME (SOURCE (details...))"
-        return f"{match[1]} ({match[2].strip()})" if match else label
+        return _compact(str(info.label), bool(getattr(info, "simulated", False)))
     if isinstance(info, str):
-        return {"cpu": "real CPU", "cuda": "CUDA", "sim": "simulated device"}.get(info, info)
+        return {"cpu": "real CPU", "cuda": "CUDA", "sim": "simulated device"}.get(info, _compact(info, False))
     kind = info.get("kind")
+    if kind == "simulated" and not info.get("profile") and info.get("label"):
+        return _compact(str(info["label"]), True)
     if kind == "simulated":
         source = str(info.get("source") or "").split(" (")[0].split(":")[0].strip()  # "datasheet estimate"
         profile = info.get("profile") or "device"
@@ -147,6 +145,14 @@ def device_label(obj: Any) -> str:
         return "CUDA " + str(info.get("profile") or info.get("name") or "").strip() if (
             info.get("profile") or info.get("name")) else "CUDA"
     return str(kind or "")
+
+
+def _compact(label: str, simulated: bool) -> str:
+    """``simulated NAME (SOURCE (details...))`` -> ``simulated NAME (SOURCE)``."""
+    if simulated and not label.startswith("simulated"):
+        label = f"simulated {label}"
+    match = re.match(r"(simulated \S+) \(([^(:]+)", label)
+    return f"{match[1]} ({match[2].strip()})" if match else label
 
 
 def is_simulated(obj: Any) -> bool:
@@ -469,29 +475,37 @@ def _pick(frame: pd.DataFrame, names: Sequence[str]) -> str | None:
 
 
 def ladder_chart(result: Any, device: Any = None) -> go.Figure:
-    """The ladder, one rung per change: throughput bars, device and model busy, p99 when measured online."""
+    """The ladder, one rung per change: throughput bars (grey: not kept) with p99 when measured online;
+    below, model busy and device busy per rung."""
     frame = result if isinstance(result, pd.DataFrame) else result.to_frame()
     rung = _pick(frame, _RUNG_NAMES)
     labels = [str(v) for v in (frame[rung] if rung else frame.index)]
     tput = _pick(frame, _THROUGHPUT_NAMES)
     p99 = _pick(frame, _P99_NAMES)
-    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.06, row_heights=[0.65, 0.35],
+                        specs=[[{"secondary_y": True}], [{}]])
     if tput:
         kept = frame["kept"].astype(bool).tolist() if "kept" in frame else [True] * len(frame)
-        fig.add_trace(go.Bar(x=labels, y=frame[tput], name=tput.replace("_", " "),
+        values = pd.to_numeric(frame[tput], errors="coerce")
+        fig.add_trace(go.Bar(x=labels, y=values, name=tput.replace("_", " ") + " (grey: not kept)",
                              marker_color=["#4c78a8" if k else "#c7c7c7" for k in kept],
-                             texttemplate="%{y:.1f}", textposition="outside"), secondary_y=False)
-    for col, color, name in (("device_busy", "#54a24b", "device busy %"), ("model_busy", "#f58518", "model busy %")):
-        if col in frame and frame[col].notna().any():
-            fig.add_trace(go.Scatter(x=labels, y=100 * frame[col].astype(float), name=name, mode="lines+markers",
-                                     line=dict(color=color, dash="dot")), secondary_y=True)
-    if p99 and frame[p99].notna().any():
-        fig.add_trace(go.Scatter(x=labels, y=frame[p99], name="p99 ms", mode="markers",
-                                 marker=dict(symbol="x", size=11, color="#e45756")), secondary_y=True)
-    fig.update_yaxes(title_text=(tput or "throughput").replace("_", " "), rangemode="tozero", secondary_y=False)
-    fig.update_yaxes(title_text="busy % / p99 ms", rangemode="tozero", secondary_y=True, showgrid=False)
-    fig.update_xaxes(title_text="rung (each changes one thing from the one before)")
-    return _finish(fig, _title("The ladder: each change measured against the one before", result, device), 480)
+                             texttemplate="%{y:.1f}", textposition="outside"), row=1, col=1, secondary_y=False)
+    if p99 and pd.to_numeric(frame[p99], errors="coerce").notna().any():
+        fig.add_trace(go.Scatter(x=labels, y=pd.to_numeric(frame[p99], errors="coerce"), name="p99 ms",
+                                 mode="markers", marker=dict(symbol="x", size=11, color="#e45756")),
+                      row=1, col=1, secondary_y=True)
+    for col, color, name in (("model_busy", "#f58518", "model busy %"), ("device_busy", "#54a24b", "device busy %")):
+        if col in frame:
+            values = pd.to_numeric(frame[col], errors="coerce")
+            if values.notna().any():
+                fig.add_trace(go.Scatter(x=labels, y=100 * values, name=name, mode="lines+markers",
+                                         line=dict(color=color), connectgaps=True), row=2, col=1)
+    fig.update_yaxes(title_text=(tput or "throughput").replace("_", " "), rangemode="tozero", row=1, col=1,
+                     secondary_y=False)
+    fig.update_yaxes(title_text="p99 ms", rangemode="tozero", showgrid=False, row=1, col=1, secondary_y=True)
+    fig.update_yaxes(title_text="busy %", range=[0, 105], row=2, col=1)
+    fig.update_xaxes(title_text="rung (each changes one thing from the one before)", row=2, col=1)
+    return _finish(fig, _title("The ladder: each change measured against the one before", result, device), 560)
 
 
 # --- the knob panel's figure ----------------------------------------------------------------
