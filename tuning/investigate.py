@@ -109,6 +109,10 @@ def environment(device: Any, what_if: str | None) -> dict[str, Any]:
         "device": device.label, "simulated": bool(device.simulated),
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
     }
+    load = env["load_average_at_start"]
+    if load and load[0] > (env["cpus_logical"] or 1):
+        env["contended"] = (f"the machine was busy with other work (load average {load[0]:.1f} on "
+                            f"{env['cpus_logical']} CPUs): expect a wide run-to-run spread and fewer steps told from noise")
     profile = what_if if (device.knob != "cuda" and what_if) else None
     if profile:
         from .sim import load_profile
@@ -194,11 +198,13 @@ def investigate(data: Any = None, device: str = "auto", quick: bool = False, wha
     if limit is not None:
         settings = dataclasses.replace(settings, limit=limit)
     dev = resolve_device(device, what_if if device == "sim" else None)
+    env = environment(dev, what_if)  # checks the what-if profile before anything is written
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    env = environment(dev, what_if)
     say = _writer(progress)
     say(dev.banner)
+    if env.get("contended"):
+        say(f"note: {env['contended']}")
 
     bar, _, status = _progress(progress, total=2, desc="baseline")
     status("reading the data")
@@ -299,6 +305,8 @@ def format_investigation(inv: Investigation) -> str:
              f"      {inv.ladder.python_call()}"]
     for v in inv.what_if.get("verdicts", []):
         lines.append(f"what-if: {v}")
+    if inv.environment.get("contended"):
+        lines.append(f"note: {inv.environment['contended']}")
     lines.append(f"report: {inv.files['report.html']}  ({inv.wall_s:.0f} s; also experiments.csv, summary.json, "
                  "environment.json)")
     return "\n".join(lines)

@@ -310,7 +310,9 @@ def render_report(inv: Any) -> str:
             f'{"quick" if inv.quick else "full"} run · {inv.wall_s:.0f} s · data {_esc(inv.data.get("path"))} '
             f'({inv.data.get("lines")} lines, {inv.data.get("invalid")} invalid)</p>'
             f'<div class="{banner_cls}">{_esc(dev.get("banner") or dev["label"])}</div>'
-            f'<p class="headline">QPS <b>{_num(s["baseline"]["qps"])} → {_num(s["result"]["qps"])}</b>, p99 '
+            + (f'<p class="note">Note: {_esc(inv.environment["contended"])}.</p>' if inv.environment.get("contended")
+               else "")
+            + f'<p class="headline">QPS <b>{_num(s["baseline"]["qps"])} → {_num(s["result"]["qps"])}</b>, p99 '
             f'<b>{_num(s["baseline"]["p99_ms"], 0)} → {_num(s["result"]["p99_ms"], 0)} ms</b> (target '
             f'{ladder.target_p99_ms:.0f} ms), model busy {_pct(s["baseline"]["model_busy"])} → '
             f'{_pct(s["result"]["model_busy"])}. Ship: <code>{_esc(rec["set_line"])}</code></p>')
