@@ -265,6 +265,25 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from .report import table
+    from .sim.calibrate import calibrate_files, describe
+
+    for source in args.sources:
+        if not source.is_file():
+            raise UsageError(f"--from {str(source)!r}: no such file; write one with `python -m tuning sweep batch --json > FILE`")
+    profile, worst, points = calibrate_files(args.sources, args.name or args.out.stem, base=args.base)
+    profile.to_json(args.out)
+    summary = {"profile": str(args.out), "points": len(points), "worst_fit_error": worst, "fitted": describe(profile)}
+
+    def render() -> str:
+        return (f"fitted {profile.name} from {len(points)} points (worst fit error {worst:.1%}); wrote {args.out}\n"
+                + table([describe(profile)], list(describe(profile)))
+                + f"\nuse it: --set device=sim --set sim_profile={args.out}")
+
+    return _emit(args, summary, render)
+
+
 def cmd_investigate(args: argparse.Namespace) -> int:
     from .investigate import format_investigation, investigate
 
@@ -301,6 +320,7 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
     "sweep": (cmd_sweep, "sweep one variable: batch size (model, fixed shapes), concurrency or wait (server)"),
     "plan": (cmd_plan, "choose k bucket lengths from the token-length histogram; padding waste per strategy"),
     "precision": (cmd_precision, "accuracy of bf16/fp16 embeddings against fp32 (min and mean cosine)"),
+    "calibrate": (cmd_calibrate, "fit a simulated-device profile from batch sweeps measured on a real device"),
 }
 
 
@@ -311,6 +331,15 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == "investigate":
             _add_investigate_flags(p)
+            continue
+        if name == "calibrate":
+            p.add_argument("--from", dest="sources", action="append", required=True, type=Path, metavar="SWEEP.json",
+                           help="`sweep batch --json` output (repeat for more lengths, dtypes and graph modes)")
+            p.add_argument("-o", "--out", type=Path, required=True, help="where to write the device profile JSON")
+            p.add_argument("--name", default=None, help="profile name (default: the output file's stem)")
+            p.add_argument("--base", default=None, help="profile whose memory, copy and power figures are kept "
+                           "(default: h200-sxm-estimate on CUDA; this machine on a CPU)")
+            p.add_argument("--json", action="store_true", help="print the fitted profile as JSON")
             continue
         _add_knob_flags(p, "tuned" if name in ("serve", "loadtest") else "baseline")
         if name != "serve":

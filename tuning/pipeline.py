@@ -567,10 +567,14 @@ class Pipeline:
                 r.group_ms = self._sampler.pass_ms(r.index - 1)
         plan_spans = getattr(self._sampler, "spans", [])
         return PipelineResult(self.knobs, sorted(requests, key=lambda r: r.index), batches, t_start, t_window,
-                              t_end, warmup_s, embeddings, plan_spans, warm_batches)
+                              t_end, warmup_s, embeddings, plan_spans, warm_batches,
+                              device=self.engine.device_info,
+                              device_timeline=[d for d in self.engine.device_spans() if d.t1 >= t_start])
 
 
 def run_pipeline(knobs: Knobs, data: str | Path | Sequence[Any] = DEFAULT_DATA, limit: int | None = None,
                  **kwargs: Any) -> PipelineResult:
     """Build a :class:`Pipeline` for ``knobs`` and replay ``data`` once."""
     return Pipeline(knobs).run(data, limit, **kwargs)
+
+
