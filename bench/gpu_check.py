@@ -381,8 +381,17 @@ class Check:
         self.report.step(name, status="ok", shapes=[list(s) for s in runner.shapes], recompiles=runner.recompiles)
 
 
+STEPS = ("points", "launch_budget", "tf32", "engine_run_pinned", "graph_runner_padded", "sweep_eager",
+         "sweep_cuda_graph", "compile_default", "compile_reduce-overhead", "sweep_compile")
+
+
 def run_check(out: Path, budget_s: float, device_name: str | None = None, dtype_name: str | None = None,
-              quick: bool | None = None, sizes: dict[str, Any] | None = None) -> dict[str, Any]:
+              quick: bool | None = None, sizes: dict[str, Any] | None = None,
+              steps: tuple[str, ...] = STEPS) -> dict[str, Any]:
+    """Run ``steps`` (in the fixed order of :data:`STEPS`) and return the JSON's data."""
+    unknown = sorted(set(steps) - set(STEPS))
+    if unknown:
+        raise ValueError(f"steps {unknown} unknown; choose from {', '.join(STEPS)}")
     device = torch.device(device_name or ("cuda" if torch.cuda.is_available() else "cpu"))
     cuda = device.type == "cuda"
     if cuda:
@@ -407,14 +416,16 @@ def run_check(out: Path, budget_s: float, device_name: str | None = None, dtype_
         print(f"NVML: {'on: ' + ', '.join(sampler.series.devices) if sampler.series.available else 'off: ' + str(sampler.series.reason)}",
               flush=True)
         check = Check(report, device, dtype_name, sizes)
-        steps = [("points", check.points), ("launch_budget", check.launch_budget), ("tf32", check.tf32),
+        plan = [("points", check.points), ("launch_budget", check.launch_budget), ("tf32", check.tf32),
                  ("engine_run_pinned", check.engine_run_pinned), ("graph_runner_padded", check.graph_runner_padded),
                  ("sweep_eager", functools.partial(check.sweep, "eager")),
                  ("sweep_cuda_graph", functools.partial(check.sweep, "cuda_graph")),
                  ("compile_default", functools.partial(check.compile, None)),
                  ("compile_reduce-overhead", functools.partial(check.compile, "reduce-overhead")),
                  ("sweep_compile", functools.partial(check.sweep, "compile"))]
-        for name, step in steps:
+        for name, step in plan:
+            if name not in steps:
+                continue
             if name == "sweep_compile" and check.compile_failed:
                 report.step(name, status=f"skipped: compile failed before ({check.compile_failed})")
                 continue
@@ -444,8 +455,10 @@ def main(argv: list[str] | None = None) -> None:
     form = parser.add_mutually_exclusive_group()
     form.add_argument("--quick", action="store_true", default=None, help="the reduced form (default without CUDA)")
     form.add_argument("--full", dest="quick", action="store_false", help="the full form (default with CUDA)")
+    parser.add_argument("--steps", default=",".join(STEPS), help="comma-separated subset of: " + ", ".join(STEPS))
     args = parser.parse_args(argv)
-    data = run_check(args.out, args.budget_s, args.device, args.dtype, args.quick)
+    data = run_check(args.out, args.budget_s, args.device, args.dtype, args.quick,
+                     steps=tuple(s.strip() for s in args.steps.split(",") if s.strip()))
     rows = [r for r in data["rows"]]
     print(table(rows, ["mode", "batch", "length", "status", "median_ms", "per_sample_ms", "first_call_s",
                        "speedup_vs_eager", "min_cosine_vs_fp32"]))
