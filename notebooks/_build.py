@@ -436,9 +436,8 @@ NB05 = header(
 ) + [
     code(params(
         "LIMIT = 200 if QUICK else 1200  # records per run",
-        "CHECK = 32  # records for the output check",
+        "CHECK = 64 if QUICK else 256  # records for the output check (and the compile timing)",
         "SIZES = (1, 8) if QUICK else (1, 4, 8, 16, 32)  # batch sizes to time",
-        "COMPILE_SIZES = (8,) if QUICK else SIZES  # torch.compile costs seconds per shape on a CPU",
         "LENGTH = 64  # tokens per request in the timed shapes",
     ), "parameters"),
     code(DEVICE),
@@ -479,16 +478,16 @@ print("; ".join(f"{g} vs eager on {a['compared']} records: min cosine {a['min_co
     md("""
 ## Step 3: time per batch by graph mode
 
-Same shapes for every mode (`LENGTH` tokens, no padding). First `compile` against eager on the real
-device, then capture against eager on the device this notebook runs on.
+First the runs just checked, on the real device: the model call per batch of 8 x `LENGTH` tokens
+(compilation happened in warm-up, outside the window; each shape costs seconds to compile on a CPU, so
+one shape here; `python -m tuning sweep batch --set graph=compile` sweeps more). Then capture against
+eager by batch size on the device this notebook runs on.
 """),
+    code("viz.graph_modes_chart(outputs)"),
     code("""
-compiled = {g: tuning.run_batch_sweep(check.replace(graph=g), sizes=list(COMPILE_SIZES), length=LENGTH) for g in ("eager", "compile")}
-viz.graph_modes_chart(compiled)
-"""),
-    code("""
-c = {g: s.to_frame().set_index("batch_size").per_batch_ms for g, s in compiled.items()}
-print("compile against eager on the real " + real + ": " + ", ".join(f"batch {b}: {c['eager'][b] / c['compile'][b]:.2f}x" for b in COMPILE_SIZES))
+c = {g: r.ledger().loc["inference", "p50_ms"] for g, r in outputs.items()}
+print(", ".join(f"{g}: {ms:.2f} ms" for g, ms in c.items()) + f" per batch of 8 on the real {real}: "
+      + ", ".join(f"{g} {c['eager'] / ms:.2f}x eager's speed" for g, ms in c.items() if g != "eager") + ".")
 """),
     code("""
 graph_knobs = tuning.preset("tuned", device=device.knob, dtype="bf16")

@@ -138,6 +138,14 @@ def test_launch_budget_from_signals():
     assert "75%" in _title(fig) and "simulated" in _title(fig)
 
 
+def test_graph_modes_chart_from_runs_and_sweeps(run):
+    sweep = pd.DataFrame({"batch_size": [1, 8], "per_batch_ms": [2.0, 3.0], "status": ["ok", "ok"]})
+    fig = viz.graph_modes_chart({"eager": run, "cuda_graph": sweep}, device="cpu")
+    calls = run.batches_frame().query("not warmup and ok == 4")
+    assert list(fig.data[0].x) == ["4"] and fig.data[0].y[0] == pytest.approx(calls.inference_ms.median())
+    assert list(fig.data[1].y) == [2.0, 3.0]
+
+
 def test_precision_and_tokenizer_charts():
     report = SimpleNamespace(device="cpu", cosines={"bf16": np.array([0.9999, 0.99995])})
     fig = viz.precision_chart(report)
@@ -153,8 +161,8 @@ def test_pct_says_unknown_instead_of_nan():
 def test_notebook_renderer_is_offline():
     previous = pio.renderers.default
     try:
-        name = viz.setup_notebook()
-        assert name == pio.renderers.default and "notebook_connected" not in name
+        viz.setup_notebook()
+        assert pio.renderers.default == viz.DEFAULT_RENDERER and "connected" not in pio.renderers.default
         bundle = pio.renderers[viz.RENDERER].to_mimebundle(go.Figure(go.Bar(y=[1])).to_dict())
         html = bundle["text/html"]
         assert not re.search(r"<script[^>]+src=", html), "no external script (CDN) in a chart"

@@ -48,16 +48,15 @@ def _offline_renderer():
     return OfflineNotebookRenderer(connected=False)
 
 
-def setup_notebook(renderer: str = DEFAULT_RENDERER, template: str = TEMPLATE) -> str:
+def setup_notebook(renderer: str = DEFAULT_RENDERER, template: str = TEMPLATE) -> None:
     """Offline plotly for notebooks: inline plotly.js (no CDN) and keep static charts in saved outputs.
 
-    Returns the renderer name in use. Call it in a notebook's first cell.
+    Call it in a notebook's first cell (``plotly.io.renderers.default`` then names the renderer).
     """
     if RENDERER not in pio.renderers:
         pio.renderers[RENDERER] = _offline_renderer()
     pio.templates.default = template
     pio.renderers.default = renderer  # activating the notebook part displays plotly.js once, inline
-    return renderer
 
 
 class Banner:
@@ -366,11 +365,24 @@ def batch_sweep_chart(sweep: Any, device: Any = None) -> go.Figure:
     return _finish(fig, _title(f"{what}: per-sample cost and its knee", sweep, device))
 
 
+def _per_batch_frame(obj: Any) -> pd.DataFrame:
+    """A batch sweep's rows, or an offline run's model calls as (batch_size, median per_batch_ms) rows."""
+    if isinstance(obj, pd.DataFrame):
+        return obj
+    if hasattr(obj, "batches_frame"):
+        calls = obj.batches_frame()
+        calls = calls[~calls.warmup & (calls.ok > 0)] if len(calls) else calls
+        grouped = calls.groupby("ok")["inference_ms"].agg(["median", "size"]).reset_index()
+        return grouped.rename(columns={"ok": "batch_size", "median": "per_batch_ms", "size": "calls"})
+    return obj.to_frame()
+
+
 def graph_modes_chart(sweeps: Mapping[str, Any], device: Any = None) -> go.Figure:
-    """Per-batch time by batch size for each graph mode (eager, compile, cuda_graph)."""
+    """Per-batch time by batch size for each graph mode (eager, compile, cuda_graph): from batch sweeps,
+    or from offline runs (median model-call time per batch size, warm-up and compilation excluded)."""
     fig = go.Figure()
     for mode, sweep in sweeps.items():
-        frame = sweep if isinstance(sweep, pd.DataFrame) else sweep.to_frame()
+        frame = _per_batch_frame(sweep)
         frame = frame[frame.status == "ok"] if "status" in frame else frame
         label = f"{mode} ({device_label(sweep)})" if device is None and device_label(sweep) else mode
         fig.add_trace(go.Bar(x=[str(b) for b in frame.batch_size], y=frame.per_batch_ms, name=label,
