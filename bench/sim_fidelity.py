@@ -20,7 +20,7 @@ import statistics
 import time
 from pathlib import Path
 
-from common import RESULTS, write
+from common import QUICK_RESULTS, RESULTS, write
 
 from tuning import preset
 from tuning.data import read_lines
@@ -72,8 +72,9 @@ def main() -> None:
     print("1. calibrating a device profile for this CPU from a batch sweep of the real model")
     points = sweep_points(sizes, lengths, ("fp32", "bf16"), repeats=2 if q else 3, rounds=1 if q else 2)
     fitted, fit_error = calibrate(points, embedded_model_profile(), "cpu", "this-cpu-fitted")
-    profile_path = RESULTS / "this-cpu-fitted.json"
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    folder = QUICK_RESULTS if q else RESULTS
+    profile_path = folder / "this-cpu-fitted.json"
+    folder.mkdir(parents=True, exist_ok=True)
     fitted.to_json(profile_path)
     holdout = []
     for dtype in ("fp32", "bf16"):
@@ -108,16 +109,16 @@ def main() -> None:
     within = {k: TARGET[0] <= v <= TARGET[1] for k, v in ratios.items()}
     payload = {
         "what": "sim/real throughput on this CPU: the stand-in with a profile fitted to this CPU vs the real model",
-        "quick": q, "ratios": ratios, "holdout_error": holdout_error, "fit_error": fit_error,
+        "ratios": ratios, "holdout_error": holdout_error, "fit_error": fit_error,
         "target": {"ratio": TARGET, "holdout_error": 0.15}, "within_target": within,
-        "fitted_profile": describe(fitted), "profile_path": str(profile_path.relative_to(RESULTS.parent.parent)),
+        "fitted_profile": describe(fitted), "profile_path": str(profile_path),
         "calibration_points": [p.__dict__ for p in points], "holdout_points": [p.__dict__ for p in holdout],
         "runs": detail, "seconds": time.time() - t_start,
     }
     for key, value in ratios.items():
         print(f"{key:18s} sim/real {value:.3f} {'ok' if within[key] else 'OUTSIDE 0.85-1.15'}")
     print(f"holdout_error      {holdout_error:.3f} {'ok' if holdout_error < 0.15 else 'OVER 0.15'}")
-    write("sim_fidelity" if not q else "sim_fidelity_quick", payload)
+    write("sim_fidelity", payload, quick=q)
 
 
 if __name__ == "__main__":

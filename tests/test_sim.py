@@ -331,3 +331,25 @@ def test_tokenizer_files_fall_back_to_the_repository_copies(monkeypatch):
     vocab, tok = model_mod.tokenizer_files()
     assert vocab.parent.name == "assets" and vocab.read_bytes() == installed[0].read_bytes()
     assert tok.read_bytes() == installed[1].read_bytes()
+
+
+def test_tf32_and_reduce_overhead_change_the_prediction_and_validate():
+    device = SimulatedDevice(load_profile(), embedded_model_profile())
+    ids = torch.ones((32, 128), dtype=torch.long)
+    fp32 = SimulatedModel(device, "fp32", "eager")
+    tf32 = SimulatedModel(device, "fp32", "eager", tf32=True)
+    assert tf32.dtype == "tf32"
+    assert device.cost(32, 128, "tf32", "eager").device_s < device.cost(32, 128, "fp32", "eager").device_s
+    default = device.cost(32, 128, "bf16", "compile")
+    overhead = SimulatedModel(device, "bf16", "compile", compile_mode="reduce-overhead")
+    assert overhead.graph == "compile_graph"
+    graphed = device.cost(32, 128, "bf16", "compile_graph")
+    assert graphed.launches == 1 and default.launches == graphed.kernels and graphed.call_s < default.call_s
+    fp32(ids, ids), tf32(ids, ids)
+    with pytest.raises(ValueError, match="compile_mode='reduce-overhead' only applies with graph='compile'"):
+        preset("tuned", compile_mode="reduce-overhead")
+    with pytest.raises(ValueError, match="needs CUDA"):
+        preset("tuned", graph="compile", compile_mode="reduce-overhead", device="cpu").resolve(False)
+    with pytest.warns(UserWarning, match="tf32=True has no effect without CUDA"):
+        assert preset("tuned", tf32=True, device="cpu").resolve(False).tf32 is False
+    assert preset("tuned", tf32=True, device="sim").resolve(False).tf32 is True

@@ -178,6 +178,8 @@ class Engine:
             self.model = model
         else:
             self.device = torch.device(self.knobs.device)
+            if self.device.type == "cuda":
+                torch.backends.cuda.matmul.allow_tf32 = self.knobs.tf32
             base = model if model is not None else load_minilm()
             self.model = prepare_model(base, self.device, self.knobs.dtype) if isinstance(base, torch.nn.Module) else base
         self.runner = self._make_runner()
@@ -211,13 +213,15 @@ class Engine:
         if self.sim is not None:
             from .sim import SimulatedModel
 
-            return SimulatedModel(self.sim, k.dtype, k.graph, sizes if k.graph != "eager" else ())
+            return SimulatedModel(self.sim, k.dtype, k.graph, sizes if k.graph != "eager" else (),
+                                  compile_mode=k.compile_mode, tf32=k.tf32)
         if k.graph == "compile":
             from .graphs import CompiledRunner
 
             dynamic = k.padding == "dynamic"
             lengths = 1 if dynamic else len(self._warmup_lengths())
-            return CompiledRunner(self.model, sizes, dynamic=dynamic, expected_shapes=len(sizes) * lengths)
+            mode = None if k.compile_mode == "default" else k.compile_mode
+            return CompiledRunner(self.model, sizes, dynamic=dynamic, mode=mode, expected_shapes=len(sizes) * lengths)
         if k.graph == "cuda_graph":
             from .graphs import CudaGraphRunner
 

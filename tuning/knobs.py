@@ -19,6 +19,7 @@ DTYPES = ("fp32", "bf16", "fp16")
 GRAPHS = ("eager", "compile", "cuda_graph")
 DEVICES = ("auto", "cpu", "cuda", "sim")
 GROUP_BY = ("bytes", "tokens")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 
 
 def _knob(default: Any, help: str, **kw: Any) -> Any:
@@ -45,6 +46,10 @@ class Knobs:
     # model
     dtype: str = _knob("fp32", "model precision: fp32, bf16 or fp16 (fp16 needs CUDA)")
     graph: str = _knob("eager", "'eager'; 'compile' (torch.compile); 'cuda_graph' (capture and replay, needs CUDA and fixed shapes)")
+    compile_mode: str = _knob("default", "graph='compile' only: torch.compile mode; 'default' still launches every "
+                              "(fused) kernel; 'reduce-overhead' adds CUDA graphs (one replay per call, needs CUDA)")
+    tf32: bool = _knob(False, "CUDA only: fp32 matmuls on TF32 tensor cores (faster, ~1e-3 relative error); off, "
+                       "fp32 vs bf16 on a GPU overstates what half precision buys")
     device: str = _knob("auto", "'auto' (CUDA when available, else the CPU), 'cpu', 'cuda', or 'sim' (the real host "
                         "pipeline against a simulated accelerator, see sim_profile; every result is labelled simulated)")
     sim_profile: str = _knob("h200-sxm-estimate", "device='sim' only: a shipped device profile (h200-sxm-estimate, "
@@ -75,6 +80,11 @@ class Knobs:
         _check_choice(self, "group_by", GROUP_BY)
         _check_choice(self, "dtype", DTYPES)
         _check_choice(self, "graph", GRAPHS)
+        _check_choice(self, "compile_mode", COMPILE_MODES)
+        _check_bool(self, "tf32")
+        if self.compile_mode != "default" and self.graph != "compile":
+            raise ValueError(f"compile_mode={self.compile_mode!r} only applies with graph='compile' (got graph="
+                             f"{self.graph!r}); set graph='compile' or leave compile_mode='default'")
         _check_choice(self, "device", DEVICES)
         if not isinstance(self.sim_profile, str) or not self.sim_profile:
             _fail_type("sim_profile", self.sim_profile, "a shipped profile name or a JSON path")
@@ -135,6 +145,12 @@ class Knobs:
             if self.pin_memory:
                 warnings.warn("pin_memory=True has no effect without CUDA; running with pin_memory=False", stacklevel=2)
                 changes["pin_memory"] = False
+            if self.tf32:
+                warnings.warn("tf32=True has no effect without CUDA; running with tf32=False", stacklevel=2)
+                changes["tf32"] = False
+            if self.compile_mode == "reduce-overhead":
+                raise ValueError("compile_mode='reduce-overhead' captures CUDA graphs and needs CUDA; on a CPU use "
+                                 "compile_mode='default'")
         return dataclasses.replace(self, **changes)
 
     def as_dict(self) -> dict[str, Any]:

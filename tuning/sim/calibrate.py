@@ -171,10 +171,12 @@ def calibrate(points: Sequence[Point], model: ModelProfile, device_kind: str, na
             copy_latency_s=0.0, idle_power_w=math.nan, max_power_w=math.nan)
     else:
         base_profile = load_profile(base or "h200-sxm-estimate")
-    dtypes = {d: params.get(f"flops_{d}") for d in DTYPE_BYTES}
+    dtypes = {d: params.get(f"flops_{d}") for d in ("fp32", "bf16", "fp16")}
     fallback = next(v for v in dtypes.values() if v is not None)
     half = dtypes["bf16"] or dtypes["fp16"]  # an unmeasured half precision takes the other one's rate
     peak = {d: float(v if v is not None else (half if d != "fp32" and half else fallback)) for d, v in dtypes.items()}
+    if "flops_tf32" in params:
+        peak["tf32"] = float(params["flops_tf32"])
     measured = sorted({p.dtype for p in points})
     graphs = sorted({p.graph for p in points})
     sources = {

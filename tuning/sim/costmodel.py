@@ -23,10 +23,12 @@ The formula, for one forward at (B, T) in dtype d::
                  synchronous devices (a CPU) run launch then kernel in series: host_s + device_s
     copy_s     = copy_latency_s + input bytes / (h2d_pinned_bps or h2d_pageable_bps)
 
-``compile`` fuses each run of operators without FLOPs between two FLOP-heavy operators into
+``compile`` (``compile_graph``: compile with mode='reduce-overhead', fused kernels replayed as one
+graph) fuses each run of operators without FLOPs between two FLOP-heavy operators into
 one kernel whose traffic is the largest of the run's (inductor's pointwise/reduction fusion;
 matmuls and attention stay extern kernels). ``cuda_graph`` keeps the kernels and replaces
-their launches by one replay. bytes_i(d) scales floating-point traffic by the dtype's size.
+their launches by one replay. bytes_i(d) scales floating-point traffic by the dtype's size; ``tf32``
+is fp32 storage with matmuls at the profile's TF32 rate (fp32's where the profile gives none).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import torch
 
 from .profiles import DeviceProfile
 
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}  # tf32: fp32 storage, matmuls on TF32 tensor cores
 FEATURES = ("1", "B", "B*T", "B*T^2")
 DEFAULT_GRID = ((1, 8), (2, 8), (1, 16), (2, 16), (4, 32), (1, 64), (3, 48), (2, 64))
 
@@ -220,16 +222,16 @@ def predict(model: ModelProfile, device: DeviceProfile, batch: int, length: int,
             graph: str = "eager") -> CallCost:
     """The cost of one forward at (batch, length) per the module docstring's formula."""
     flops, nbytes, launches = model.per_op(batch, length, dtype)
-    if graph == "compile":
+    if graph in ("compile", "compile_graph"):
         k_flops, k_bytes = fused_groups(model, flops, nbytes)
     else:
         k_flops, k_bytes = flops[launches], nbytes[launches]
-    peak = device.peak_flops[dtype] * device.flops_efficiency
+    peak = device.flops_for(dtype) * device.flops_efficiency
     bandwidth = device.mem_bandwidth * device.bandwidth_efficiency
     kernels = np.maximum(device.min_kernel_s, np.maximum(k_flops / peak, k_bytes / bandwidth))
     device_s = float(kernels.sum())
     n = len(kernels)
-    if graph == "cuda_graph":
+    if graph in ("cuda_graph", "compile_graph"):  # compile_graph: compile with mode='reduce-overhead'
         host_s, n_launches = device.graph_replay_s, 1
         call_s = host_s + device_s
     else:

@@ -64,6 +64,12 @@ class DeviceProfile:
             return f"datasheet estimate ({self.description})"
         return f"measured: {self.description}"
 
+    def flops_for(self, dtype: str) -> float:
+        """Dense peak FLOP/s for a dtype; ``tf32`` falls back to fp32 where the profile has no TF32 rate."""
+        if dtype == "tf32":
+            return self.peak_flops.get("tf32", self.peak_flops["fp32"])
+        return self.peak_flops[dtype]
+
     def label(self) -> str:
         return f"simulated {self.name} ({self.source})"
 

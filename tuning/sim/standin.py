@@ -171,10 +171,11 @@ class SimulatedModel:
 
     simulated = True
 
-    def __init__(self, device: SimulatedDevice, dtype: str, graph: str, captured_batches: Sequence[int] = ()):
+    def __init__(self, device: SimulatedDevice, dtype: str, graph: str, captured_batches: Sequence[int] = (),
+                 compile_mode: str = "default", tf32: bool = False):
         self.device = device
-        self.dtype = dtype
-        self.graph = graph
+        self.dtype = "tf32" if tf32 and dtype == "fp32" else dtype
+        self.graph = "compile_graph" if graph == "compile" and compile_mode == "reduce-overhead" else graph
         self.captured_batches = tuple(sorted(captured_batches))
 
     def shape_cost_batch(self, batch: int) -> int:
