@@ -14,7 +14,12 @@ checking the time budget inside long steps, not only between them. In order:
    against strict fp32);
 5. the real paths: ``Engine.run`` with pinned copies, the padded ``CudaGraphRunner`` at
    several batch sizes with ragged batches, and a short ``run_batch_sweep`` per graph mode;
-6. torch.compile on two shapes (default mode, then mode='reduce-overhead'), skipped after
+6. the simulated accelerator: a device profile fitted from every forward timed so far
+   (``device_profile.json`` beside the JSON, printed beside the shipped H200 estimate), then
+   ``baseline`` and ``tuned`` offline on this device under the recorder (NVML series, model busy,
+   device busy, diagnosis) and on ``device=sim`` with that profile: sim/real, the fidelity that
+   matters most (the shipped records and tokenizer files travel with the repository);
+7. torch.compile on two shapes (default mode, then mode='reduce-overhead'), skipped after
    its first failure, and the compile sweep last.
 
 Random weights (``tuning.model.random_minilm``) and random token ids: the tokenizer and the
@@ -54,10 +59,10 @@ from tuning.report import table  # noqa: E402
 from tuning.sweep import run_batch_sweep  # noqa: E402
 
 FULL = {"batches": (1, 8, 32), "lengths": (64, 128), "repeats": 20, "sweep_sizes": (1, 4, 16, 64),
-        "sweep_length": 128, "compile_shapes": ((1, 64), (8, 128))}
+        "sweep_length": 128, "compile_shapes": ((1, 64), (8, 128)), "fidelity_limits": {"baseline": 600, "tuned": 2400}}
 # reduced: the compile sweep's shapes are the compile step's, so its compiles hit the cache
 REDUCED = {"batches": (1, 4), "lengths": (16, 32), "repeats": 5, "sweep_sizes": (1, 4), "sweep_length": 16,
-           "compile_shapes": ((1, 16), (4, 16))}
+           "compile_shapes": ((1, 16), (4, 16)), "fidelity_limits": {"baseline": 40, "tuned": 80}}
 
 
 class OutOfTime(Exception):
@@ -381,8 +386,84 @@ class Check:
         self.report.step(name, status="ok", shapes=[list(s) for s in runner.shapes], recompiles=runner.recompiles)
 
 
+    # -- the simulated accelerator's calibration and fidelity on this device --------------------------------------
+
+    def calibration_points(self) -> list:
+        """Every timed forward so far as a calibration point: the shape points and the sweeps."""
+        from tuning.sim.calibrate import Point
+
+        points = [Point(int(r["batch"]), int(r["length"]), r["dtype"], r["mode"], float(r["median_ms"]))
+                  for r in self.report.data["rows"]
+                  if r.get("status") == "ok" and r.get("mode") in ("eager", "cuda_graph") and r.get("median_ms")]
+        for graph in ("eager", "cuda_graph"):
+            step = self.report.data["steps"].get(f"sweep_{graph}", {})
+            points += [Point(int(p["batch_size"]), self.sizes["sweep_length"], self.dtype_name, graph,
+                             float(p["per_batch_ms"])) for p in step.get("points", [])
+                       if p.get("status") == "ok" and p.get("per_batch_ms")]
+        return points
+
+    def device_profile(self) -> None:
+        """Fit this device's profile from what was timed; print it beside the shipped H200 estimate."""
+        from tuning.sim import embedded_model_profile, load_profile
+        from tuning.sim.calibrate import calibrate, describe
+
+        points = self.calibration_points()
+        name = (torch.cuda.get_device_name(self.device) if self.cuda else "this-cpu").lower().replace(" ", "-")
+        profile, worst = calibrate(points, embedded_model_profile(), "cuda" if self.cuda else "cpu",
+                                   f"{name}-measured")
+        path = self.report.path.parent / "device_profile.json"
+        profile.to_json(path)
+        shipped = describe(load_profile("h200-sxm-estimate"))
+        self.report.step("device_profile", status="ok", path=str(path), points=len(points), worst_fit_error=worst,
+                         fitted=describe(profile), shipped_estimate=shipped)
+        print(f"  device profile from {len(points)} points (worst fit error {worst:.1%}), wrote {path}", flush=True)
+        print(table([{"profile": "measured here", **describe(profile)}, {"profile": "h200-sxm-estimate", **shipped}],
+                    ["profile", "tflops_fp32", "tflops_bf16", "bandwidth_gb_s", "launch_us", "min_kernel_us",
+                     "graph_replay_us"]), flush=True)
+
+    def sim_fidelity(self) -> None:
+        """baseline and tuned offline on this device under the recorder, then on sim with the profile just fitted."""
+        from tuning import preset
+        from tuning.pipeline import Pipeline
+        from tuning.profile import Recorder
+
+        path = self.report.path.parent / "device_profile.json"
+        if not path.is_file():
+            self.report.step("sim_fidelity", status="skipped: no device profile (its step did not run)")
+            return
+        limits = self.sizes["fidelity_limits"]
+        runs: dict[str, dict[str, Any]] = {}
+        for name in ("baseline", "tuned"):
+            for mode in ("real", "sim"):
+                self.report.check(f"sim_fidelity {name} {mode}")
+                if mode == "real":
+                    knobs = preset(name, device=self.device.type)
+                    pipe = Pipeline(knobs, model=random_minilm())
+                else:
+                    pipe = Pipeline(preset(name, device="sim", sim_profile=str(path)))
+                pipe.warmup()
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    with Recorder(0.25, device=(self.device.index or 0) if self.cuda else None) as rec:
+                        result = pipe.run(limit=limits[name], keep_embeddings=False)
+                prof = rec.join(result)
+                gpu = prof.summary()["gpu"]
+                runs.setdefault(name, {})[mode] = row = {
+                    "throughput_rps": result.throughput_rps, "model_busy": result.model_busy,
+                    "device_busy": prof.signals.device_busy, "diagnosis": prof.diagnosis.kind,
+                    "sm_util_mean": gpu.get("sm_util_mean"), "gpu_series": gpu.get("devices"),
+                    "device": result.summary()["device"]}
+                print(f"  {name:8s} {mode:4s}: {row['throughput_rps']:8.1f} req/s, model busy {row['model_busy']:.0%}, "
+                      f"device busy {row['device_busy']:.0%}, {row['diagnosis']}", flush=True)
+                self.report.step("sim_fidelity", status="partial", runs=_clean(runs))
+        ratios = {name: r["sim"]["throughput_rps"] / r["real"]["throughput_rps"] for name, r in runs.items()}
+        self.report.step("sim_fidelity", status="ok", runs=_clean(runs), sim_over_real=ratios)
+        print("  sim/real throughput: " + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items()), flush=True)
+
+
 STEPS = ("points", "launch_budget", "tf32", "engine_run_pinned", "graph_runner_padded", "sweep_eager",
-         "sweep_cuda_graph", "compile_default", "compile_reduce-overhead", "sweep_compile")
+         "sweep_cuda_graph", "device_profile", "sim_fidelity", "compile_default", "compile_reduce-overhead",
+         "sweep_compile")
 
 
 def run_check(out: Path, budget_s: float, device_name: str | None = None, dtype_name: str | None = None,
@@ -420,6 +501,7 @@ def run_check(out: Path, budget_s: float, device_name: str | None = None, dtype_
                  ("engine_run_pinned", check.engine_run_pinned), ("graph_runner_padded", check.graph_runner_padded),
                  ("sweep_eager", functools.partial(check.sweep, "eager")),
                  ("sweep_cuda_graph", functools.partial(check.sweep, "cuda_graph")),
+                 ("device_profile", check.device_profile), ("sim_fidelity", check.sim_fidelity),
                  ("compile_default", functools.partial(check.compile, None)),
                  ("compile_reduce-overhead", functools.partial(check.compile, "reduce-overhead")),
                  ("sweep_compile", functools.partial(check.sweep, "compile"))]

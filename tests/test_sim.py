@@ -353,3 +353,26 @@ def test_tf32_and_reduce_overhead_change_the_prediction_and_validate():
     with pytest.warns(UserWarning, match="tf32=True has no effect without CUDA"):
         assert preset("tuned", tf32=True, device="cpu").resolve(False).tf32 is False
     assert preset("tuned", tf32=True, device="sim").resolve(False).tf32 is True
+
+
+def test_gpu_check_fits_a_profile_and_measures_fidelity(tmp_path):
+    """gpu_check's simulated-accelerator steps on a CPU: a profile from the timed points, then sim vs real."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "gpu_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_check_sim", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sizes = {"batches": (1, 2, 4), "lengths": (8, 24), "repeats": 2, "fidelity_limits": {"baseline": 8, "tuned": 16}}
+    result = module.run_check(tmp_path, 300, device_name="cpu", sizes=sizes,
+                              steps=("points", "device_profile", "sim_fidelity"))
+    step = result["steps"]["device_profile"]
+    assert step["status"] == "ok" and step["points"] == 6
+    fitted = load_profile(str(tmp_path / "device_profile.json"))
+    assert fitted.kind == "measured" and fitted.synchronous
+    runs = result["steps"]["sim_fidelity"]["runs"]
+    assert runs["baseline"]["real"]["device"]["kind"] == "cpu"
+    assert runs["tuned"]["sim"]["device"]["kind"] == "simulated"
+    assert runs["tuned"]["sim"]["device"]["profile"] == "this-cpu-measured"
+    assert all(math.isfinite(v) and v > 0 for v in result["steps"]["sim_fidelity"]["sim_over_real"].values())
