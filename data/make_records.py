@@ -1,4 +1,5 @@
-"""Seeded generator for the shipped demo records (``data/records.jsonl``).
+"""Seeded generator for the shipped demo records (``tuning/assets/records.jsonl``, package data;
+``data/records.jsonl`` is a link to it, so there is one copy).
 
 Run ``python data/make_records.py`` to rebuild the file; the output is byte-for-byte
 the same for the same seed. The records imitate a product catalogue / support
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=2400, help="number of records")
     parser.add_argument("--seed", type=int, default=20261130)
-    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("records.jsonl"))
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "tuning" / "assets" / "records.jsonl")
     args = parser.parse_args(argv)
     with args.out.open("w", encoding="utf-8", newline="\n") as fh:
         for record in make_records(args.n, args.seed):

@@ -60,3 +60,14 @@ def test_missing_file_and_bad_limit(tmp_path):
         read_records(tmp_path / "nope.jsonl")
     with pytest.raises(ValueError, match="limit=0"):
         read_records(limit=0)
+
+
+def test_demo_records_are_one_file_shipped_in_the_package():
+    from pathlib import Path
+
+    from tuning.data import DEFAULT_DATA
+
+    root = Path(__file__).resolve().parent.parent
+    assert DEFAULT_DATA.parent == root / "tuning" / "assets", "package data, found from any directory"
+    linked = root / "data" / "records.jsonl"  # a link in the source tree; a copy where links are not supported
+    assert linked.resolve() == DEFAULT_DATA or linked.read_bytes() == DEFAULT_DATA.read_bytes()

@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-DEFAULT_DATA = Path(__file__).resolve().parent.parent / "data" / "records.jsonl"
+# The demo records ship inside the package (so every command works from any directory after a
+# non-editable install); data/records.jsonl in the source tree is a link to this file.
+DEFAULT_DATA = Path(__file__).resolve().parent / "assets" / "records.jsonl"
 
 _FIELDS: dict[str, type] = {"id": str, "title": str, "category": str, "attributes": dict, "body": str}
 
