@@ -221,7 +221,8 @@ def profile_pipeline(knobs: Knobs, data: Any = None, limit: int | None = None, i
 
     pipeline = pipeline or Pipeline(knobs)
     pipeline.warmup()
-    with Recorder(interval, nvml=nvml) as rec:
+    # on the simulated device the GPU section comes from its timeline: NVML would only warn that it is absent
+    with Recorder(interval, nvml=nvml, gpu=pipeline.engine.sim is None) as rec:
         result = pipeline.run(data if data is not None else DEFAULT_DATA, limit, keep_embeddings=False, **run_kwargs)
     ops = None
     if with_ops and not pipeline.engine.simulated:  # the stand-in launches no operators to count
