@@ -376,3 +376,18 @@ def test_gpu_check_fits_a_profile_and_measures_fidelity(tmp_path):
     assert runs["tuned"]["sim"]["device"]["kind"] == "simulated"
     assert runs["tuned"]["sim"]["device"]["profile"] == "this-cpu-measured"
     assert all(math.isfinite(v) and v > 0 for v in result["steps"]["sim_fidelity"]["sim_over_real"].values())
+
+
+def test_a_thread_waiting_for_a_cpu_is_working_not_blocked():
+    """On an oversubscribed host a busy input thread gets less CPU than it asks for; its run-queue wait
+    (schedstat) counts toward its demand, so the model's wait for input reads starved, not blocked."""
+    from tuning.profile.diagnose import Signals, diagnose
+
+    squeezed = Signals(model_busy=0.2, wait_for_input_share=0.7, max_thread_cpu=35.0, max_thread_name="loader-worker-0",
+                       max_thread_wait=40.0)
+    verdict = diagnose(squeezed)
+    assert verdict.kind == "starved" and "waiting for a free CPU" in " ".join(verdict.reasons)
+    idle = Signals(model_busy=0.2, wait_for_input_share=0.7, max_thread_cpu=35.0, max_thread_wait=2.0)
+    assert diagnose(idle).kind == "blocked"
+    unknown = Signals(model_busy=0.2, wait_for_input_share=0.7, max_thread_cpu=35.0)  # no schedstats: CPU alone
+    assert diagnose(unknown).kind == "blocked"

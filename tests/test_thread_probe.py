@@ -4,6 +4,7 @@ thread, CPU no live thread holds is an ``unattributed`` row, and the probe does 
 import json
 import os
 import threading
+import math
 import time
 
 import psutil
@@ -16,13 +17,17 @@ from tuning.profile.threads import name_this_thread
 def test_new_threads_count_from_zero_and_a_reused_id_is_a_new_thread():
     from tuning.profile.host_probe import ProcSnap, cpu_delta
 
-    prev = {(10, 1.0): ProcSnap(cpu=5.0, threads={(10, 100): (4.0, "main"), (11, 100): (1.0, "old")})}
-    now = {(10, 1.0): ProcSnap(cpu=5.5, threads={(10, 100): (4.1, "main"),
-                                                  (11, 900): (0.05, "reused"),  # same tid, started later
-                                                  (12, 950): (0.15, "new")}),  # started after prev
-           (20, 7.0): ProcSnap(cpu=0.2, threads={(20, 700): (0.2, "worker")})}  # a new child process
+    # per thread: (cpu seconds, name, run-queue wait seconds)
+    prev = {(10, 1.0): ProcSnap(cpu=5.0, threads={(10, 100): (4.0, "main", 2.0), (11, 100): (1.0, "old", 0.0)})}
+    now = {(10, 1.0): ProcSnap(cpu=5.5, threads={(10, 100): (4.1, "main", 2.3),
+                                                  (11, 900): (0.05, "reused", 0.01),  # same tid, started later
+                                                  (12, 950): (0.15, "new", float("nan"))}),  # started after prev
+           (20, 7.0): ProcSnap(cpu=0.2, threads={(20, 700): (0.2, "worker", 0.0)})}  # a new child process
     total, rows, unattributed = cpu_delta(prev, now, dt=1.0)
-    by_name = {name: cpu for pid, tid, start, name, cpu in rows}
+    by_name = {name: cpu for pid, tid, start, name, cpu, wait in rows}
+    waits = {name: wait for pid, tid, start, name, cpu, wait in rows}
+    assert waits["main"] == pytest.approx(30.0) and waits["reused"] == pytest.approx(1.0)  # a new thread from zero
+    assert math.isnan(waits["new"])  # no schedstats: unknown, not zero
     assert by_name == pytest.approx({"main": 10.0, "reused": 5.0, "new": 15.0, "worker": 20.0})
     # 0.5 s of process CPU, 0.3 s held by live threads: the rest (e.g. a thread that ended) is unattributed
     assert dict(unattributed) == pytest.approx({10: 20.0, 20: 0.0})

@@ -65,8 +65,8 @@ def format_profile(profile) -> str:
     gpu = s["gpu"]
     lines = [f"diagnosis: {d['kind'].upper()}  ({'; '.join(d['reasons'])})", f"next step: {d['next_step']}",
              "evidence: " + ", ".join(f"{k}={_fmt(v)}" for k, v in d["evidence"].items()), ""]
-    lines += ["threads by CPU (% of one core, mean over the run)",
-              table(s["threads"], ["name", "pid", "tid", "cpu_mean", "cpu_max"]), ""]
+    lines += ["threads by CPU (% of one core, mean over the run; wait: runnable but no CPU free)",
+              table(s["threads"], ["name", "pid", "tid", "cpu_mean", "cpu_max", "wait_mean"]), ""]
     host = s["host"]
     if host.get("samples"):
         lines.append(f"process CPU {host['cpu_percent_mean']:.0f}% of one core ({host['cpu_count']} cores), "
@@ -114,6 +114,6 @@ def format_load(s: dict) -> str:
     if "diagnosis" in s:
         d = s["diagnosis"]
         lines += ["", f"diagnosis: {d['kind'].upper()}  ({'; '.join(d['reasons'])})", f"next step: {d['next_step']}",
-                  "threads by CPU", table(s["threads"], ["name", "pid", "tid", "cpu_mean", "cpu_max"]),
+                  "threads by CPU", table(s["threads"], ["name", "pid", "tid", "cpu_mean", "cpu_max", "wait_mean"]),
                   f"GPU: {'sampled' if s['gpu']['available'] else 'none sampled: ' + str(s['gpu']['reason'])}"]
     return "\n".join(lines)

@@ -52,6 +52,7 @@ class Signals:
     mean_batch: float = math.nan
     max_thread_cpu: float = math.nan
     max_thread_name: str = ""
+    max_thread_wait: float = math.nan  # that thread's run-queue wait: runnable, but no CPU free (% of a core)
     process_cpu: float = math.nan
     disk_mb_s: float = math.nan
     launch_share: float = math.nan
@@ -104,8 +105,12 @@ def diagnose(s: Signals) -> Diagnosis:
     evidence = {k: _round(v) for k, v in asdict(s).items() if _known(v) and not k.endswith("_knob")}
     reasons: list[str] = []
     disk_busy = _known(s.disk_mb_s) and s.disk_mb_s >= DISK_BUSY_MB_S
-    pegged = _known(s.max_thread_cpu) and s.max_thread_cpu >= PEGGED_THREAD_CPU
-    working = _known(s.max_thread_cpu) and s.max_thread_cpu >= WORKING_CPU
+    # a thread's demand is the CPU it used plus the time it was runnable but waited for a CPU: on an
+    # oversubscribed host a thread that wants to work gets less than it asks for, and is still working
+    demand = (s.max_thread_cpu + (s.max_thread_wait if _known(s.max_thread_wait) else 0.0)
+              if _known(s.max_thread_cpu) else math.nan)
+    pegged = _known(demand) and demand >= PEGGED_THREAD_CPU
+    working = _known(demand) and demand >= WORKING_CPU
     short = _known(s.median_span_ms) and s.median_span_ms < FRAGMENT_SPAN_MS
     small = _known(s.mean_batch) and s.mean_batch <= SMALL_BATCH
     launch_bound = _known(s.launch_share) and s.launch_share >= LAUNCH_BOUND_SHARE
@@ -151,7 +156,9 @@ def diagnose(s: Signals) -> Diagnosis:
         if working or disk_busy:
             if working:
                 what = "a single-threaded choke point" if pegged else "working"
-                reasons.append(f"thread '{s.max_thread_name}' at {s.max_thread_cpu:.0f}% of a core ({what})")
+                waited = (f" plus {s.max_thread_wait:.0f}% waiting for a free CPU (the host is oversubscribed)"
+                          if _known(s.max_thread_wait) and s.max_thread_wait >= 5 else "")
+                reasons.append(f"thread '{s.max_thread_name}' at {s.max_thread_cpu:.0f}% of a core{waited} ({what})")
             if disk_busy:
                 reasons.append(f"disk at {s.disk_mb_s:.0f} MB/s (>= {DISK_BUSY_MB_S:.0f})")
             return Diagnosis("starved", evidence, "Feed the model faster: raise num_workers (with prefetch_factor=4), "
@@ -164,7 +171,8 @@ def diagnose(s: Signals) -> Diagnosis:
         return fragmented(host_side())
 
     if s.model_busy < IDLE_BUSY and not working and not disk_busy:
-        reasons.append(f"model busy {s.model_busy:.0%} (< {IDLE_BUSY:.0%}) and no thread above {WORKING_CPU:.0f}%")
+        reasons.append(f"model busy {s.model_busy:.0%} (< {IDLE_BUSY:.0%}) and no thread using or waiting for "
+                       f"{WORKING_CPU:.0f}% of a core")
         return Diagnosis("blocked", evidence, "Everything is idle: look for locks, a serialized queue or network "
                          "waits; raise concurrency.", reasons)
     reasons.append(f"model busy {s.model_busy:.0%} with neither input waits nor launch-bound bursts dominating")

@@ -45,6 +45,7 @@ class ThreadSample:
     name: str
     cpu_percent: float
     start: int = 0  # start time in clock ticks since boot: (pid, tid, start) names one thread
+    wait_percent: float = float("nan")  # runnable but waiting for a CPU (run-queue delay), % of the interval
 
 
 @dataclass
@@ -72,11 +73,17 @@ class HostSeries:
         frame = self.threads_frame()
         rows: list[dict[str, Any]] = []
         if not frame.empty:
-            grouped = frame.groupby(["pid", "tid", "start", "name"], as_index=False)["cpu_percent"].agg(["sum", "max"])
+            keys = ["pid", "tid", "start", "name"]
+            grouped = frame.groupby(keys, as_index=False)["cpu_percent"].agg(["sum", "max"])
+            waits = frame.groupby(keys)["wait_percent"].sum(min_count=1)
             grouped = grouped.sort_values("sum", ascending=False)
-            rows = [{"pid": int(r["pid"]), "tid": int(r["tid"]), "name": str(r["name"]),
-                     "cpu_mean": float(r["sum"]) / n_samples, "cpu_max": float(r["max"])}
-                    for _, r in grouped.head(n).iterrows()]
+            rows = []
+            for _, r in grouped.head(n).iterrows():
+                wait = waits.get((r["pid"], r["tid"], r["start"], r["name"]))
+                rows.append({"pid": int(r["pid"]), "tid": int(r["tid"]), "name": str(r["name"]),
+                             "cpu_mean": float(r["sum"]) / n_samples, "cpu_max": float(r["max"]),
+                             # runnable but no CPU free (pidstat's %wait): high when the host is oversubscribed
+                             "wait_mean": None if wait is None or wait != wait else float(wait) / n_samples})
             rest = grouped.iloc[n:]
             if len(rest):
                 rows.append({"pid": None, "tid": None, "name": f"other threads ({len(rest)})",
@@ -150,12 +157,13 @@ class HostSampler:
             obj = json.loads(raw)
             self.series.samples.append(HostSample(obj["t"], obj["cpu"], obj["rss"], obj["read"], obj["write"],
                                                   obj["children"]))
-            for pid, tid, start, comm, cpu in obj["threads"]:
+            for pid, tid, start, comm, cpu, *rest in obj["threads"]:
+                wait = rest[0] if rest and rest[0] is not None else float("nan")
                 if pid == self.pid:  # threads torch/OpenMP start natively have no Python name; they
                     # inherit the OS name of the thread that started them (e.g. "model-executor (native)")
                     name = names.get((tid, start)) or ("MainThread" if tid == pid else f"{comm} (native)")
                 else:
                     name = comm
-                self.series.threads.append(ThreadSample(obj["t"], pid, tid, name, cpu, start))
+                self.series.threads.append(ThreadSample(obj["t"], pid, tid, name, cpu, start, wait))
             for pid, cpu in obj["unattributed"]:
                 self.series.unattributed.append(ThreadSample(obj["t"], pid, -1, "unattributed", cpu))

@@ -48,6 +48,16 @@ def _task_stat(pid, tid):
     return (int(rest[11]) + int(rest[12])) / _TICKS, int(rest[19]), name
 
 
+def _task_wait(pid, tid):
+    """Seconds one thread has spent runnable but waiting for a CPU (``/proc/.../schedstat``), or NaN where the
+    kernel does not keep schedstats."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+            return int(fh.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
 def snapshot(procs):
     """``{(pid, create time): ProcSnap}`` of the given processes (those that exit meanwhile are left out)."""
     snaps = {}
@@ -60,11 +70,11 @@ def snapshot(procs):
             except OSError:  # not Linux: no start time; key by id alone
                 tids = None
                 for th in p.threads():
-                    threads[(th.id, 0)] = (th.user_time + th.system_time, f"tid-{th.id}")
+                    threads[(th.id, 0)] = (th.user_time + th.system_time, f"tid-{th.id}", float("nan"))
             for tid in tids or ():
                 stat = _task_stat(p.pid, tid)
                 if stat is not None:
-                    threads[(tid, stat[1])] = (stat[0], stat[2])
+                    threads[(tid, stat[1])] = (stat[0], stat[2], _task_wait(p.pid, tid))
             snaps[(p.pid, p.create_time())] = ProcSnap(times.user + times.system, threads)
         except psutil.Error:
             continue  # a worker that exited between listing and reading
@@ -73,17 +83,18 @@ def snapshot(procs):
 
 def cpu_delta(prev, now, dt):
     """CPU % (of one core) in the interval: ``(total, threads, unattributed)``, with
-    ``threads = [[pid, tid, start, name, cpu]]`` and ``unattributed = [[pid, cpu]]``; the threads and
+    ``threads = [[pid, tid, start, name, cpu, wait]]`` (``wait``: % of the interval the thread was runnable
+    but waiting for a CPU; NaN without schedstats) and ``unattributed = [[pid, cpu]]``; the threads' CPU and
     the unattributed figures add up to the total."""
     total, rows, unattributed = 0.0, [], []
     for (pid, created), snap in now.items():
         before = prev.get((pid, created))
         used_threads = 0.0
-        for (tid, start), (cpu, name) in snap.threads.items():
-            was = before.threads.get((tid, start), (0.0,))[0] if before else 0.0  # new thread: from zero
+        for (tid, start), (cpu, name, wait) in snap.threads.items():
+            was, waited = (before.threads.get((tid, start), (0.0, "", 0.0)) if before else (0.0, "", 0.0))[::2]
             used = max(cpu - was, 0.0)
             used_threads += used
-            rows.append([pid, tid, start, name, used / dt * 100])
+            rows.append([pid, tid, start, name, used / dt * 100, max(wait - waited, 0.0) / dt * 100])
         used_process = max(snap.cpu - (before.cpu if before else 0.0), used_threads)  # new process: from zero
         unattributed.append([pid, (used_process - used_threads) / dt * 100])
         total += used_process / dt * 100

@@ -160,10 +160,14 @@ def window_signals(workload: Workload, host: HostSeries, gpu: GpuSeries, t0: flo
     # the input side's threads: not the samplers, not the serving model executor (and its native pool)
     input_side = ~threads.name.isin(SAMPLER_THREADS) & ~threads.name.str.startswith("model-executor")
     threads = threads[(threads.t >= t0) & (threads.t <= t1 + host_slack(host)) & input_side]
-    max_cpu, max_name = math.nan, ""
+    max_cpu, max_name, max_wait = math.nan, "", math.nan
     if len(threads):
-        per = threads.groupby(["pid", "tid", "name"])["cpu_percent"].mean().sort_values(ascending=False)
-        max_cpu, max_name = float(per.iloc[0]), str(per.index[0][2])
+        # the thread that wanted the most CPU: used + waited in the run queue (schedstat), where known
+        per = threads.groupby(["pid", "tid", "name"])[["cpu_percent", "wait_percent"]].mean()
+        demand = per.cpu_percent + per.wait_percent.fillna(0.0)
+        top = demand.idxmax()
+        max_cpu, max_name = float(per.cpu_percent[top]), str(top[2])
+        max_wait = float(per.wait_percent[top]) if per.wait_percent.notna().any() else math.nan
     hf = host.to_frame()
     hf = hf[(hf.t >= t0) & (hf.t <= t1 + host_slack(host))]
     gf = gpu.to_frame()
@@ -183,7 +187,7 @@ def window_signals(workload: Workload, host: HostSeries, gpu: GpuSeries, t0: flo
         wait_for_model_share=_share(workload, "wait_for_model_s", window),
         median_span_ms=float(np.median([(b - a) * 1000 for a, b in spans])) if spans else math.nan,
         mean_batch=float(np.mean(sizes)) if sizes else math.nan,
-        max_thread_cpu=max_cpu, max_thread_name=max_name,
+        max_thread_cpu=max_cpu, max_thread_name=max_name, max_thread_wait=max_wait,
         process_cpu=float(hf.cpu_percent.mean()) if len(hf) else math.nan,
         disk_mb_s=float((hf.read_mb_s + hf.write_mb_s).mean()) if len(hf) else math.nan,
         launch_share=launch_share,
