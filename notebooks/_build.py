@@ -102,8 +102,8 @@ avg, gaps = load.model_busy, (busy < 0.5 * load.model_busy).mean()
 print(f"Average model busy {avg:.0%}, yet windows ranged from {busy.min():.0%} to {busy.max():.0%}; "
       f"{gaps:.0%} of windows were below half the average.")
 gpu = profile.summary()["gpu"]
-print(f"GPU section: {gpu['devices'] or 'none'}; {gpu['reason'] or 'NVML readings'}; "
-      f"mean utilization {gpu.get('sm_util_mean') or float('nan'):.0f}%, mean power {100 * (gpu.get('power_frac_mean') or float('nan')):.0f}% of the limit")
+print(f"GPU section ({', '.join(gpu['devices']) or 'no GPU'}): " + (gpu["reason"] or "NVML") + (
+      f"; mean utilization {gpu['sm_util_mean']:.0f}%, power {viz.pct(gpu.get('power_frac_mean'))} of the limit" if gpu.get("sm_util_mean") is not None else ""))
 """),
     md("""
 ## Step 3: per thread, not per process
