@@ -87,3 +87,20 @@ def test_parse_knob_value_errors():
         parse_knob_value("batch_size", "eight")
     with pytest.raises(ValueError, match="unknown knob"):
         Knobs().replace(nope=1)
+
+
+@pytest.mark.parametrize("value,exc,needle", [
+    (0, ValueError, "max_batch_tokens=0"),
+    (2.5, TypeError, "max_batch_tokens=2.5"),
+    (100, ValueError, "max_length=256"),  # below max_length: a long request could never fit
+])
+def test_max_batch_tokens_is_validated(value, exc, needle):
+    with pytest.raises(exc, match=needle):
+        Knobs(max_batch_tokens=value)
+
+
+def test_max_batch_tokens_parses_and_defaults_to_no_budget():
+    assert Knobs().max_batch_tokens is None and "max-batch-tokens" in Knobs().help()["max_batch_tokens"]
+    assert parse_knob_value("max_batch_tokens", "4096") == 4096
+    assert parse_knob_value("max_batch_tokens", "none") is None
+    assert Knobs(max_batch_tokens=4096).max_batch_tokens == 4096

@@ -57,6 +57,10 @@ class Knobs:
     torch_threads: int | None = _knob(None, "intra-op threads of the model (None: torch's default)")
     # online serving
     max_wait_ms: float = _knob(0.0, "dynamic batching: longest a request waits for its batch to fill (0: no waiting)")
+    max_batch_tokens: int | None = _knob(None, "dynamic batching: padded-token budget per batch, batch size x padded "
+                                         "length (text-embeddings-inference's max-batch-tokens); a batch leaves when "
+                                         "the next request would break it, so short requests travel in larger batches "
+                                         "(batch_size still caps the count); >= max_length; None: no budget")
     max_queue: int = _knob(1024, "bounded request queue; a full queue rejects with an overload outcome")
     concurrency: int = _knob(1, "load generator: requests in flight at once (closed loop)")
     deadline_ms: float | None = _knob(None, "per-request deadline; a request not done by then gets a timeout outcome")
@@ -91,6 +95,13 @@ class Knobs:
         if self.torch_threads is not None:
             _check_int(self, "torch_threads", minimum=1)
         _check_number(self, "max_wait_ms", minimum=0.0)
+        if self.max_batch_tokens is not None:
+            _check_int(self, "max_batch_tokens", minimum=1)
+            if self.max_batch_tokens < self.max_length:
+                raise ValueError(
+                    f"knob max_batch_tokens={self.max_batch_tokens} is below max_length={self.max_length}: a request of "
+                    f"max_length tokens could never fit a batch; set max_batch_tokens >= {self.max_length} "
+                    "(e.g. batch_size x a typical padded length) or None")
         _check_int(self, "max_queue", minimum=1)
         _check_int(self, "concurrency", minimum=1)
         if self.deadline_ms is not None:
@@ -237,7 +248,7 @@ def parse_knob_value(name: str, text: str) -> Any:
         raise ValueError(f"unknown knob {name!r}; known knobs: {', '.join(knob_names())}")
     default = getattr(Knobs(), name)
     lowered = text.strip().lower()
-    if lowered in ("none", "null") and name in ("prefetch_factor", "torch_threads", "deadline_ms"):
+    if lowered in ("none", "null") and name in ("prefetch_factor", "torch_threads", "deadline_ms", "max_batch_tokens"):
         return None
     try:
         if isinstance(default, bool):
@@ -248,7 +259,7 @@ def parse_knob_value(name: str, text: str) -> Any:
             raise ValueError
         if isinstance(default, tuple):
             return tuple(int(part) for part in text.split(",") if part.strip())
-        if name in ("prefetch_factor", "torch_threads") or isinstance(default, int):
+        if name in ("prefetch_factor", "torch_threads", "max_batch_tokens") or isinstance(default, int):
             return int(text)
         if name == "deadline_ms" or isinstance(default, float):
             return float(text)
