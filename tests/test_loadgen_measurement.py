@@ -107,12 +107,12 @@ def test_server_latency_histogram_counts_every_outcome(lines):
         futures = [server.submit(raw) for raw in lines[:10]]
         outcomes = [f.result(timeout=30).outcome for f in futures]
     assert "rejected" in outcomes and "timeout" in outcomes
-    assert server.latency_hist.count == len(outcomes)
+    assert server.metrics.count() == len(outcomes)
     from tuning.metrics import prometheus_text
 
     text = prometheus_text(server)
-    assert f'tuning_latency_seconds_count{{outcome="rejected"}} {outcomes.count("rejected")}' in text
-    assert f'tuning_latency_seconds_count{{outcome="timeout"}} {outcomes.count("timeout")}' in text
+    assert f'tuning_request_duration_seconds_count{{outcome="rejected"}} {outcomes.count("rejected")}.0' in text
+    assert f'tuning_request_duration_seconds_count{{outcome="timeout"}} {outcomes.count("timeout")}.0' in text
 
 
 # --- 4. steady windows, busy from the running total ------------------------------------------------------

@@ -1,9 +1,11 @@
 import json
+import threading
 import time
 import urllib.error
 import urllib.request
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers import TinyModel
 from tuning.data import read_lines
@@ -135,9 +137,12 @@ def test_http_front_on_loopback(lines):
             assert json.loads(resp.read())["status"] == "ok"
         with urllib.request.urlopen(front.url + "/metrics") as resp:
             text = resp.read().decode()
-        assert 'tuning_requests_total{outcome="ok"} 2' in text and "tuning_queue_depth 0" in text
-        assert 'tuning_stage_seconds_bucket{stage="inference",le="+Inf"} 2' in text
-        assert "tuning_batch_size_count" in text
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                   for family in text_string_to_metric_families(text) for s in family.samples}
+        assert samples[("tuning_requests_total", (("outcome", "ok"),))] == 2
+        assert samples[("tuning_queue_depth", ())] == 0
+        assert samples[("tuning_stage_duration_seconds_bucket", (("le", "+Inf"), ("stage", "inference")))] == 2
+        assert samples[("tuning_batch_size_count", ())] >= 1
         status, body = _post(front.url + "/nope", b"{}")
         assert status == 404
         result = run_load(url, lines, concurrency=8, requests=40)  # the load generator drives the URL too
@@ -199,3 +204,85 @@ def test_recorder_wraps_a_load_test(lines):
     assert {"batcher", "model-executor", "preprocess-0"} <= threads
     assert len(profile.to_frame("requests")) == 120 and len(profile.to_frame("gpu")) > 0
     assert profile.summary()["stages"]["queue_wait"]["p50_ms"] >= 0
+
+
+# --- issue 11 item 8: the model's critical path holds only the model ---------------------------------------
+class _Recording(TinyModel):
+    def __init__(self, second_batch_at_call: int):
+        super().__init__()
+        self.second_batch_at_call = second_batch_at_call
+        self.second_batch = threading.Event()
+
+    def forward(self, ids, mask):
+        if self.calls + 1 == self.second_batch_at_call:
+            self.second_batch.set()
+        return super().forward(ids, mask)
+
+
+def test_next_batch_starts_before_the_previous_one_is_answered(lines, monkeypatch):
+    """Review finding: the executor answered every request of a batch (responses, lock, histograms, futures)
+    before it started the next batch. Here answering the first batch waits for the model's next call."""
+    knobs = KNOBS.replace(num_workers=1, batch_size=2, max_wait_ms=0.0, padding="dynamic")
+    model = _Recording(second_batch_at_call=4)  # two warm-up calls, then the first batch
+    overlapped = []
+    original = Server._complete
+
+    def slow_answer(self, *args):
+        if not overlapped:
+            overlapped.append(model.second_batch.wait(timeout=3))
+        return original(self, *args)
+
+    monkeypatch.setattr(Server, "_complete", slow_answer)
+    with Server(knobs, engine=Engine(knobs, model)) as server:
+        results = [f.result(timeout=30) for f in [server.submit(raw) for raw in lines[:3]]]
+    assert overlapped == [True] and all(r.outcome == "ok" for r in results)
+
+
+def test_metrics_are_observed_outside_the_server_lock(lines):
+    server = make_server()
+    held = []
+    observe = server.metrics.observe
+    server.metrics.observe = lambda response: (held.append(server._lock.locked()), observe(response))
+    with server:
+        [server.submit(raw).result(timeout=30) for raw in lines[:5]]
+    assert len(held) == 5 and not any(held)
+
+
+def test_expiry_looks_only_at_due_requests(lines):
+    """Review finding: _expire rescanned every pending request on each arrival (78 us at 1,000 pending)."""
+    knobs = KNOBS.replace(num_workers=1, batch_size=64, max_wait_ms=60_000.0, deadline_ms=60_000.0)
+    server = make_server(knobs).start()
+    looked = []
+    remove = server.former.remove
+
+    def counting_remove(predicate):
+        def counted(item):
+            looked.append(1)
+            return predicate(item)
+        return remove(counted)
+
+    server.former.remove = counting_remove
+    futures = [server.submit(raw) for raw in lines[:40]]
+    for _ in range(2000):
+        if len(server.former) == 40:
+            break
+        time.sleep(0.005)
+    server.close()
+    assert all(f.result(timeout=30).outcome == "ok" for f in futures)
+    assert len(looked) == 0  # no deadline was due: nothing scanned (was about 40 * 40 / 2)
+
+
+def test_simulated_pinned_copy_overlaps_the_running_batch(lines, monkeypatch):
+    """With pin_memory the copy starts when the batcher builds the batch; the executor waits only for what is
+    left of it (on the simulated device: the copy engine works while the device computes)."""
+    from tuning.sim.standin import SimulatedDevice
+
+    knobs = KNOBS.replace(device="sim", pin_memory=True, num_workers=1)
+    copies_on = []
+    monkeypatch.setattr(SimulatedDevice, "copy_in", lambda self, nbytes, pinned: copies_on.append(
+        threading.current_thread().name))
+    with Server(knobs) as server:
+        results = [f.result(timeout=30) for f in [server.submit(raw) for raw in lines[:20]]]
+    assert all(r.outcome == "ok" for r in results)
+    assert copies_on == []  # no synchronous copy on the executor: it was staged
+    assert all(r.copy_ms < 5 for r in results)

@@ -46,6 +46,8 @@ class PreparedBatch:
     t_ready: float  # when preparation finished (shared clock)
     worker: int = 0  # process id that prepared it
     padded_length: int = 0
+    staged: Any = None  # set by Engine.stage: the copy already started (a CUDA event, or the simulated copy's end)
+    staged_copy_s: float = 0.0  # host time spent starting that copy (off the model's critical path)
 
     @property
     def ok_items(self) -> list[Item]:
@@ -269,19 +271,64 @@ class Engine:
         self.compile_s = time.perf_counter() - t0
         return self.compile_s
 
+    def stage(self, batch: PreparedBatch) -> PreparedBatch:
+        """Start the batch's host-to-device copy so that it overlaps the batch the model is running (the
+        online batcher calls this while the executor runs the previous batch). Only with ``pin_memory``:
+        on CUDA the tensors are pinned and copied on a side stream, recorded by an event that the model's
+        stream waits on; on the simulated device the copy engine works while the device computes, so the
+        copy ends at a time :meth:`run` waits for only if it has not come. Otherwise the batch is returned
+        as it is and :meth:`run` copies it."""
+        if batch.input_ids is None or not self.knobs.pin_memory or batch.staged is not None:
+            return batch
+        t0 = self.clock()
+        nbytes = (batch.input_ids.numel() * batch.input_ids.element_size()
+                  + batch.attention_mask.numel() * batch.attention_mask.element_size())
+        if self.sim is not None:
+            from .sim.costmodel import copy_seconds
+
+            batch.staged = ("sim", t0 + copy_seconds(self.sim.profile, nbytes, pinned=True))
+        elif self.device.type == "cuda":
+            if getattr(self, "_copy_stream", None) is None:
+                self._copy_stream = torch.cuda.Stream(self.device)
+            host = (batch.input_ids.pin_memory(), batch.attention_mask.pin_memory())
+            with torch.cuda.stream(self._copy_stream):
+                batch.input_ids = host[0].to(self.device, non_blocking=True)
+                batch.attention_mask = host[1].to(self.device, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(self._copy_stream)
+            batch.staged = ("cuda", event, host)  # the pinned host tensors live until the copy is done
+        else:
+            return batch
+        batch.staged_copy_s = self.clock() - t0
+        return batch
+
+    def _wait_staged(self, batch: PreparedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        kind = batch.staged[0]
+        if kind == "sim":
+            self.sim.wait(batch.staged[1] - self.clock(), spin=False)  # only what is left of the copy
+        else:
+            stream = torch.cuda.current_stream(self.device)
+            stream.wait_event(batch.staged[1])
+            batch.input_ids.record_stream(stream)  # made on the copy stream, used on this one
+            batch.attention_mask.record_stream(stream)
+        return batch.input_ids, batch.attention_mask
+
     def run(self, batch: PreparedBatch) -> BatchOutput:
         """copy -> forward -> postprocess for one batch; a failure fails this batch only."""
         t0 = self.clock()
         if batch.input_ids is None:
             return BatchOutput(None, 0.0, 0.0, 0.0, t0, t0)
         try:
-            non_blocking = self.knobs.pin_memory and self.device.type == "cuda"
-            ids = batch.input_ids.to(self.device, non_blocking=non_blocking)
-            mask = batch.attention_mask.to(self.device, non_blocking=non_blocking)
-            if self.sim is not None:  # host-to-device copy of ids and mask on the simulated device
-                self.sim.copy_in(ids.numel() * ids.element_size() + mask.numel() * mask.element_size(),
-                                 pinned=self.knobs.pin_memory)
-            self._sync()
+            if batch.staged is not None:  # copied (or copying) already, overlapped with the previous batch
+                ids, mask = self._wait_staged(batch)
+            else:
+                non_blocking = self.knobs.pin_memory and self.device.type == "cuda"
+                ids = batch.input_ids.to(self.device, non_blocking=non_blocking)
+                mask = batch.attention_mask.to(self.device, non_blocking=non_blocking)
+                if self.sim is not None:  # host-to-device copy of ids and mask on the simulated device
+                    self.sim.copy_in(ids.numel() * ids.element_size() + mask.numel() * mask.element_size(),
+                                     pinned=self.knobs.pin_memory)
+                self._sync()
             t1 = self.clock()
             with torch.inference_mode():
                 out = self.runner(ids, mask)

@@ -1,151 +1,243 @@
-"""HTTP front for the in-process server: ``POST /embed``, ``GET /healthz``, ``GET /metrics``.
+"""The HTTP front: a starlette app served by uvicorn (the ASGI stack most Python inference services run;
+FastAPI is built on it) in front of a :class:`~tuning.serve.Server`, loopback by default.
 
-``POST /embed`` takes one JSON object: ``{"text": "..."}`` or a record
-(``{"id", "title", "category", "attributes", "body"}``). Bad input gets a 4xx with a JSON
-``{"error": ...}`` naming the problem; overload is 503 (with Retry-After), a missed
-deadline 504, a failed batch 500. The server stays up through all of them.
+Routes and error contract:
+
+- ``POST /embed`` with ``{"text": ...}`` or a record object: 200 with the embedding, its token count,
+  batch size, latency and per-stage timings; 400 with a JSON error naming the problem (bad UTF-8,
+  malformed JSON, wrong field types, a malformed record); 411 without a length; 413 for a body over
+  1 MiB; 503 with ``Retry-After`` when the server's queue is full; 504 when the request's deadline
+  passed; 500 when its batch failed.
+- ``GET /healthz``: status, queue depth, the admission limit and the outcome counts.
+- ``GET /metrics``: ``prometheus_client``'s exposition (see :mod:`tuning.metrics`).
+- Anything else: 404 (405 for a known path with the wrong method), with a JSON error naming the routes.
+
+How the event loop meets the server: the handler submits to the server's bounded queue (a lock and a
+``queue.put``, never blocking) and awaits the request's future through ``asyncio.wrap_future``; the
+completer thread resolves it and the loop is woken once per answer. Preprocessing, batching and the
+model run on the server's own threads, so the loop only parses HTTP and writes JSON. The listen
+backlog is sized for thousands of simultaneous new connections (the kernel caps it at
+``net.core.somaxconn``; a warning says when that is lower). Shutdown is graceful: the listener closes,
+requests in flight get their answers, then the server drains its queue.
 """
 
 from __future__ import annotations
 
+import asyncio
+import ipaddress
 import json
+import socket
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import time
+import warnings
+from pathlib import Path
 from typing import Any
 
+import numpy as np
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
 from .data import RecordError, parse_line
-from .metrics import prometheus_text
+from .metrics import CONTENT_TYPE, prometheus_text
 from .serve import SERVE_STAGES, Server
 
 MAX_BODY_BYTES = 1 << 20
 DRAIN_LIMIT_BYTES = 16 << 20  # larger bodies are cut off without reading
 STATUS_BY_OUTCOME = {"ok": 200, "rejected": 503, "timeout": 504, "error": 500}
+DEFAULT_BACKLOG = 4096
+ROUTES = "POST /embed, GET /healthz or GET /metrics"
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server_version = "tuning/0.1"
-    protocol_version = "HTTP/1.1"
+def _error(status: int, message: str, headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
+    return JSONResponse({"error": message, **extra}, status_code=status, headers=headers)
 
-    def log_message(self, *args: Any) -> None:  # quiet: /metrics is the log
-        pass
 
-    @property
-    def backend(self) -> Server:
-        return self.server.backend  # type: ignore[attr-defined]
+def validate_body(raw: bytes) -> tuple[Any, str | None]:
+    """The request body to submit, or the reason it is bad."""
+    try:
+        obj = json.loads(raw.decode("utf-8"))  # decode first: json.loads would guess UTF-16/32 from bytes
+    except UnicodeDecodeError as exc:
+        return None, f"body is not valid UTF-8 (byte {exc.start}); send UTF-8 JSON"
+    except json.JSONDecodeError as exc:
+        return None, f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+    if not isinstance(obj, dict):
+        return None, f"expected a JSON object, got {type(obj).__name__}"
+    if "text" in obj:
+        if not isinstance(obj["text"], str):
+            return None, f"field 'text' must be a string, got {type(obj['text']).__name__}"
+        if not obj["text"].strip():
+            return None, "field 'text' is empty"
+        return obj["text"], None
+    parsed = parse_line(raw, 0)
+    if isinstance(parsed, RecordError):
+        return None, f"{parsed.reason} (send {{\"text\": ...}} or a record with id, title, category, attributes, body)"
+    return raw, None
 
-    def _send(self, status: int, payload: Any, content_type: str = "application/json",
-              headers: dict[str, str] | None = None) -> None:
-        body = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        self.wfile.write(body)
 
-    def _error(self, status: int, message: str, **extra: Any) -> None:
-        self._send(status, {"error": message, **extra})
+def response_body(response: Any) -> dict[str, Any]:
+    """The JSON answer for an ok response (the embedding rounded to 7 decimals, as a plain list)."""
+    return {"id": response.id, "embedding": np.round(response.embedding.astype(np.float64), 7).tolist(),
+            "n_tokens": response.n_tokens, "truncated": response.truncated, "batch_size": response.batch_size,
+            "latency_ms": response.latency_ms,
+            "timings_ms": {s: getattr(response, f"{s}_ms") for s in SERVE_STAGES}}
 
-    def do_GET(self) -> None:
-        if self.path == "/healthz":
-            b = self.backend
-            self._send(200, {"status": "ok" if b._accepting else "stopping", "queue_depth": b.queue_depth,
-                             "max_queue": b.knobs.max_queue, "counts": b.counts})
-        elif self.path == "/metrics":
-            self._send(200, prometheus_text(self.backend), "text/plain; version=0.0.4; charset=utf-8")
-        else:
-            self._error(404, f"no route {self.path!r}; use POST /embed, GET /healthz or GET /metrics")
 
-    def do_POST(self) -> None:
-        if self.path != "/embed":
-            self._error(404, f"no route {self.path!r}; use POST /embed")
-            return
-        length_header = self.headers.get("Content-Length")
-        if length_header is None:
-            self._error(411, "Content-Length header is required")
-            return
+async def _read_body(request: Request) -> tuple[bytes | None, JSONResponse | None]:
+    """The body, or the error answer (411, 400, 413; an oversized body is read away up to a limit so the
+    client sees the 413 and not a reset)."""
+    header = request.headers.get("content-length")
+    chunked = "chunked" in request.headers.get("transfer-encoding", "").lower()
+    if header is None and not chunked:
+        return None, _error(411, "Content-Length header is required")
+    if header is not None:
         try:
-            length = int(length_header)
+            declared = int(header)
         except ValueError:
-            self._error(400, f"Content-Length {length_header!r} is not an integer")
-            return
-        if length > MAX_BODY_BYTES:
-            if length <= DRAIN_LIMIT_BYTES:  # read it away so the client sees the 413, not a broken pipe
-                for _ in range(0, length, 1 << 16):
-                    self.rfile.read(min(1 << 16, length))
-                    length -= 1 << 16
-            self._error(413, f"body of {length_header} bytes is over the {MAX_BODY_BYTES}-byte limit; "
-                             "send one request per POST")
-            self.close_connection = True
-            return
-        raw = self.rfile.read(length)
-        payload, problem = self._validate(raw)
-        if problem:
-            self._error(400, problem)
-            return
-        response = self.backend.submit(payload).result()
+            return None, _error(400, f"Content-Length {header!r} is not an integer")
+        if declared > MAX_BODY_BYTES:
+            if declared <= DRAIN_LIMIT_BYTES:
+                async for _ in request.stream():
+                    pass
+            return None, _error(413, f"body of {header} bytes is over the {MAX_BODY_BYTES}-byte limit; "
+                                     "send one request per POST", headers={"Connection": "close"})
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            size = len(body)
+            async for rest in request.stream():
+                size += len(rest)
+                if size > DRAIN_LIMIT_BYTES:
+                    break
+            return None, _error(413, f"chunked body over the {MAX_BODY_BYTES}-byte limit; send one request per "
+                                     "POST", headers={"Connection": "close"})
+    return bytes(body), None
+
+
+def build_app(backend: Server) -> Starlette:
+    """The ASGI app for ``backend`` (started and closed by its owner)."""
+
+    async def embed(request: Request) -> Response:
+        try:
+            raw, problem = await _read_body(request)
+        except ClientDisconnect:
+            return Response(status_code=400)
+        if problem is not None:
+            return problem
+        payload, reason = validate_body(raw)
+        if reason:
+            return _error(400, reason)
+        response = await asyncio.wrap_future(backend.submit(payload))
         status = STATUS_BY_OUTCOME[response.outcome]
         if response.outcome == "ok":
-            body = {"id": response.id, "embedding": [round(float(x), 7) for x in response.embedding],
-                    "n_tokens": response.n_tokens, "truncated": response.truncated,
-                    "batch_size": response.batch_size, "latency_ms": response.latency_ms,
-                    "timings_ms": {s: getattr(response, f"{s}_ms") for s in SERVE_STAGES}}
-            self._send(200, body)
-        else:
-            headers = {"Retry-After": "1"} if status == 503 else None
-            self._send(status, {"error": response.reason, "outcome": response.outcome}, headers=headers)
+            return JSONResponse(response_body(response))
+        return _error(status, response.reason, headers={"Retry-After": "1"} if status == 503 else None,
+                      outcome=response.outcome)
 
-    @staticmethod
-    def _validate(raw: bytes) -> tuple[Any, str | None]:
-        """The request body to submit, or the reason it is bad."""
-        try:
-            obj = json.loads(raw.decode("utf-8"))  # decode first: json.loads would guess UTF-16/32 from bytes
-        except UnicodeDecodeError as exc:
-            return None, f"body is not valid UTF-8 (byte {exc.start}); send UTF-8 JSON"
-        except json.JSONDecodeError as exc:
-            return None, f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-        if not isinstance(obj, dict):
-            return None, f"expected a JSON object, got {type(obj).__name__}"
-        if "text" in obj:
-            if not isinstance(obj["text"], str):
-                return None, f"field 'text' must be a string, got {type(obj['text']).__name__}"
-            if not obj["text"].strip():
-                return None, "field 'text' is empty"
-            return obj["text"], None
-        parsed = parse_line(raw, 0)
-        if isinstance(parsed, RecordError):
-            return None, f"{parsed.reason} (send {{\"text\": ...}} or a record with id, title, category, attributes, body)"
-        return raw, None
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok" if backend._accepting else "stopping", "queue_depth": backend.queue_depth,
+                             "max_queue": backend.knobs.max_queue, "counts": dict(backend.counts)})
+
+    async def metrics(request: Request) -> Response:
+        return Response(prometheus_text(backend), media_type=CONTENT_TYPE)
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return _error(404, f"no route {request.url.path!r}; use {ROUTES}")
+
+    async def not_allowed(request: Request, exc: Exception) -> Response:
+        return _error(405, f"{request.method} is not allowed on {request.url.path!r}; use {ROUTES}")
+
+    return Starlette(routes=[Route("/embed", embed, methods=["POST"]), Route("/healthz", healthz, methods=["GET"]),
+                             Route("/metrics", metrics, methods=["GET"])],
+                     exception_handlers={404: not_found, 405: not_allowed})
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def somaxconn() -> int | None:
+    """The kernel's cap on a listen backlog (Linux), or None where it cannot be read."""
+    try:
+        return int(Path("/proc/sys/net/core/somaxconn").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def listen_socket(host: str, port: int, backlog: int) -> socket.socket:
+    """A bound, listening TCP socket (so the port is known before the server starts)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
 
 
 class HttpFront:
-    """A threaded HTTP server in front of a :class:`Server`; loopback by default."""
+    """uvicorn serving :func:`build_app` for a :class:`Server`, on a thread of this process; loopback by default.
 
-    def __init__(self, backend: Server, host: str = "127.0.0.1", port: int = 0):
+    ``backlog``: the listen queue of connections not yet accepted (the standard library's server used 5,
+    so a burst of new connections was reset or waited for a SYN retransmit).
+    """
+
+    def __init__(self, backend: Server, host: str = "127.0.0.1", port: int = 0, backlog: int = DEFAULT_BACKLOG,
+                 graceful_timeout_s: float = 30.0):
+        if not is_loopback(host):
+            warnings.warn(f"binding {host}: the server is reachable from other machines and has no authentication; "
+                          "bind 127.0.0.1 unless that is what you want", RuntimeWarning, stacklevel=2)
+        cap = somaxconn()
+        if cap is not None and cap < backlog:
+            warnings.warn(f"listen backlog {backlog} is capped by the kernel at net.core.somaxconn={cap}; raise it "
+                          f"(sysctl -w net.core.somaxconn={backlog}) for bursts of that many new connections",
+                          RuntimeWarning, stacklevel=2)
         self.backend = backend
-        self.httpd = ThreadingHTTPServer((host, port), _Handler)
-        self.httpd.daemon_threads = True
-        self.httpd.backend = backend  # type: ignore[attr-defined]
+        self.backlog = backlog
+        self.sock = listen_socket(host, port, backlog)
+        self.app = build_app(backend)
+        config = uvicorn.Config(self.app, backlog=backlog, log_config=None, log_level="warning", access_log=False,
+                                lifespan="off", timeout_graceful_shutdown=graceful_timeout_s)
+        self.server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
-        host, port = self.httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        host, port = self.sock.getsockname()[:2]
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
-    def start(self) -> "HttpFront":
+    def start(self, timeout_s: float = 30.0) -> "HttpFront":
         self.backend.start()
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="http-front", daemon=True)
+        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, name="http-front",
+                                        daemon=True)
         self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.backend.close(drain=False)
+                raise RuntimeError(f"the HTTP front did not start on {self.url}")
+            time.sleep(0.005)
         return self
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.backend.close()
+        """Stop accepting, answer what is in flight, then drain the server."""
+        self.server.should_exit = True
         if self._thread:
-            self._thread.join(timeout=10)
+            self._thread.join(timeout=60)
+        self.sock.close()
+        self.backend.close()
 
     def __enter__(self) -> "HttpFront":
         return self.start()

@@ -2,6 +2,11 @@
 
 Drives the in-process :class:`~tuning.serve.Server`, any HTTP endpoint that takes the same
 JSON as ``POST /embed``, or a server in another process over a pipe (:class:`PipeTarget`).
+An HTTP endpoint is driven by an asyncio client on one thread with a keep-alive connection
+pool (``aiohttp``; one connection per client slot, opened once): no connection set-up per
+request, an accurate open-loop schedule, and every transport failure (refused, reset, timed
+out) is that request's ``error`` outcome with the reason. The client's own CPU use is
+reported (``client_cpu``), with a warning when the client, not the server, is the bottleneck.
 The counts of the measured requests add up: ``submitted == ok + errors + timeouts + rejected``.
 
 How it measures (see the README, "How latency is measured"):
@@ -22,6 +27,7 @@ How it measures (see the README, "How latency is measured"):
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import math
@@ -29,8 +35,6 @@ import queue
 import random
 import threading
 import time
-import urllib.error
-import urllib.request
 import warnings
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -52,33 +56,79 @@ def server_target(server: Server, keep_embeddings: bool = False) -> Target:
     return lambda raw: server.submit(raw, embedding=keep_embeddings).result()
 
 
+CLIENT_BOTTLENECK = 0.8  # the client's loop thread busier than this share of a core: it may be the bottleneck
+
+
+def _body(raw: Any) -> bytes:
+    if isinstance(raw, (bytes, bytearray)):
+        return bytes(raw)
+    return json.dumps({"text": raw} if isinstance(raw, str) else raw).encode()
+
+
+def _http_response(rid: int, status: int | None, payload: Any, t0: float, t1: float,
+                   failure: str | None = None) -> Response:
+    """One HTTP exchange as a :class:`Response`: 200 ok, 503 rejected, 504 timeout, anything else (or no
+    answer at all) an error with the reason."""
+    payload = payload if isinstance(payload, dict) else {}
+    if failure is not None:
+        outcome, reason = "error", f"connection failed: {failure}"
+    elif status == 200:
+        outcome, reason = "ok", None
+    else:
+        outcome = {503: "rejected", 504: "timeout"}.get(status, "error")
+        reason = f"HTTP {status}: {payload.get('error', 'no error message')}"
+    stages = payload.get("timings_ms", {}) if outcome == "ok" else {}
+    return Response(rid, outcome, reason, payload.get("id"), None, int(payload.get("n_tokens", 0) or 0),
+                    bool(payload.get("truncated", False)), int(payload.get("batch_size", 0) or 0), t0, t1,
+                    **{f"{s}_ms": float(stages.get(s, 0.0)) for s in SERVE_STAGES})
+
+
+class AsyncHttpClient:
+    """``POST`` request bodies to ``url`` over a keep-alive pool of at most ``connections`` connections
+    (aiohttp). Use inside the event loop that runs it: ``async with AsyncHttpClient(...) as c: await c(raw)``.
+    Never raises for a request: a transport failure is that request's error outcome."""
+
+    def __init__(self, url: str, connections: int, timeout_s: float = 60.0, clock: _clock.Clock | None = None):
+        self.url, self.connections, self.timeout_s = url, connections, timeout_s
+        self.clock = clock or _clock.now
+        self._ids = itertools.count()
+        self.session = None
+
+    async def __aenter__(self) -> "AsyncHttpClient":
+        import aiohttp
+
+        connector = aiohttp.TCPConnector(limit=self.connections, limit_per_host=self.connections,
+                                         force_close=False, enable_cleanup_closed=True)
+        self.session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                                             headers={"Content-Type": "application/json"})
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.session.close()
+
+    async def __call__(self, raw: Any) -> Response:
+        rid, body = next(self._ids), _body(raw)
+        t0 = self.clock()
+        try:
+            async with self.session.post(self.url, data=body) as resp:
+                data = await resp.read()
+                status = resp.status
+            return _http_response(rid, status, _json_or_empty(data), t0, self.clock())
+        except Exception as exc:  # refused, reset, timed out, protocol error: this request's one outcome
+            text = str(exc) or type(exc).__name__
+            return _http_response(rid, None, {}, t0, self.clock(), f"{type(exc).__name__}: {text}")
+
+
 def http_target(url: str, timeout_s: float = 60.0) -> Target:
-    """POST each request as JSON to ``url`` (e.g. ``http://127.0.0.1:8000/embed``)."""
-    counter = itertools.count()
+    """A blocking callable for one-off requests to ``url`` (each call runs its own event loop and
+    connection). Load tests do not use it: :func:`run_load` drives a URL with the pooled async client."""
 
     def send(raw: Any) -> Response:
-        rid = next(counter)
-        body = raw if isinstance(raw, (bytes, bytearray)) else json.dumps(
-            {"text": raw} if isinstance(raw, str) else raw).encode()
-        t0 = _clock.now()
-        request = urllib.request.Request(url, data=bytes(body), method="POST",
-                                         headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as resp:
-                payload = json.loads(resp.read())
-                outcome, reason = "ok", None
-        except urllib.error.HTTPError as exc:
-            payload = _json_or_empty(exc.read())
-            outcome = {503: "rejected", 504: "timeout"}.get(exc.code, "error")
-            reason = f"HTTP {exc.code}: {payload.get('error', exc.reason)}"
-        except (urllib.error.URLError, OSError, TimeoutError) as exc:
-            payload, outcome, reason = {}, "error", f"connection failed: {exc}"
-        t1 = _clock.now()
-        stages = payload.get("timings_ms", {}) if isinstance(payload, dict) else {}
-        return Response(rid, outcome, reason, payload.get("id") if isinstance(payload, dict) else None,
-                        None, int(payload.get("n_tokens", 0) or 0), bool(payload.get("truncated", False)),
-                        int(payload.get("batch_size", 0) or 0), t0, t1,
-                        **{f"{s}_ms": float(stages.get(s, 0.0)) for s in SERVE_STAGES})
+        async def once() -> Response:
+            async with AsyncHttpClient(url, 1, timeout_s) as client:
+                return await client(raw)
+
+        return asyncio.run(once())
 
     return send
 
@@ -118,6 +168,8 @@ class LoadResult:
     busy_window: tuple[float, float] | None = None  # when the busy total was read
     device: dict[str, Any] = field(default_factory=dict)  # kind (simulated | cpu | cuda), name/profile, source
     device_timeline: list[Any] = field(default_factory=list, repr=False)  # simulated device calls (DeviceSpan)
+    client_cpu: float | None = None  # HTTP client: CPU of its loop thread / wall time of the run (1.0 = a core)
+    engine: str = "tuning"  # the load generator: "tuning" (ours) or "locust"
 
     @property
     def window_s(self) -> float:
@@ -240,6 +292,8 @@ class LoadResult:
             "mean_batch": clean(float(np.mean(sizes))) if sizes else None,
             "stages": ledger_dict(ledger),
             "error_reasons": _top_reasons(self.responses),
+            "client_cpu": clean(self.client_cpu) if self.client_cpu is not None else None,
+            "engine": self.engine,
             "knobs": self.knobs.as_dict() if self.knobs else None,
         }
 
@@ -357,13 +411,15 @@ def run_load(target: Target | Server | str, inputs: Sequence[Any], concurrency: 
     if not inputs:
         raise ValueError("inputs is empty: give at least one request body")
     server = target if isinstance(target, Server) else None
+    url = target if isinstance(target, str) else None
     if server is not None:
         send = server_target(server, keep_embeddings)
         busy_probe = busy_probe or (lambda: server.busy_total_s)
     else:
-        send = http_target(target) if isinstance(target, str) else target
+        send = target
     clock = clock or _clock.now
     run = _Run(inputs, clock, warmup_requests, warmup_s, requests, duration_s, busy_probe)
+    client_cpu = None
 
     def closed_client() -> None:
         while True:
@@ -374,7 +430,9 @@ def run_load(target: Target | Server | str, inputs: Sequence[Any], concurrency: 
             run.begin()
             run.end(_safe_call(send, ticket[0], clock), ticket[1], sent, sent)
 
-    if rate is None:
+    if url is not None:
+        client_cpu = _async_http_load(url, run, rate, concurrency, seed, clock)
+    elif rate is None:
         _run_threads(closed_client, concurrency)
     else:
         _open_loop(send, run, rate, concurrency, seed, clock)
@@ -386,6 +444,7 @@ def run_load(target: Target | Server | str, inputs: Sequence[Any], concurrency: 
     result.timings = [(sched, sent, recv) for _, _, sched, sent, recv in measured]
     result.ok_in_window = sum(r.outcome == "ok" and t0 <= recv <= t1 for r, _, _, _, recv in run.records)
     result.cooldown_requests = run.n_cool
+    result.client_cpu = client_cpu
     if len(run.busy) == 2 and run.busy[0][1] is not None and run.busy[1][1] is not None:
         result.busy_s = max(run.busy[1][1] - run.busy[0][1], 0.0)
         result.busy_window = (run.busy[0][0], run.busy[1][0])
@@ -404,6 +463,12 @@ def run_load(target: Target | Server | str, inputs: Sequence[Any], concurrency: 
             f"(send lag p50 {lag['p50']:.0f} ms, p99 {lag['p99']:.0f} ms): every one of the {concurrency} "
             "clients was busy; the latencies count that wait from the scheduled arrival. Raise concurrency, "
             "or lower the rate below what the server sustains", RuntimeWarning, stacklevel=2)
+    if client_cpu is not None and client_cpu > CLIENT_BOTTLENECK:
+        warnings.warn(
+            f"the load client's loop used {client_cpu:.0%} of a core: it, not the server, may be the bottleneck "
+            "(its requests wait for the client). Spread the load over processes: "
+            "`loadtest --engine locust --workers N`, or run the client on another machine", RuntimeWarning,
+            stacklevel=2)
     return result
 
 
@@ -444,6 +509,68 @@ def _open_loop(send: Target, run: _Run, rate: float, concurrency: int, seed: int
             run.begin()
             pool.submit(fire, ticket[0], ticket[1], scheduled, clock())
             scheduled += rng.expovariate(rate)
+
+
+def _async_http_load(url: str, run: _Run, rate: float | None, concurrency: int, seed: int,
+                     clock: _clock.Clock) -> float:
+    """Drive ``url`` with the pooled async client on a thread of its own (so it also works where an event
+    loop is already running, as in a notebook): ``concurrency`` client tasks in the closed loop, the
+    Poisson schedule in the open loop (at most ``concurrency`` in flight). Returns the client's CPU share
+    (its loop thread's CPU time over the run's wall time)."""
+    cpu: list[float] = []
+    failure: list[BaseException] = []
+
+    async def drive() -> None:
+        async with AsyncHttpClient(url, concurrency, clock=clock) as client:
+            if rate is None:
+                async def closed_client() -> None:
+                    while (ticket := run.ticket(sent := clock())) is not None:
+                        run.begin()
+                        run.end(await client(ticket[0]), ticket[1], sent, sent)
+
+                await asyncio.gather(*(closed_client() for _ in range(concurrency)))
+                return
+            rng = random.Random(seed)
+            slots = asyncio.Semaphore(concurrency)
+            tasks: set[asyncio.Task] = set()
+
+            async def fire(raw: Any, phase: str, scheduled: float, sent: float) -> None:
+                try:
+                    run.end(await client(raw), phase, scheduled, sent)
+                finally:
+                    slots.release()
+
+            scheduled = clock()
+            while True:
+                await slots.acquire()  # a free client first: any wait for one is send lag, counted in the latency
+                delay = scheduled - clock()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                ticket = run.ticket(scheduled)
+                if ticket is None:
+                    slots.release()
+                    break
+                run.begin()
+                task = asyncio.get_running_loop().create_task(fire(ticket[0], ticket[1], scheduled, clock()))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                scheduled += rng.expovariate(rate)
+            await asyncio.gather(*tasks)
+
+    def thread() -> None:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            asyncio.run(drive())
+        except BaseException as exc:  # surfaced in the caller's thread
+            failure.append(exc)
+        cpu.append((time.thread_time() - c0) / max(time.perf_counter() - t0, 1e-9))
+
+    worker = threading.Thread(target=thread, name="load-client", daemon=True)
+    worker.start()
+    worker.join()
+    if failure:
+        raise failure[0]
+    return cpu[0]
 
 
 class PipeTarget:

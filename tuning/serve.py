@@ -2,9 +2,14 @@
 buffering, one model executor, and a future per request.
 
     request -> [admission: max_queue] -> preprocess workers (num_workers: read, format, tokenize)
-            -> batcher (max_batch_size, max_wait_ms, per exact-length bucket; pads, builds tensors)
+            -> batcher (max_batch_size, max_batch_tokens, max_wait_ms, per length bucket; pads, builds
+               tensors; starts the host-to-device copy when it can overlap: pinned, on a copy stream)
             -> ready queue (one batch prepared while the model runs the current one)
-            -> model executor -> future
+            -> model executor (the model call only) -> completer (answers, futures, metrics) -> future
+
+The model's critical path holds only the model: the executor hands a finished batch to the
+completer thread and takes the next batch at once; metrics are observed outside the server's
+lock; deadlines are checked from a heap (nothing is rescanned per arrival).
 
 Tokenizing before batching lets the batcher group by exact token length, so bucket
 padding pads little (a byte-size guess would put long and short requests together).
@@ -15,6 +20,7 @@ Every submitted request gets exactly one :class:`Response` with outcome ``ok``, 
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import queue
 import threading
@@ -30,8 +36,8 @@ from . import clock as _clock
 from .batching import BatchFormer
 from .engine import Engine, Item, PreparedBatch, Preparer, make_tokenizer
 from .knobs import Knobs
-from .metrics import BATCH_BUCKETS, SECONDS_BUCKETS, Histogram
-from .preprocess import TextFormatter, Tokenized, Tokenizer, format_record
+from .metrics import ServerMetrics
+from .preprocess import TextFormatter, Tokenized, Tokenizer, format_record, pad_length
 from .profile.threads import name_this_thread
 
 OUTCOMES = ("ok", "error", "timeout", "rejected")
@@ -107,11 +113,16 @@ class Server:
     """In-process inference server. ``submit()`` returns a future that always resolves.
 
     Use as a context manager (``with Server(knobs) as s: s.submit(...).result()``) or call
-    :meth:`start` and :meth:`close`.
+    :meth:`start` and :meth:`close`. ``completion="inline"`` answers a batch on the executor before it
+    takes the next one (the old critical path, kept for the before/after bench).
     """
 
     def __init__(self, knobs: Knobs, engine: Engine | None = None, tokenizer: Tokenizer | None = None,
-                 formatter: TextFormatter = format_record, model: Any = None, clock: _clock.Clock | None = None):
+                 formatter: TextFormatter = format_record, model: Any = None, clock: _clock.Clock | None = None,
+                 completion: str = "thread"):
+        if completion not in ("thread", "inline"):
+            raise ValueError(f"completion={completion!r} is not allowed; allowed: thread | inline")
+        self.completion = completion
         self.engine = engine or Engine(knobs, model)
         self.knobs = self.engine.knobs if engine is None else knobs.resolve(torch.cuda.is_available())
         self.clock = clock or _clock.now
@@ -119,15 +130,23 @@ class Server:
         k = self.knobs
         self.workers = max(1, k.num_workers)
         buckets = k.bucket_lengths
+
+        def length_of(r: _Request) -> int:  # the request's padded length on its own
+            return pad_length([len(r.encoded.ids)], k.padding, k.max_length, buckets)
+
         if k.padding == "bucket":
             self.former: BatchFormer[_Request] = BatchFormer(
                 k.batch_size, k.max_wait_ms / 1000,
-                lambda r: next(i for i, b in enumerate(buckets) if b >= len(r.encoded.ids)), buckets)
+                lambda r: next(i for i, b in enumerate(buckets) if b >= len(r.encoded.ids)), buckets,
+                max_batch_tokens=k.max_batch_tokens, length_of=length_of)
         else:
-            self.former = BatchFormer(k.batch_size, k.max_wait_ms / 1000)
+            self.former = BatchFormer(k.batch_size, k.max_wait_ms / 1000, max_batch_tokens=k.max_batch_tokens,
+                                      length_of=length_of)
+        self._deadlines: list[tuple[float, int, _Request]] = []  # (deadline, rid, request) of requests batching
         self._incoming: queue.Queue = queue.Queue()
         self._tokenized: queue.Queue = queue.Queue()
         self._ready: queue.Queue = queue.Queue()
+        self._answers: queue.Queue = queue.Queue()  # finished batches for the completer
         self._in_flight = 0  # batches dispatched and not yet run (bounded by IN_FLIGHT_BATCHES)
         self._lock = threading.Lock()
         self._open: dict[int, _Request] = {}
@@ -137,11 +156,9 @@ class Server:
         self._threads: list[threading.Thread] = []
         self.counts = {o: 0 for o in OUTCOMES}
         self.batches: deque[BatchLog] = deque(maxlen=BATCH_LOG_MAX)
-        self.batch_hist = Histogram(BATCH_BUCKETS)
-        self.stage_hists = {s: Histogram(SECONDS_BUCKETS) for s in SERVE_STAGES}
-        self.latency_hist = Histogram(SECONDS_BUCKETS)  # every outcome: a timeout or a rejection is a latency too
-        self.latency_hists = {o: Histogram(SECONDS_BUCKETS) for o in OUTCOMES}  # the same, by outcome
+        self.waiting_for_batch = 0  # tokenized requests in the batcher (the queue_size gauge)
         self.busy_total_s = 0.0
+        self.metrics = ServerMetrics(self, SERVE_STAGES, OUTCOMES)  # every outcome: a rejection is a latency too
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self, warmup: bool = True) -> "Server":
@@ -152,6 +169,8 @@ class Server:
         self._accepting, self._abort = True, False
         specs = [(f"preprocess-{i}", self._worker_loop) for i in range(self.workers)]
         specs += [("batcher", self._batcher_loop), ("model-executor", self._executor_loop)]
+        if self.completion == "thread":
+            specs.append(("completer", self._completer_loop))
         for name, target in specs:
             t = threading.Thread(target=self._named(name, target), name=name, daemon=True)
             t.start()
@@ -218,7 +237,7 @@ class Server:
             response = Response(rid, "rejected", reason, t_submit=now, t_done=self.clock())
             with self._lock:
                 self.counts["rejected"] += 1
-                self._observe_latency(response)
+            self.metrics.observe(response)
             future.set_result(response)
             return future
         self._incoming.put(req)
@@ -234,15 +253,8 @@ class Server:
                 response.outcome, response.embedding = "timeout", None
                 response.reason = f"deadline exceeded: done after {response.latency_ms:.0f} ms"
             self.counts[response.outcome] += 1
-            if response.outcome == "ok":
-                for stage in SERVE_STAGES:
-                    self.stage_hists[stage].observe(getattr(response, f"{stage}_ms") / 1000)
-            self._observe_latency(response)
+        self.metrics.observe(response)  # outside the lock: admission never waits for a histogram
         req.future.set_result(response)
-
-    def _observe_latency(self, response: Response) -> None:
-        self.latency_hist.observe(response.latency_ms / 1000)
-        self.latency_hists[response.outcome].observe(response.latency_ms / 1000)
 
     def _fail_shutdown(self, req: _Request) -> None:
         self._finish(req, Response(req.rid, "error", "server shut down before this request was processed",
@@ -275,17 +287,24 @@ class Server:
             self._tokenized.put(req)
 
     def _expire(self, now: float) -> None:
-        for req in self.former.remove(lambda r: r.deadline is not None and now >= r.deadline):
+        """Time out waiting requests whose deadline has passed; looks only at the due ones (a heap)."""
+        due: set[int] = set()
+        while self._deadlines and self._deadlines[0][0] <= now:
+            due.add(heapq.heappop(self._deadlines)[1])
+        if not due:
+            return
+        for req in self.former.remove(lambda r: r.rid in due):
             self._finish(req, Response(req.rid, "timeout", "deadline exceeded while queued for a batch",
                                        req.item.id, t_done=now, queue_wait_ms=(now - req.t_submit) * 1000))
 
     def _dispatch(self, batch: list[_Request]) -> None:
-        """Pad and build the batch's tensors, then hand it to the executor."""
+        """Pad and build the batch's tensors, start its copy where it can overlap the running batch (see
+        :meth:`Engine.stage`), then hand it to the executor."""
         t0 = self.clock()
         items = [req.item for req in batch]
         ids, mask, length = self.preparer.build(items, [req.encoded for req in batch])
         t1 = self.clock()
-        prepared = PreparedBatch(items, ids, mask, 0.0, t1 - t0, t1, 0, length)
+        prepared = self.engine.stage(PreparedBatch(items, ids, mask, 0.0, t1 - t0, t1, 0, length))
         self._ready.put((batch, prepared, t0))
 
     def _room(self) -> int:
@@ -315,6 +334,8 @@ class Server:
                     stops += 1
                 elif item is not _WAKE:
                     self.former.add(item, item.t_prep_end)
+                    if item.deadline is not None:
+                        heapq.heappush(self._deadlines, (item.deadline, item.rid, item))
                 try:
                     item = self._tokenized.get_nowait()
                 except queue.Empty:
@@ -325,6 +346,8 @@ class Server:
                 with self._lock:
                     self._in_flight += 1
                 self._dispatch(batch)
+            self.waiting_for_batch = len(self.former)
+        self.waiting_for_batch = 0
         for batch in self.former.drain():
             if self._abort:
                 for req in batch:
@@ -334,10 +357,12 @@ class Server:
         self._ready.put(_STOP)
 
     def _executor_loop(self) -> None:
+        """The model call and nothing else: a finished batch goes to the completer, the next one starts."""
         t_idle = self.clock()
         while True:
             got = self._ready.get()
             if got is _STOP:
+                self._answers.put(_STOP)
                 return
             batch, prepared, t_batched = got
             t_received = self.clock()
@@ -349,12 +374,23 @@ class Server:
             out = self.engine.run(prepared)
             self.busy_total_s += out.t_infer_end - out.t_infer_start  # before any answer: a client that reads
             self._batch_done()                                        # the total after its answer sees its batch
-            self._complete(batch, prepared, out, t_batched, t_received)
             self.batches.append(BatchLog(out.t_infer_start, out.t_infer_end, len(prepared.ok_items),
                                          prepared.padded_length, (t_received - t_idle) * 1000, out.error))
-            if prepared.ok_items:
-                self.batch_hist.observe(len(prepared.ok_items))
+            if self.completion == "thread":
+                self._answers.put((batch, prepared, out, t_batched, t_received))
+            else:
+                self._answer(batch, prepared, out, t_batched, t_received)
             t_idle = self.clock()
+
+    def _completer_loop(self) -> None:
+        while (got := self._answers.get()) is not _STOP:
+            self._answer(*got)
+
+    def _answer(self, batch: list[_Request], prepared: PreparedBatch, out: Any, t_batched: float,
+                t_received: float) -> None:
+        self._complete(batch, prepared, out, t_batched, t_received)
+        if prepared.ok_items:
+            self.metrics.observe_batch(len(prepared.ok_items), prepared.padded_length)
 
     def _complete(self, batch: list[_Request], prepared: PreparedBatch, out: Any, t_batched: float,
                   t_received: float) -> None:
