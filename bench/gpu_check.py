@@ -405,17 +405,19 @@ class Check:
     def device_profile(self) -> None:
         """Fit this device's profile from what was timed; print it beside the shipped H200 estimate."""
         from tuning.sim import embedded_model_profile, load_profile
-        from tuning.sim.calibrate import calibrate, describe
+        from tuning.sim.calibrate import calibrate, describe, unidentified
 
         points = self.calibration_points()
         name = (torch.cuda.get_device_name(self.device) if self.cuda else "this-cpu").lower().replace(" ", "-")
+        memory = torch.cuda.get_device_properties(self.device).total_memory if self.cuda else None
         profile, worst = calibrate(points, embedded_model_profile(), "cuda" if self.cuda else "cpu",
-                                   f"{name}-measured")
+                                   f"{name}-measured", memory_bytes=memory)
         path = self.report.path.parent / "device_profile.json"
         profile.to_json(path)
         shipped = describe(load_profile("h200-sxm-estimate"))
         self.report.step("device_profile", status="ok", path=str(path), points=len(points), worst_fit_error=worst,
-                         fitted=describe(profile), shipped_estimate=shipped)
+                         fitted=describe(profile), shipped_estimate=shipped,
+                         unidentified={k: profile.sources[k] for k in unidentified(profile)})
         print(f"  device profile from {len(points)} points (worst fit error {worst:.1%}), wrote {path}", flush=True)
         print(table([{"profile": "measured here", **describe(profile)}, {"profile": "h200-sxm-estimate", **shipped}],
                     ["profile", "tflops_fp32", "tflops_bf16", "bandwidth_gb_s", "launch_us", "min_kernel_us",

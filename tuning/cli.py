@@ -267,7 +267,7 @@ def _positive_float(text: str) -> float:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from .report import table
-    from .sim.calibrate import calibrate_files, describe
+    from .sim.calibrate import calibrate_files, describe, unidentified
 
     for source in args.sources:
         if not source.is_file():
@@ -276,9 +276,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     profile.to_json(args.out)
     summary = {"profile": str(args.out), "points": len(points), "worst_fit_error": worst, "fitted": describe(profile)}
 
+    summary["unidentified"] = {k: profile.sources[k] for k in unidentified(profile)}
+
     def render() -> str:
+        notes = "".join(f"\nnote: {k} {v}" for k, v in summary["unidentified"].items())
         return (f"fitted {profile.name} from {len(points)} points (worst fit error {worst:.1%}); wrote {args.out}\n"
-                + table([describe(profile)], list(describe(profile)))
+                + table([describe(profile)], list(describe(profile))) + notes
                 + f"\nuse it: --set device=sim --set sim_profile={args.out}")
 
     return _emit(args, summary, render)

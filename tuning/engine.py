@@ -199,9 +199,9 @@ class Engine:
     def simulated(self) -> bool:
         return self.sim is not None
 
-    def device_spans(self) -> list:
-        """The simulated device's timeline (empty on a real device)."""
-        return self.sim.spans() if self.sim is not None else []
+    def device_timeline(self):
+        """A copy of the simulated device's timeline (None on a real device)."""
+        return self.sim.timeline.copy() if self.sim is not None else None
 
     def _make_runner(self, batch_sizes: Sequence[int] | None = None) -> Callable:
         """The callable that runs the model under the ``graph`` knob.
@@ -335,6 +335,8 @@ class Engine:
             self._sync()
             t2 = self.clock()
             embeddings = out.float().cpu().numpy()
+            if self.sim is not None:  # the result's copy back to the host
+                self.sim.copy_out(embeddings.nbytes)
             t3 = self.clock()
             rows = len(batch.ok_items)
             if embeddings.ndim != 2 or embeddings.shape[0] != rows:

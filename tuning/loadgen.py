@@ -167,7 +167,7 @@ class LoadResult:
     cooldown_requests: int = 0
     busy_window: tuple[float, float] | None = None  # when the busy total was read
     device: dict[str, Any] = field(default_factory=dict)  # kind (simulated | cpu | cuda), name/profile, source
-    device_timeline: list[Any] = field(default_factory=list, repr=False)  # simulated device calls (DeviceSpan)
+    device_timeline: Any = field(default=None, repr=False)  # the simulated device's DeviceTimeline (None: real)
     client_cpu: float | None = None  # HTTP client: CPU of its loop thread / wall time of the run (1.0 = a core)
     engine: str = "tuning"  # the load generator: "tuning" (ours) or "locust"
 
@@ -455,7 +455,7 @@ def run_load(target: Target | Server | str, inputs: Sequence[Any], concurrency: 
         result.wait_for_input_total_s = sum(b.wait_for_input_ms for b in logs) / 1000
         result.knobs = server.knobs
         result.device = server.engine.device_info
-        result.device_timeline = [d for d in server.engine.device_spans() if d.t1 >= t0]
+        result.device_timeline = server.engine.device_timeline()
     if result.mode == "open" and result.submitted and result.achieved_rate < 0.95 * result.offered_rate:
         lag = summarize(result.send_lags_ms())
         warnings.warn(
@@ -677,5 +677,3 @@ def sweep(knobs: Knobs, inputs: Sequence[Any], variable: str, values: Sequence[A
         rows.append({variable: value, **{k: s[k] for k in ("qps", "p50_ms", "p95_ms", "p99_ms", "ok", "errors",
                                                             "timeouts", "rejected", "model_busy", "mean_batch")}})
     return pd.DataFrame(rows)
-
-

@@ -296,7 +296,7 @@ class PipelineResult:
     plan_spans: list[tuple[float, float]] = field(default_factory=list)  # length-grouping passes (group_by='tokens')
     warmup_batches: list[BatchRecord] = field(default_factory=list)  # run before the window, then discarded
     device: dict[str, Any] = field(default_factory=dict)  # kind (simulated | cpu | cuda), name/profile, source
-    device_timeline: list[Any] = field(default_factory=list, repr=False)  # simulated device calls (DeviceSpan)
+    device_timeline: Any = field(default=None, repr=False)  # the simulated device's DeviceTimeline (None: real)
 
     @property
     def window_s(self) -> float:
@@ -569,12 +569,10 @@ class Pipeline:
         return PipelineResult(self.knobs, sorted(requests, key=lambda r: r.index), batches, t_start, t_window,
                               t_end, warmup_s, embeddings, plan_spans, warm_batches,
                               device=self.engine.device_info,
-                              device_timeline=[d for d in self.engine.device_spans() if d.t1 >= t_start])
+                              device_timeline=self.engine.device_timeline())
 
 
 def run_pipeline(knobs: Knobs, data: str | Path | Sequence[Any] = DEFAULT_DATA, limit: int | None = None,
                  **kwargs: Any) -> PipelineResult:
     """Build a :class:`Pipeline` for ``knobs`` and replay ``data`` once."""
     return Pipeline(knobs).run(data, limit, **kwargs)
-
-

@@ -63,7 +63,9 @@ def format_profile(profile) -> str:
     s = profile.summary()
     d = s["diagnosis"]
     gpu = s["gpu"]
-    lines = [f"diagnosis: {d['kind'].upper()}  ({'; '.join(d['reasons'])})", f"next step: {d['next_step']}",
+    device = (s.get("workload") or {}).get("device")
+    lines = [*([device_line(device)] if device else []),
+             f"diagnosis: {d['kind'].upper()}  ({'; '.join(d['reasons'])})", f"next step: {d['next_step']}",
              "evidence: " + ", ".join(f"{k}={_fmt(v)}" for k, v in d["evidence"].items()), ""]
     lines += ["threads by CPU (% of one core, mean over the run; wait: runnable but no CPU free)",
               table(s["threads"], ["name", "pid", "tid", "cpu_mean", "cpu_max", "wait_mean"]), ""]
@@ -97,9 +99,12 @@ def format_load(s: dict) -> str:
     """A load test's headline, latency percentiles, outcome counts and stage ledger."""
     mode = f"open loop at {s['rate']:.1f} req/s" if s["rate"] else f"closed loop at concurrency {s['concurrency']}"
     lines = [
+        *([device_line(s["device"])] if s.get("device") else []),
         f"target {s['target']}: {mode}, {s['window_s']:.1f} s measured ({s['warmup_requests']} warm-up requests excluded)",
         f"QPS {s['qps']:.1f}   p50 {_fmt(s['p50_ms'], 0)} ms   p95 {_fmt(s['p95_ms'], 0)} ms   p99 {_fmt(s['p99_ms'], 0)} ms"
-        f"   model busy {_fmt(None if s['model_busy'] is None else 100 * s['model_busy'], 0)}%   mean batch {_fmt(s['mean_batch'], 1)}",
+        f"   model busy {_fmt(None if s['model_busy'] is None else 100 * s['model_busy'], 0)}%"
+        + (f"   device busy {100 * s['device_busy']:.0f}%" if s.get("device_busy") is not None else "")
+        + f"   mean batch {_fmt(s['mean_batch'], 1)}",
         f"latency over every outcome (from the {s.get('latency_from', 'send')}); error rate "
         f"{_fmt(None if s.get('error_rate') is None else 100 * s['error_rate'], 1)}%   ok only: p50 "
         f"{_fmt(s.get('ok_p50_ms'), 0)} ms   p99 {_fmt(s.get('ok_p99_ms'), 0)} ms",

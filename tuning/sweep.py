@@ -30,6 +30,8 @@ class BatchSweepResult:
     dtype: str
     graph: str
     rows: list[dict[str, Any]] = field(default_factory=list)
+    # what a calibration needs to read the figures right: compile_mode, tf32, the device's name and memory
+    setup: dict[str, Any] = field(default_factory=dict)
 
     def to_frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.rows)
@@ -61,7 +63,7 @@ class BatchSweepResult:
         memory = ("CUDA peak reserved, MB (graph pools and the allocator's cache included)" if self.device == "cuda"
                   else "process RSS, MB")
         return {"length": self.length, "device": self.device, "dtype": self.dtype, "graph": self.graph,
-                "memory": memory, "knee": self.knee, "diminishing_returns_at": self.diminishing,
+                "memory": memory, "knee": self.knee, "diminishing_returns_at": self.diminishing, **self.setup,
                 "points": [{k: clean(v) if isinstance(v, float) else v for k, v in r.items()} for r in self.rows]}
 
 
@@ -186,6 +188,11 @@ def run_batch_sweep(knobs, sizes: Sequence[int], length: int = 64, repeats: int 
     runner = engine._make_runner(batch_sizes=sizes) if engine.knobs.graph != "eager" else engine.runner
     result = batch_sweep(runner, engine.device, sizes, length, repeats, dtype=engine.knobs.dtype,
                          graph=engine.knobs.graph, rounds=rounds)
+    k = engine.knobs
+    result.setup = {"compile_mode": k.compile_mode, "tf32": k.tf32, "device_name": engine.device_info.get("name")}
+    if engine.device.type == "cuda" and not engine.simulated:
+        result.setup["device_memory_bytes"] = torch.cuda.get_device_properties(engine.device).total_memory
     if engine.simulated:  # never a CPU label on the stand-in's figures
-        result.device = f"simulated {engine.knobs.sim_profile}"
+        result.device = f"simulated {k.sim_profile}"
+        result.setup["device_name"] = f"simulated {k.sim_profile}"
     return result

@@ -178,9 +178,11 @@ def window_signals(workload: Workload, host: HostSeries, gpu: GpuSeries, t0: flo
     if not math.isfinite(device_busy) and len(gf) and gf.sm_util.notna().any():
         device_busy = float(gf.sm_util.mean()) / 100  # NVML: share of time a kernel ran
     launch_share = ops.launch_share if ops else math.nan
-    if getattr(workload, "device", {}).get("kind") == "simulated" and model_busy > 0:
-        # the stand-in's call is launch (host) time plus device time: the part the device did not cover
-        launch_share = max(0.0, 1.0 - device_busy / model_busy)
+    timeline = getattr(workload, "device_timeline", None)
+    if getattr(workload, "device", {}).get("kind") == "simulated" and timeline is not None:
+        # from the cost model's own figures (not the stand-in's sleep overshoot): the share of the calls'
+        # predicted time the device did not compute, what capture could save at most
+        launch_share = timeline.totals(t0, t1).launch_share
     return Signals(
         model_busy=model_busy, device_busy=device_busy,
         wait_for_input_share=min(workload.wait_for_input_s() / window, 1.0),

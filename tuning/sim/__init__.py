@@ -12,12 +12,13 @@ from pathlib import Path
 
 from .costmodel import CallCost, ModelProfile, measure_model_profile, predict
 from .profiles import DEFAULT_PROFILE, DeviceProfile, load_profile, shipped_profiles
-from .standin import SimulatedDevice, SimulatedModel, device_busy
+from .standin import SimulatedDevice, SimulatedModel
+from .timeline import DeviceTimeline
 
 MINILM_PROFILE = Path(__file__).resolve().parent.parent / "assets" / "minilm_model_profile.json"
 
 __all__ = ["CallCost", "DeviceProfile", "ModelProfile", "SimulatedDevice", "SimulatedModel", "DeviceChoice",
-           "device_for", "device_busy", "load_profile", "shipped_profiles", "measure_model_profile", "predict",
+           "device_for", "DeviceTimeline", "load_profile", "shipped_profiles", "measure_model_profile", "predict",
            "embedded_model_profile", "model_profile_for", "DEFAULT_PROFILE"]
 
 

@@ -24,6 +24,9 @@ import numpy as np
 from .costmodel import DTYPE_BYTES, ModelProfile, fused_groups
 from .profiles import DeviceProfile, load_profile
 
+LAST_DEVICE_MEMORY: float | None = None  # total memory of the device the last sweeps read were measured on
+UNIDENTIFIED = "unidentified"  # the start of a source that says a figure could not be fitted from the points
+
 
 @dataclass(frozen=True)
 class Point:
@@ -35,7 +38,13 @@ class Point:
 
 
 def read_sweeps(paths: Sequence[str | Path]) -> tuple[list[Point], str]:
-    """Every ok point of the sweep files, and the device kind they were measured on."""
+    """Every ok point of the sweep files, and the device kind they were measured on.
+
+    A sweep under ``compile_mode='reduce-overhead'`` counts as ``compile_graph`` (fused kernels replayed
+    as one graph) and one with ``tf32`` on as dtype ``tf32``; the device's memory, where a sweep on CUDA
+    recorded it, is kept in :data:`LAST_DEVICE_MEMORY`."""
+    global LAST_DEVICE_MEMORY
+    LAST_DEVICE_MEMORY = None
     points: list[Point] = []
     devices: set[str] = set()
     for path in paths:
@@ -56,11 +65,17 @@ def read_sweeps(paths: Sequence[str | Path]) -> tuple[list[Point], str]:
             if not isinstance(sweep, dict) or "points" not in sweep:
                 raise ValueError(f"--from {str(path)!r}: an entry without 'points'; expected `sweep batch --json` output")
             devices.add(str(sweep.get("device", "unknown")))
+            graph, dtype = str(sweep.get("graph", "eager")), str(sweep.get("dtype", "fp32"))
+            if graph == "compile" and sweep.get("compile_mode") == "reduce-overhead":
+                graph = "compile_graph"
+            if dtype == "fp32" and sweep.get("tf32"):
+                dtype = "tf32"
+            if sweep.get("device_memory_bytes"):
+                LAST_DEVICE_MEMORY = float(sweep["device_memory_bytes"])
             for p in sweep["points"]:
                 if p.get("status", "ok") != "ok" or p.get("per_batch_ms") is None:
                     continue
-                points.append(Point(int(p["batch_size"]), int(p.get("length", sweep.get("length"))),
-                                    str(sweep.get("dtype", "fp32")), str(sweep.get("graph", "eager")),
+                points.append(Point(int(p["batch_size"]), int(p.get("length", sweep.get("length"))), dtype, graph,
                                     float(p["per_batch_ms"])))
     if len(points) < 4:
         raise ValueError(f"only {len(points)} ok sweep point(s) in {', '.join(map(str, paths))}; calibration needs "
@@ -79,7 +94,7 @@ class _Design:
         self.kernels = []
         for p in self.points:
             flops, nbytes, launches = model.per_op(p.batch, p.length, p.dtype)
-            if p.graph == "compile":
+            if p.graph in ("compile", "compile_graph"):
                 self.kernels.append(fused_groups(model, flops, nbytes))
             else:
                 self.kernels.append((flops[launches], nbytes[launches]))
@@ -89,7 +104,7 @@ class _Design:
         out = np.empty(len(self.points))
         for i, (p, (f, b)) in enumerate(zip(self.points, self.kernels)):
             k = np.maximum(params["min_kernel_s"], np.maximum(f / params[f"flops_{p.dtype}"], b / params["bandwidth"]))
-            if p.graph == "cuda_graph":
+            if p.graph in ("cuda_graph", "compile_graph"):
                 out[i] = params["graph_replay_s"] + k.sum()
             elif synchronous:
                 out[i] = len(k) * params["launch_s"] + k.sum()
@@ -123,7 +138,7 @@ def fit_parameters(model: ModelProfile, points: Sequence[Point], synchronous: bo
     dtypes = sorted({p.dtype for p in points})
     params = _initial_guess(design, dtypes)
     params.update({k: v for k, v in (start or {}).items() if k in params})
-    free = [k for k in params if k != "graph_replay_s" or any(p.graph == "cuda_graph" for p in points)]
+    free = [k for k in params if k != "graph_replay_s" or any(p.graph in ("cuda_graph", "compile_graph") for p in points)]
     if synchronous:
         free = [k for k in free if k != "graph_replay_s"]
 
@@ -155,11 +170,14 @@ def prediction_error(model: ModelProfile, profile: DeviceProfile, points: Sequen
 
 
 def calibrate(points: Sequence[Point], model: ModelProfile, device_kind: str, name: str,
-              base: str | DeviceProfile | None = None) -> tuple[DeviceProfile, float]:
+              base: str | DeviceProfile | None = None, memory_bytes: float | None = None) -> tuple[DeviceProfile, float]:
     """A measured device profile fitted to ``points``, and the fit's worst relative error on them.
 
-    Fields the sweep cannot see (memory size, copy bandwidths, power) come from ``base`` (default:
-    the shipped H200 estimate on CUDA; on a CPU copies are free and memory is this machine's).
+    Fields the sweep cannot see (copy bandwidths, power; memory unless ``memory_bytes`` or the sweeps give
+    it) come from ``base`` (default: the shipped H200 estimate on CUDA; on a CPU copies are free and memory
+    is this machine's). On an asynchronous device, eager points alone hide device time behind the host's
+    launches: the figures that only graph points reveal (minimum kernel time, bandwidth, replay cost) are
+    then marked :data:`UNIDENTIFIED` in ``sources`` (see :func:`unidentified`), not passed off as fitted.
     """
     synchronous = device_kind == "cpu"
     params, worst = fit_parameters(model, points, synchronous)
@@ -171,6 +189,9 @@ def calibrate(points: Sequence[Point], model: ModelProfile, device_kind: str, na
             copy_latency_s=0.0, idle_power_w=math.nan, max_power_w=math.nan)
     else:
         base_profile = load_profile(base or "h200-sxm-estimate")
+    memory_bytes = memory_bytes or (LAST_DEVICE_MEMORY if not synchronous else None)
+    if memory_bytes:
+        base_profile = base_profile.replace(mem_bytes=float(memory_bytes))
     dtypes = {d: params.get(f"flops_{d}") for d in ("fp32", "bf16", "fp16")}
     fallback = next(v for v in dtypes.values() if v is not None)
     half = dtypes["bf16"] or dtypes["fp16"]  # an unmeasured half precision takes the other one's rate
@@ -179,14 +200,21 @@ def calibrate(points: Sequence[Point], model: ModelProfile, device_kind: str, na
         peak["tf32"] = float(params["flops_tf32"])
     measured = sorted({p.dtype for p in points})
     graphs = sorted({p.graph for p in points})
+    copied = [d for d in ("fp32", "bf16", "fp16") if d not in measured]
+    graph_points = any(g in ("cuda_graph", "compile_graph") for g in graphs)
+    hidden = (f"{UNIDENTIFIED}: eager points on an asynchronous device hide device time behind launches; "
+              "add sweeps with --set graph=cuda_graph")
     sources = {
         "peak_flops": f"fitted: achieved FLOP/s per dtype ({', '.join(measured)} measured"
-                      + (f"; {', '.join(d for d in DTYPE_BYTES if d not in measured)} copied from a measured one)" if len(measured) < 3 else ")"),
-        "mem_bandwidth": "fitted: achieved bandwidth of operators without FLOPs",
+                      + (f"; {', '.join(copied)} copied from a measured one, not fitted)" if copied else ")"),
+        "mem_bandwidth": "fitted: achieved bandwidth of operators without FLOPs" if synchronous or graph_points else hidden,
         "launch_s": "fitted: host time per launched operator",
-        "min_kernel_s": "fitted: floor of one operator's time",
-        "graph_replay_s": "fitted from cuda_graph points" if "cuda_graph" in graphs else f"from {base_profile.name}",
-        "other fields": f"from {base_profile.name}" if not synchronous else "this machine: copies free, memory = RAM",
+        "min_kernel_s": "fitted: floor of one operator's time" if synchronous or graph_points else hidden,
+        "graph_replay_s": ("fitted from graph points" if graph_points else
+                           f"{UNIDENTIFIED}: no graph points; {base_profile.name}'s figure kept"),
+        "mem_bytes": ("this machine's RAM" if synchronous else "the sweeps' device" if memory_bytes
+                      else f"from {base_profile.name}: give sweeps recorded on the device (they carry its memory)"),
+        "other fields": f"from {base_profile.name}" if not synchronous else "this machine: copies free",
     }
     profile = base_profile.replace(
         name=name, kind="measured",
@@ -206,6 +234,11 @@ def calibrate_files(paths: Iterable[str | Path], name: str, model: ModelProfile 
     points, kind = read_sweeps(list(paths))
     profile, worst = calibrate(points, model or embedded_model_profile(), kind, name, base)
     return profile, worst, points
+
+
+def unidentified(profile: DeviceProfile) -> list[str]:
+    """The profile's fields that its calibration could not fit (their sources say why)."""
+    return [k for k, v in profile.sources.items() if str(v).startswith(UNIDENTIFIED)]
 
 
 def describe(profile: DeviceProfile) -> dict[str, Any]:

@@ -45,6 +45,7 @@ from .profiles import DeviceProfile
 
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}  # tf32: fp32 storage, matmuls on TF32 tensor cores
 FEATURES = ("1", "B", "B*T", "B*T^2")
+CUDA_CONTEXT_BYTES = 0.5e9  # CUDA context, cuBLAS workspaces: typically 0.3-0.6 GB before the first tensor
 DEFAULT_GRID = ((1, 8), (2, 8), (1, 16), (2, 16), (4, 32), (1, 64), (3, 48), (2, 64))
 
 
@@ -108,6 +109,9 @@ class _OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
         kwargs = kwargs or {}
         with FlopCounterMode(display=False) as counter:
             out = func(*args, **kwargs)
+        flops = float(counter.get_total_flops())
+        if "scaled_dot_product_attention" in str(func) and flops == 0:
+            flops = sdpa_flops(args[0], args[1])  # the CPU flash kernel has no FlopCounterMode formula
         inputs = [t for t in _tensors((args, kwargs))]
         outputs = [t for t in _tensors(out)]
         in_storages = {_storage(t) for t in inputs}
@@ -117,8 +121,15 @@ class _OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
             inputs = [t for t in inputs if not t.is_floating_point()] + outputs
         fbytes = sum(_nbytes(t) for t in inputs + outputs if t.is_floating_point())
         obytes = sum(_nbytes(t) for t in inputs + outputs if not t.is_floating_point())
-        self.ops.append((str(func), launches, float(counter.get_total_flops()), float(fbytes), float(obytes)))
+        self.ops.append((str(func), launches, flops, float(fbytes), float(obytes)))
         return out
+
+
+def sdpa_flops(query: torch.Tensor, key: torch.Tensor) -> float:
+    """Attention's matmuls: Q K^T and P V, each 2 * B * H * T * S * D (softmax's few ops per score left out)."""
+    *lead, t, d = query.shape
+    s = key.shape[-2]
+    return 4.0 * float(np.prod(lead)) * t * s * d
 
 
 def _tensors(obj: Any) -> Iterable[torch.Tensor]:
@@ -244,7 +255,10 @@ def predict(model: ModelProfile, device: DeviceProfile, batch: int, length: int,
             for t_launch, k in zip(launched, kernels):
                 end = max(end, t_launch) + k
             call_s = float(end)
-    memory = model.param_bytes_fp32 * DTYPE_BYTES[dtype] / 4 + float(nbytes.max(initial=0.0))
+    # weights, plus the live activations around the largest operator (its inputs and outputs, twice for the
+    # next layer's and the allocator's slack), plus the CUDA context on an accelerator
+    memory = (model.param_bytes_fp32 * DTYPE_BYTES[dtype] / 4 + 2 * float(nbytes.max(initial=0.0))
+              + (0.0 if device.synchronous else CUDA_CONTEXT_BYTES))
     return CallCost(host_s, device_s, call_s, n, n_launches, memory)
 
 

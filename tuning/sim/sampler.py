@@ -10,32 +10,27 @@ The series is labelled simulated in its device name and reason.
 from __future__ import annotations
 
 import math
-from typing import Sequence
 
 import numpy as np
 
 from ..profile.gpu import GpuSample, GpuSeries
 from .profiles import DeviceProfile
-from .standin import DeviceSpan, span_overlap
+from .timeline import DeviceTimeline
 
 
-def simulated_gpu_series(spans: Sequence[DeviceSpan], profile: DeviceProfile, t0: float, t1: float,
-                         interval: float, weights_bytes: float = 0.0) -> GpuSeries:
+def simulated_gpu_series(timeline: DeviceTimeline | None, profile: DeviceProfile, t0: float, t1: float,
+                         interval: float) -> GpuSeries:
     """One sample per ``interval`` from ``t0`` to ``t1``, each covering the interval before it."""
     name = f"simulated {profile.name}"
     series = GpuSeries(True, f"simulated device ({profile.source}); not an NVML reading", devices=[name])
-    if t1 <= t0 or interval <= 0:
+    if timeline is None or t1 <= t0 or interval <= 0:
         return series
-    spans = sorted(spans, key=lambda s: s.t0)
-    peak_mem = weights_bytes
     total_mb = profile.mem_bytes / 2**20
+    peak_mem = 0.0
     for end in np.arange(t0 + interval, t1 + interval / 2, interval):
         start = end - interval
-        busy = sum(span_overlap(s, start, end) for s in spans if s.t1 >= start and s.t0 <= end)
-        util = min(busy / interval, 1.0) * 100
-        for s in spans:
-            if s.t0 <= end:
-                peak_mem = max(peak_mem, s.memory_bytes)
+        util = min(timeline.totals(start, end).busy / interval, 1.0) * 100
+        peak_mem = max(peak_mem, timeline.memory_peak(start, end))
         power = (profile.idle_power_w + (profile.max_power_w - profile.idle_power_w) * util / 100
                  if math.isfinite(profile.idle_power_w) and math.isfinite(profile.max_power_w) else math.nan)
         series.samples.append(GpuSample(

@@ -2,13 +2,14 @@
 
 Everything on the host runs for real; only the forward is replaced. Each call
 
-1. spins the calling thread for the predicted host time (eager dispatch is CPU work that
-   competes with preprocessing threads for cores and the GIL; under ``cuda_graph`` it is one
-   short replay); on a synchronous (CPU) profile it spins for the whole call, since there the
-   compute is host work too (on one core: a real CPU model's intra-op threads may use more),
+1. spins the calling thread for the predicted host time, counted in the thread's own CPU time
+   (eager dispatch is CPU work that competes with preprocessing threads for cores and the GIL,
+   and stretches when the scheduler preempts it; under ``cuda_graph`` it is one short replay);
+   on a synchronous (CPU) profile it spins for the whole call, since there the compute is host
+   work too (on one core: a real CPU model's intra-op threads may use more),
 2. sleeps for the rest of the predicted call without holding the GIL (the host is free
    while the device computes, as with a real GPU),
-3. records the device's busy time on a timeline (what NVML's utilization would read), and
+3. records the device's busy time on a binned timeline (what NVML's utilization would read), and
 4. returns deterministic, L2-normalised embeddings of the right shape, computed cheaply, so
    every downstream stage, count and outcome runs unchanged. They are marked simulated and
    are never compared with real embeddings.
@@ -19,9 +20,7 @@ way the real path reports it.
 
 from __future__ import annotations
 
-import threading
 import time
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -29,18 +28,23 @@ import torch
 
 from .costmodel import CallCost, ModelProfile, copy_seconds, predict
 from .profiles import DeviceProfile
+from .timeline import DeviceTimeline
 
 MEMORY_USABLE = 0.92  # share of device memory a process can allocate (context, fragmentation)
 
 
-@dataclass(frozen=True)
-class DeviceSpan:
-    """One call on the device timeline: wall span and the device compute inside it (shared clock, s)."""
+SPIN_TAIL_S = 50e-6  # the most a device wait spins (holding the GIL) to land on time after its sleep
 
-    t0: float
-    t1: float
-    busy_s: float
-    memory_bytes: float
+
+def spin_cpu(seconds: float, wall_cap: float = 0.25) -> None:
+    """Host work: burn ``seconds`` of this thread's CPU time. Preempted by the scheduler, it takes longer
+    in wall time, as real launches would on an oversubscribed host (capped at ``wall_cap`` extra)."""
+    if seconds <= 0:
+        return
+    cpu_end = time.thread_time() + seconds
+    wall_end = time.perf_counter() + seconds + wall_cap
+    while time.thread_time() < cpu_end and time.perf_counter() < wall_end:
+        pass
 
 
 class SimulatedDevice:
@@ -50,9 +54,8 @@ class SimulatedDevice:
         self.profile = device
         self.model = model
         self.clock = clock
-        self.timeline: list[DeviceSpan] = []
+        self.timeline = DeviceTimeline()
         self._costs: dict[tuple[int, int, str, str], CallCost] = {}
-        self._lock = threading.Lock()
         self._overshoot = 60e-6  # learnt: how late time.sleep wakes up here
         rng = np.random.default_rng(0)
         table = rng.standard_normal((1024, model.output_dim)).astype(np.float32)
@@ -71,29 +74,45 @@ class SimulatedDevice:
             cost = self._costs[key] = predict(self.model, self.profile, batch, length, dtype, graph)
         return cost
 
-    def wait(self, seconds: float, spin: bool) -> None:
-        """Take ``seconds`` of wall time: spinning (host CPU work) or sleeping (GIL released)."""
+    def sleep(self, seconds: float) -> None:
+        """Device time: ``seconds`` of wall time with the GIL released, except a short spin at the end.
+
+        ``time.sleep`` wakes late (tens of microseconds idle, milliseconds on a loaded host), so the sleep
+        is shortened by the lateness learnt so far (at most half the wait, so it always sleeps and keeps
+        learning) and the rest is spun, at most :data:`SPIN_TAIL_S` of it."""
         if seconds <= 0:
             return
         deadline = time.perf_counter() + seconds
-        if spin:
-            while time.perf_counter() < deadline:
-                pass
-            return
-        ahead = seconds - self._overshoot
-        if ahead > 0:
-            t = time.perf_counter()
-            time.sleep(ahead)
-            late = time.perf_counter() - t - ahead
-            self._overshoot = 0.9 * self._overshoot + 0.1 * min(max(late, 0.0), 2e-3)
-        # the last tens of microseconds: spin (sleep(0) would yield the core for a whole timeslice under load)
-        while time.perf_counter() < deadline:
-            pass
+        ahead = seconds - min(self._overshoot, 0.5 * seconds)
+        t = time.perf_counter()
+        time.sleep(ahead)
+        late = time.perf_counter() - t - ahead
+        self._overshoot = 0.8 * self._overshoot + 0.2 * min(max(late, 0.0), 2e-3)
+        while True:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                return
+            if left > SPIN_TAIL_S:
+                time.sleep(left - SPIN_TAIL_S / 2)
+            else:
+                while time.perf_counter() < deadline:
+                    pass
+                return
+
+    def wait(self, seconds: float, spin: bool) -> None:
+        """``seconds`` of host work (``spin``: this thread's CPU time) or of device time (a sleep)."""
+        spin_cpu(seconds) if spin else self.sleep(seconds)
 
     def copy_in(self, nbytes: float, pinned: bool) -> float:
         """A host-to-device copy: sleeps for its predicted time (DMA, not host work); returns it."""
         seconds = copy_seconds(self.profile, nbytes, pinned)
-        self.wait(seconds, spin=False)
+        self.sleep(seconds)
+        return seconds
+
+    def copy_out(self, nbytes: float) -> float:
+        """The result's device-to-host copy (into pageable memory, as ``.cpu()`` does); returns its time."""
+        seconds = copy_seconds(self.profile, nbytes, pinned=False)
+        self.sleep(seconds)
         return seconds
 
     def run(self, batch: int, length: int, dtype: str, graph: str) -> CallCost:
@@ -107,12 +126,11 @@ class SimulatedDevice:
         t0 = self.clock()
         start = time.perf_counter()
         if self.profile.synchronous:  # a CPU-like device: its compute is host CPU work too
-            self.wait(cost.call_s, spin=True)
+            spin_cpu(cost.call_s)
         else:
-            self.wait(cost.host_s, spin=True)
-            self.wait(cost.call_s - (time.perf_counter() - start), spin=False)
-        with self._lock:
-            self.timeline.append(DeviceSpan(t0, self.clock(), cost.device_s, cost.memory_bytes))
+            spin_cpu(cost.host_s)
+            self.sleep(cost.call_s - (time.perf_counter() - start))
+        self.timeline.add(t0, self.clock(), cost.device_s, cost.call_s, cost.memory_bytes)
         return cost
 
     def embeddings(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -122,40 +140,16 @@ class SimulatedDevice:
         key = (ids * mask).sum(axis=1) + 7 * mask.sum(axis=1)
         return torch.from_numpy(self._table[key % len(self._table)])
 
-    def busy_between(self, t0: float, t1: float) -> float:
-        """Device compute seconds inside [t0, t1], each call's compute spread evenly over its span."""
-        with self._lock:
-            spans = list(self.timeline)
-        return sum(span_overlap(s, t0, t1) for s in spans)
 
-    def spans(self) -> list[DeviceSpan]:
-        with self._lock:
-            return list(self.timeline)
-
-
-def span_overlap(span: DeviceSpan, t0: float, t1: float) -> float:
-    """The device compute of ``span`` that falls inside [t0, t1]."""
-    width = span.t1 - span.t0
-    if width <= 0:
-        return span.busy_s if t0 <= span.t0 <= t1 else 0.0
-    inside = max(0.0, min(span.t1, t1) - max(span.t0, t0))
-    return span.busy_s * inside / width
-
-
-def device_busy(spans: Sequence[DeviceSpan], t0: float, t1: float) -> float:
-    """Share of [t0, t1] the device computed."""
-    if t1 <= t0:
-        return float("nan")
-    return min(sum(span_overlap(s, t0, t1) for s in spans) / (t1 - t0), 1.0)
-
-
-def window_device_busy(device: dict, timeline: Sequence[DeviceSpan], t0: float, t1: float, window_s: float,
+def window_device_busy(device: dict, timeline: DeviceTimeline | None, t0: float, t1: float, window_s: float,
                        model_busy: float) -> float:
     """Device busy of a measured window by device kind: the simulated timeline; on a CPU the model call is
     the device's work (model busy); on CUDA unknown here (NaN: NVML measures it)."""
     kind = device.get("kind")
     if kind == "simulated":
-        return min(sum(span_overlap(s, t0, t1) for s in timeline) / window_s, 1.0) if window_s > 0 else float("nan")
+        if timeline is None or window_s <= 0:
+            return float("nan")
+        return min(timeline.totals(t0, t1).busy / window_s, 1.0)
     if kind == "cpu":
         return model_busy
     return float("nan")
