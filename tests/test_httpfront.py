@@ -134,6 +134,7 @@ def _free_port():
         return sock.getsockname()[1]  # closed again: nothing listens there
 
 
+@pytest.mark.filterwarnings("ignore:the load client's loop")  # refusals come back at once: the client is busy
 def test_client_counts_a_refused_connection_as_an_error_outcome():
     url = f"http://127.0.0.1:{_free_port()}/embed"
     result = run_load(url, ["a", "b"], concurrency=4, requests=12, warmup_requests=2)
@@ -195,3 +196,33 @@ def test_loopback_by_default_and_a_warning_elsewhere(monkeypatch):
         front = HttpFront(Server(KNOBS, engine=Engine(KNOBS, TinyModel())), host="0.0.0.0")
     front.sock.close()
     assert any("reachable from other machines" in str(w.message) for w in caught)
+
+
+def test_cli_loadtest_engine_locust_with_workers():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "tuning", "loadtest", "--engine", "locust", "--workers", "2",
+                          "--set", "device=sim", "--concurrency", "4", "--duration", "2", "--warmup-s", "1",
+                          "--limit", "50", "--json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    data = json.loads(out.stdout)
+    assert data["engine"] == "locust" and data["engine_stats"]["workers"] == 2
+    for key in ("qps", "p50_ms", "p95_ms", "p99_ms", "submitted", "ok", "errors", "timeouts", "rejected"):
+        assert key in data
+    assert data["submitted"] == data["ok"] + data["errors"] + data["timeouts"] + data["rejected"] > 0
+    assert data["qps"] > 0 and data["client_cpu"] > 0
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--engine", "locust", "--requests", "10"], "--duration"),
+    (["--engine", "locust", "--duration", "1", "--rate", "5"], "closed loop"),
+    (["--workers", "2", "--requests", "10"], "--engine locust"),
+])
+def test_cli_loadtest_engine_flags_are_checked(flags, needle):
+    import subprocess
+    import sys
+
+    bad = subprocess.run([sys.executable, "-m", "tuning", "loadtest", *flags], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2 and needle in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

@@ -99,18 +99,57 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .serve import Server
 
     knobs = knobs_from_args(args)
-    front = HttpFront(Server(knobs), args.host, args.port)
+    front = HttpFront(Server(knobs), args.host, args.port, backlog=args.backlog)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with front:
-        print(f"serving {args.preset} on {front.url}  (POST /embed, GET /healthz, GET /metrics; Ctrl-C stops)",
-              flush=True)
+        print(f"serving {args.preset} on {front.url}  (uvicorn + starlette; POST /embed, GET /healthz, GET /metrics; "
+              "Ctrl-C stops)", flush=True)
         try:
             stop.wait(args.duration)
         except KeyboardInterrupt:
             pass
-        print("shutting down: draining queued requests", flush=True)
+        print("shutting down: answering requests in flight, then draining the queue", flush=True)
     return 0
+
+
+def cmd_loadtest_any(args: argparse.Namespace) -> int:
+    """``loadtest``: our own load generator, or ``--engine locust``."""
+    if args.engine == "tuning":
+        if args.workers is not None or args.remote_workers:
+            raise UsageError("loadtest: --workers and --remote-workers go with --engine locust")
+        return cmd_loadtest(args)
+    return cmd_loadtest_locust(args)
+
+
+def cmd_loadtest_locust(args: argparse.Namespace) -> int:
+    """locust headless, a master and --workers local worker processes, mapped into the loadtest summary."""
+    from contextlib import nullcontext
+
+    from .data import read_lines
+    from .locust_engine import run_locust
+    from .report import format_load
+
+    if args.duration is None or args.requests is not None:
+        raise UsageError("loadtest --engine locust: give --duration S (locust runs for a time, not a count)")
+    if args.rate is not None or args.profile:
+        raise UsageError("loadtest --engine locust: a closed loop at --concurrency users; --rate and --profile "
+                         "go with our own engine")
+    inputs = [raw for _, raw in read_lines(args.data, args.limit)]
+    front = None
+    if not args.url:  # no server given: serve the preset here, on a free loopback port
+        from .httpfront import HttpFront
+        from .serve import Server
+
+        front = HttpFront(Server(knobs_from_args(args)))
+    with front or nullcontext():
+        url = args.url or front.url + "/embed"
+        result = run_locust(url, inputs, args.concurrency, args.duration, workers=args.workers or 1,
+                            warmup_s=args.warmup_s if args.warmup_s is not None else 2.0,
+                            remote_workers=args.remote_workers, master_host=args.master_host)
+    summary = result.summary()
+    summary["target"] = url
+    return _emit(args, summary, lambda: format_load(summary))
 
 
 def cmd_loadtest(args: argparse.Namespace) -> int:
@@ -124,7 +163,7 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         raise UsageError("loadtest: --profile records this process; with --url run `profile` where the server runs")
     inputs = [raw for _, raw in read_lines(args.data, args.limit)]
     load = dict(concurrency=args.concurrency, requests=args.requests, duration_s=args.duration, rate=args.rate,
-                warmup_requests=args.warmup)
+                warmup_requests=args.warmup, warmup_s=args.warmup_s or 0.0)
     if args.url:  # the server's busy total, read when the measured window opens and when it closes
         result = run_load(args.url, inputs, busy_probe=lambda: _scrape_busy(args.url), **load)
     else:
@@ -319,7 +358,8 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
     "run": (cmd_run, "replay the records through the offline pipeline and print throughput and the stage ledger"),
     "profile": (cmd_profile, "run the offline pipeline under every profiler and print the diagnosis"),
     "serve": (cmd_serve, "serve POST /embed, GET /healthz and GET /metrics over HTTP (loopback by default)"),
-    "loadtest": (cmd_loadtest, "load-test the in-process server (or --url) at fixed concurrency or rate"),
+    "loadtest": (cmd_loadtest_any, "load-test the in-process server (or --url) at fixed concurrency or rate; "
+                                   "--engine locust for locust with --workers N processes"),
     "sweep": (cmd_sweep, "sweep one variable: batch size (model, fixed shapes), concurrency or wait (server)"),
     "plan": (cmd_plan, "choose k bucket lengths from the token-length histogram; padding waste per strategy"),
     "precision": (cmd_precision, "accuracy of bf16/fp16 embeddings against fp32 (min and mean cosine)"),
@@ -352,6 +392,8 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "serve":
             p.add_argument("--host", default="127.0.0.1", help="address to bind (loopback by default)")
             p.add_argument("--port", type=int, default=8000, help="port (0: any free port)")
+            p.add_argument("--backlog", type=_positive_int, default=4096,
+                           help="listen backlog: new connections the kernel queues before they are accepted")
             p.add_argument("--duration", type=_positive_float, default=None, help="stop after S seconds")
         if name == "sweep":
             p.add_argument("variable", choices=["batch", "concurrency", "wait"], help="what to sweep")
@@ -372,6 +414,19 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--url", default=None, help="drive an HTTP endpoint instead, e.g. http://127.0.0.1:8000/embed")
             p.add_argument("--profile", action="store_true",
                            help="in-process only: run the load under the recorder and add the diagnosis")
+            p.add_argument("--warmup-s", type=float, default=None,
+                           help="warm-up seconds excluded from the figures (our engine: besides --warmup; "
+                                "locust: default 2)")
+            p.add_argument("--engine", choices=["tuning", "locust"], default="tuning",
+                           help="the load generator: ours (an asyncio keep-alive client for --url) or locust "
+                                "(headless master + --workers processes; closed loop, needs --duration)")
+            p.add_argument("--workers", type=_positive_int, default=None,
+                           help="--engine locust: local worker processes (default 1)")
+            p.add_argument("--remote-workers", type=int, default=0,
+                           help="--engine locust: workers to wait for from other machines (run there: locust -f "
+                                "tuning/locustfile.py --worker --master-host THIS_HOST)")
+            p.add_argument("--master-host", default="127.0.0.1",
+                           help="--engine locust: address the master binds (loopback unless remote workers join)")
     return parser
 
 

@@ -36,6 +36,7 @@ import random
 import threading
 import time
 import warnings
+import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -44,6 +45,7 @@ import numpy as np
 import pandas as pd
 
 from . import clock as _clock
+from .data import RecordError
 from .knobs import Knobs
 from .serve import SERVE_STAGES, Response, Server
 from .stats import clean, ledger_dict, stage_ledger, summarize
@@ -107,8 +109,11 @@ class AsyncHttpClient:
         await self.session.close()
 
     async def __call__(self, raw: Any) -> Response:
-        rid, body = next(self._ids), _body(raw)
+        rid = next(self._ids)
         t0 = self.clock()
+        if isinstance(raw, RecordError):  # an input that cannot be a request: its own error, not sent
+            return Response(rid, "error", f"bad input: {raw.reason}", raw.id, t_submit=t0, t_done=t0)
+        body = _body(raw)
         try:
             async with self.session.post(self.url, data=body) as resp:
                 data = await resp.read()
@@ -119,18 +124,59 @@ class AsyncHttpClient:
             return _http_response(rid, None, {}, t0, self.clock(), f"{type(exc).__name__}: {text}")
 
 
-def http_target(url: str, timeout_s: float = 60.0) -> Target:
-    """A blocking callable for one-off requests to ``url`` (each call runs its own event loop and
-    connection). Load tests do not use it: :func:`run_load` drives a URL with the pooled async client."""
+class HttpTarget:
+    """A blocking, thread-safe target that POSTs to ``url`` over a keep-alive pool (an
+    :class:`AsyncHttpClient` on a background event loop of its own). :func:`run_load` given one (or a
+    URL) drives the URL with the async client directly; called from threads, it still reuses
+    connections. ``close()`` ends its loop (it is a daemon thread otherwise)."""
 
-    def send(raw: Any) -> Response:
-        async def once() -> Response:
-            async with AsyncHttpClient(url, 1, timeout_s) as client:
-                return await client(raw)
+    def __init__(self, url: str, timeout_s: float = 60.0, connections: int = 256):
+        self.url, self.timeout_s, self.connections = url, timeout_s, connections
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client: AsyncHttpClient | None = None
+        self._thread: threading.Thread | None = None
 
-        return asyncio.run(once())
+    def _started(self) -> tuple[asyncio.AbstractEventLoop, AsyncHttpClient]:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                self._thread = threading.Thread(target=loop.run_forever, name="http-target", daemon=True)
+                self._thread.start()
+                client = AsyncHttpClient(self.url, self.connections, self.timeout_s)
+                asyncio.run_coroutine_threadsafe(client.__aenter__(), loop).result()
+                self._loop, self._client = loop, client
+                self._finalizer = weakref.finalize(self, _stop_loop, loop, client)  # when dropped, or at exit
+            return self._loop, self._client
 
-    return send
+    def __call__(self, raw: Any) -> Response:
+        loop, client = self._started()
+        return asyncio.run_coroutine_threadsafe(client(raw), loop).result()
+
+    def close(self) -> None:
+        with self._lock:
+            loop, self._loop = self._loop, None
+        if loop is not None:
+            self._finalizer()
+            self._thread.join(timeout=10)
+            loop.close()
+
+
+def _stop_loop(loop: asyncio.AbstractEventLoop, client: AsyncHttpClient) -> None:
+    """Close the client's session on its loop, then stop the loop (never waits: safe from a finalizer)."""
+    async def close() -> None:
+        try:
+            await client.__aexit__(None, None, None)
+        finally:
+            loop.stop()
+
+    if loop.is_running():
+        asyncio.run_coroutine_threadsafe(close(), loop)
+
+
+def http_target(url: str, timeout_s: float = 60.0) -> HttpTarget:
+    """A blocking callable POSTing to ``url`` over a keep-alive pool (see :class:`HttpTarget`)."""
+    return HttpTarget(url, timeout_s)
 
 
 def _json_or_empty(raw: bytes) -> dict:
@@ -170,6 +216,7 @@ class LoadResult:
     device_timeline: Any = field(default=None, repr=False)  # the simulated device's DeviceTimeline (None: real)
     client_cpu: float | None = None  # HTTP client: CPU of its loop thread / wall time of the run (1.0 = a core)
     engine: str = "tuning"  # the load generator: "tuning" (ours) or "locust"
+    engine_stats: dict[str, Any] = field(default_factory=dict)  # the load generator's own figures (locust's)
 
     @property
     def window_s(self) -> float:
@@ -293,7 +340,7 @@ class LoadResult:
             "stages": ledger_dict(ledger),
             "error_reasons": _top_reasons(self.responses),
             "client_cpu": clean(self.client_cpu) if self.client_cpu is not None else None,
-            "engine": self.engine,
+            "engine": self.engine, **({"engine_stats": self.engine_stats} if self.engine_stats else {}),
             "knobs": self.knobs.as_dict() if self.knobs else None,
         }
 
@@ -411,7 +458,7 @@ def run_load(target: Target | Server | str, inputs: Sequence[Any], concurrency: 
     if not inputs:
         raise ValueError("inputs is empty: give at least one request body")
     server = target if isinstance(target, Server) else None
-    url = target if isinstance(target, str) else None
+    url = target if isinstance(target, str) else target.url if isinstance(target, HttpTarget) else None
     if server is not None:
         send = server_target(server, keep_embeddings)
         busy_probe = busy_probe or (lambda: server.busy_total_s)
@@ -677,3 +724,5 @@ def sweep(knobs: Knobs, inputs: Sequence[Any], variable: str, values: Sequence[A
         rows.append({variable: value, **{k: s[k] for k in ("qps", "p50_ms", "p95_ms", "p99_ms", "ok", "errors",
                                                             "timeouts", "rejected", "model_busy", "mean_batch")}})
     return pd.DataFrame(rows)
+
+

@@ -111,9 +111,14 @@ def format_load(s: dict) -> str:
         *([f"offered {_fmt(s['offered_rate'], 1)} req/s   achieved {_fmt(s['achieved_rate'], 1)} req/s   send lag p50 "
            f"{_fmt(s['send_lag_p50_ms'], 1)} ms   p99 {_fmt(s['send_lag_p99_ms'], 1)} ms"] if s.get("offered_rate") else []),
         f"submitted {s['submitted']} = ok {s['ok']} + errors {s['errors']} + timeouts {s['timeouts']} + rejected {s['rejected']}",
-        "", "stage ledger (ok requests, ms)",
-        table([{"stage": st, **v} for st, v in s["stages"].items()], ["stage", "p50_ms", "p99_ms", "share"]),
+        *([f"load generator {s.get('engine', 'tuning')}: client CPU {s['client_cpu']:.2f} cores"
+           + (f", locust's own figures: {s['engine_stats'].get('rps') or 0:.1f} req/s, p99 "
+              f"{_fmt(s['engine_stats'].get('p99_ms'), 0)} ms over the whole run" if s.get("engine_stats") else "")]
+          if s.get("client_cpu") is not None else []),
     ]
+    if any(v.get("p99_ms") for v in s["stages"].values()):  # locust does not read the server's stage timings
+        lines += ["", "stage ledger (ok requests, ms)",
+                  table([{"stage": st, **v} for st, v in s["stages"].items()], ["stage", "p50_ms", "p99_ms", "share"])]
     if s["error_reasons"]:
         lines += ["", table(s["error_reasons"], ["count", "reason"])]
     if "diagnosis" in s:
