@@ -227,9 +227,9 @@ def observed_inputs(data: str | Path | None = None, limit: int | None = None,
     slots, texts = [], []
     for i, raw in enumerate(raws):
         rec = parse_line(raw, i + 1)
-        if isinstance(rec, Record):
+        if isinstance(rec, (Record, str)):  # a record, or a line with a text field
             slots.append(i)
-            texts.append(format_record(rec))
+            texts.append(format_record(rec) if isinstance(rec, Record) else rec)
     lengths = [0] * len(raws)
     for i, enc in zip(slots, FastTokenizer(tokenizer_files()[1], max_length).encode_batch(texts)):
         lengths[i] = len(enc.ids)

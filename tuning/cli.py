@@ -44,8 +44,28 @@ def _add_knob_flags(p: argparse.ArgumentParser, default_preset: str = "baseline"
 def _add_data_flags(p: argparse.ArgumentParser) -> None:
     from .data import DEFAULT_DATA
 
-    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="JSONL records (default: the shipped demo)")
-    p.add_argument("--limit", type=_positive_int, default=None, help="read only the first N lines")
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA,
+                   help="requests: record JSONL (default: the shipped demo), JSONL with a text field, CSV/TSV, Parquet, "
+                        "or plain text with one request per line (format by extension, or --format)")
+    p.add_argument("--limit", type=_positive_int, default=None, help="read only the first N lines (rows)")
+    p.add_argument("--text-field", default=None, metavar="NAME",
+                   help="JSONL: the field holding the text (default: 'text' for a line without the record schema)")
+    p.add_argument("--text-column", default=None, metavar="NAME",
+                   help="CSV/TSV/Parquet: the column holding the text (default: 'text', or the only column)")
+    p.add_argument("--format", default=None, choices=["jsonl", "csv", "tsv", "parquet", "text"],
+                   help="the data format when the extension does not say it")
+
+
+def _data_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The data flags as the readers' keyword arguments."""
+    return {"text_field": args.text_field, "text_column": args.text_column, "format": args.format}
+
+
+def _inputs(args: argparse.Namespace) -> list[Any]:
+    """The requests of ``--data`` in any format, as the server and the load generator take them."""
+    from .data import read_inputs
+
+    return [raw for _, raw in read_inputs(args.data, args.limit, **_data_kwargs(args))]
 
 
 def _positive_int(text: str) -> int:
@@ -76,7 +96,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .report import format_run
 
     knobs = knobs_from_args(args)
-    result = run_pipeline(knobs, args.data, args.limit, keep_embeddings=False)
+    result = run_pipeline(knobs, args.data, args.limit, keep_embeddings=False, **_data_kwargs(args))
     return _emit(args, result.summary(), lambda: format_run(result))
 
 
@@ -87,7 +107,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     knobs = knobs_from_args(args)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the GPU section reports the reason instead
-        profile = profile_pipeline(knobs, args.data, args.limit, interval=args.interval)
+        profile = profile_pipeline(knobs, args.data, args.limit, interval=args.interval, **_data_kwargs(args))
     return _emit(args, profile.summary(), lambda: format_profile(profile))
 
 
@@ -153,7 +173,6 @@ def cmd_loadtest_locust(args: argparse.Namespace) -> int:
 
 
 def cmd_loadtest(args: argparse.Namespace) -> int:
-    from .data import read_lines
     from .loadgen import run_load
     from .report import format_load
 
@@ -161,11 +180,11 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         raise UsageError("loadtest: give exactly one of --requests N or --duration S")
     if args.profile and args.url:
         raise UsageError("loadtest: --profile records this process; with --url run `profile` where the server runs")
-    inputs = [raw for _, raw in read_lines(args.data, args.limit)]
+    inputs = _inputs(args)
     load = dict(concurrency=args.concurrency, requests=args.requests, duration_s=args.duration, rate=args.rate,
                 warmup_requests=args.warmup, warmup_s=args.warmup_s or 0.0)
     if args.url:  # the server's busy total, read when the measured window opens and when it closes
-        result = run_load(args.url, inputs, busy_probe=lambda: _scrape_busy(args.url), **load)
+        result = run_load(url_target(args.url), inputs, busy_probe=lambda: _scrape_busy(args.url), **load)
     else:
         from .serve import Server
 
@@ -185,6 +204,24 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         profile = recorder.join(result).summary()
         summary.update({key: profile[key] for key in ("diagnosis", "threads", "gpu")})
     return _emit(args, summary, lambda: format_load(summary))
+
+
+def url_target(url: str) -> Callable[[Any], Any]:
+    """POST each input to ``url``; a row of ``--data`` that cannot be a request (a RecordError) is its own
+    error outcome with its reason, without being sent."""
+    from .data import RecordError
+    from .loadgen import http_target
+    from .serve import Response
+    from . import clock
+
+    send = http_target(url)
+
+    def target(raw: Any) -> Any:
+        if isinstance(raw, RecordError):
+            now = clock.now()
+            return Response(-1, "error", f"bad input: {raw.reason}", raw.id, t_submit=now, t_done=now)
+        return send(raw)
+    return target
 
 
 def _scrape_busy(url: str) -> float | None:
@@ -238,10 +275,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             print(f"knee (smallest batch within 5% of the best per-sample cost): {summary['knee']}; "
                   f"marginal gain under 5% from batch {summary['diminishing_returns_at']}")
         return 0
-    from .data import read_lines
     from .loadgen import sweep
 
-    inputs = [raw for _, raw in read_lines(args.data, args.limit)]
+    inputs = _inputs(args)
     variable = {"concurrency": "concurrency", "wait": "max_wait_ms"}[args.variable]
     values = args.values or ([1, 4, 16, 32, 64] if variable == "concurrency" else [0.0, 5.0, 20.0, 50.0])
     if variable == "concurrency":
@@ -255,6 +291,27 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _record_jsonl(args: argparse.Namespace) -> bool:
+    """Whether ``--data`` is JSONL read line by line as it comes (records or lines with a ``text`` field)."""
+    from .data import detect_format
+
+    return detect_format(args.data, args.format) == "jsonl" and args.text_field is None
+
+
+def _observed(args: argparse.Namespace, max_length: int) -> tuple[list[int], list[int]]:
+    """Per input of ``--data`` in any format: token length (0 for a bad row) and size in bytes."""
+    from .model import tokenizer_files
+    from .preprocess import FastTokenizer
+
+    inputs = _inputs(args)
+    slots = [i for i, x in enumerate(inputs) if isinstance(x, str)]
+    lengths, sizes = [0] * len(inputs), [len(x.encode()) if isinstance(x, str) else 0 for x in inputs]
+    encoded = FastTokenizer(tokenizer_files()[1], max_length).encode_batch([inputs[i] for i in slots])
+    for i, enc in zip(slots, encoded):
+        lengths[i] = len(enc.ids)
+    return lengths, sizes
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from .buckets import observed_inputs, padding_waste
     from .report import table
@@ -262,7 +319,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     knobs = knobs_from_args(args)
     import numpy as np
 
-    lengths, sizes = observed_inputs(args.data, args.limit, knobs.max_length)
+    if _record_jsonl(args):
+        lengths, sizes = observed_inputs(args.data, args.limit, knobs.max_length)
+    else:
+        lengths, sizes = _observed(args, knobs.max_length)
     report = padding_waste(lengths, k=args.k, sizes=sizes, knobs=knobs)
     rows = report.table.to_dict("records")
     valid = [n for n in lengths if n]
@@ -284,7 +344,7 @@ def cmd_precision(args: argparse.Namespace) -> int:
     from .precision import precision_report
     from .report import table
 
-    report = precision_report(load_texts(args.data, args.limit))
+    report = precision_report(load_texts(args.data, args.limit, **_data_kwargs(args)))
 
     def render() -> str:
         rows = [{**r, "min_cosine": f"{r['min_cosine']:.6f}", "mean_cosine": f"{r['mean_cosine']:.6f}"}
@@ -330,7 +390,8 @@ def cmd_investigate(args: argparse.Namespace) -> int:
     from .investigate import format_investigation, investigate
 
     what_if = None if args.what_if.lower() == "none" else args.what_if
-    inv = investigate(args.data, args.device, args.quick, what_if, args.out, args.target_p99_ms,
+    data = args.data if _record_jsonl(args) else _inputs(args)
+    inv = investigate(data, args.device, args.quick, what_if, args.out, args.target_p99_ms,
                       progress=not args.json, limit=args.limit)
     return _emit(args, inv.summary(), lambda: format_investigation(inv))
 

@@ -366,12 +366,12 @@ class LoadMeasure:
 # --- inputs ---------------------------------------------------------------------------------------
 
 def load_inputs(data: Any = None, limit: int | None = None) -> list[Any]:
-    """Raw request bodies: the lines of a JSONL file (bad lines included: they become error outcomes),
-    or a given sequence of lines, records or texts."""
-    from .data import DEFAULT_DATA, read_lines
+    """Raw request bodies: the lines of a JSONL file or the rows of any supported data file (bad ones
+    included: they become error outcomes), or a given sequence of lines, records or texts."""
+    from .data import DEFAULT_DATA, read_inputs
 
     if data is None or isinstance(data, (str, os.PathLike)):
-        return [raw for _, raw in read_lines(data or DEFAULT_DATA, limit)]
+        return [raw for _, raw in read_inputs(data or DEFAULT_DATA, limit)]
     inputs = list(data)
     return inputs[:limit] if limit else inputs
 

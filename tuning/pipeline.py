@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from . import clock as _clock
 from .buckets import grouping_of
-from .data import DEFAULT_DATA, Record, check_limit, require_file
+from .data import DEFAULT_DATA, Record, check_limit, detect_format, require_file
 from .engine import Engine, PreparedBatch, Preparer, make_tokenizer, quiet_fork_warnings
 from .graphs import rows_computed
 from .sim.standin import window_device_busy
@@ -446,6 +446,37 @@ class PipelineResult:
         return [{"reason": reason, "count": len(lines), "first_lines": lines[:5]} for reason, lines in ranked]
 
 
+class _ParsedLines(LineDataset):
+    """Lines of a text file or of JSONL with a named text field, parsed as they are read (read stage)."""
+
+    def __init__(self, path: str | Path, limit: int | None, parse: Callable[[bytes, int], Any]):
+        super().__init__(path, limit)
+        self.parse = parse
+
+    def __getitem__(self, i: int) -> tuple[int, Any]:
+        line, raw = super().__getitem__(i)
+        return line, self.parse(raw, line)
+
+
+def _input_dataset(data: Any, limit: int | None, text_field: str | None, text_column: str | None,
+                   format: str | None) -> Dataset:
+    """The dataset for :meth:`Pipeline.run`'s ``data``: a file in any supported format, or values in memory."""
+    from .data import inputs_from_values, line_parser, read_table
+
+    if isinstance(data, (str, Path)):
+        fmt = detect_format(data, format)
+        if fmt in ("csv", "tsv", "parquet"):
+            if text_field is not None:
+                line_parser(data, text_field, text_column, fmt)  # raises: which option fits this format
+            return InMemoryDataset(read_table(data, text_column, limit, fmt))
+        parse = line_parser(data, text_field, text_column, fmt)
+        return LineDataset(data, limit) if parse is None else _ParsedLines(data, limit, parse)
+    if text_field is not None or text_column is not None or format is not None:
+        raise ValueError("text_field, text_column and format describe a file; for values in memory pass the texts")
+    check_limit(limit)
+    return InMemoryDataset(inputs_from_values(data)[:limit])
+
+
 class Pipeline:
     """Offline replay of records through the DataLoader and the model, with every knob applied.
 
@@ -504,15 +535,18 @@ class Pipeline:
 
     def run(self, data: str | Path | Sequence[Any] = DEFAULT_DATA, limit: int | None = None,
             warmup_batches: int = 2, keep_embeddings: bool = True,
-            on_batch: Callable[[BatchRecord], None] | None = None) -> PipelineResult:
-        """Replay ``data`` (a JSONL path, or a list of records/texts/lines) and return the raw records.
+            on_batch: Callable[[BatchRecord], None] | None = None, text_field: str | None = None,
+            text_column: str | None = None, format: str | None = None) -> PipelineResult:
+        """Replay ``data`` and return the raw records. ``data``: a file (record JSONL, JSONL with a text
+        field, CSV/TSV or Parquet with a text column, plain text: see :mod:`tuning.data`), or in memory a
+        list of texts/records/JSONL lines or a pandas Series of texts.
 
         ``warmup_batches`` batches of an evenly spaced sample of the inputs run first and are
         discarded (see the module's docstring); then every input is measured exactly once.
         """
         if isinstance(warmup_batches, bool) or not isinstance(warmup_batches, int) or warmup_batches < 0:
             raise ValueError(f"warmup_batches={warmup_batches!r} must be an integer >= 0")
-        dataset = LineDataset(data, limit) if isinstance(data, (str, Path)) else InMemoryDataset(list(data)[:limit])
+        dataset = _input_dataset(data, limit, text_field, text_column, format)
         self.warmup()
         warmup_s = self.engine.compile_s  # model warm-up, compile or capture included; outside the window
         clock = self.engine.clock
@@ -576,3 +610,5 @@ def run_pipeline(knobs: Knobs, data: str | Path | Sequence[Any] = DEFAULT_DATA, 
                  **kwargs: Any) -> PipelineResult:
     """Build a :class:`Pipeline` for ``knobs`` and replay ``data`` once."""
     return Pipeline(knobs).run(data, limit, **kwargs)
+
+
