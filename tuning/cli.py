@@ -56,6 +56,25 @@ def _add_data_flags(p: argparse.ArgumentParser) -> None:
                    help="the data format when the extension does not say it")
 
 
+def _add_model_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, metavar="DIR|MODULE:FACTORY",
+                   help="your model: a sentence-transformers style folder (config.json, *.safetensors, tokenizer.json; "
+                        "BERT-family), or module:factory returning the model or (model, tokenizer)")
+    p.add_argument("--formatter", default=None, metavar="MODULE:FUNCTION",
+                   help="your record -> text step (default: title, category, attributes, body)")
+
+
+def _custom(args: argparse.Namespace, knobs: Knobs) -> tuple[dict[str, Any], str]:
+    """The model, tokenizer and formatter ``--model``/``--formatter`` name (keyword arguments for
+    Pipeline and Server), and a label for the model."""
+    from .bring_your_own import resolve_formatter, resolve_model
+    from .preprocess import format_record
+
+    model, tokenizer, label = resolve_model(getattr(args, "model", None), knobs)
+    formatter = resolve_formatter(getattr(args, "formatter", None)) or format_record
+    return {"model": model, "tokenizer": tokenizer, "formatter": formatter}, label
+
+
 def _data_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """The data flags as the readers' keyword arguments."""
     return {"text_field": args.text_field, "text_column": args.text_column, "format": args.format}
@@ -92,22 +111,28 @@ def _emit(args: argparse.Namespace, summary: Any, render: Callable[[], str]) -> 
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .pipeline import run_pipeline
+    from .pipeline import Pipeline
     from .report import format_run
 
     knobs = knobs_from_args(args)
-    result = run_pipeline(knobs, args.data, args.limit, keep_embeddings=False, **_data_kwargs(args))
-    return _emit(args, result.summary(), lambda: format_run(result))
+    custom, label = _custom(args, knobs)
+    result = Pipeline(knobs, **custom).run(args.data, args.limit, keep_embeddings=False, **_data_kwargs(args))
+    summary = {**result.summary(), "model": label}
+    return _emit(args, summary, lambda: f"model: {label}\n" + format_run(result))
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from .profile import profile_pipeline
     from .report import format_profile
 
+    from .pipeline import Pipeline
+
     knobs = knobs_from_args(args)
+    custom, _ = _custom(args, knobs)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the GPU section reports the reason instead
-        profile = profile_pipeline(knobs, args.data, args.limit, interval=args.interval, **_data_kwargs(args))
+        profile = profile_pipeline(knobs, args.data, args.limit, interval=args.interval, pipeline=Pipeline(knobs, **custom),
+                                   **_data_kwargs(args))
     return _emit(args, profile.summary(), lambda: format_profile(profile))
 
 
@@ -119,7 +144,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .serve import Server
 
     knobs = knobs_from_args(args)
-    front = HttpFront(Server(knobs), args.host, args.port, backlog=args.backlog)
+    custom, _ = _custom(args, knobs)
+    front = HttpFront(Server(knobs, **custom), args.host, args.port, backlog=args.backlog)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with front:
@@ -188,7 +214,8 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     else:
         from .serve import Server
 
-        with Server(knobs_from_args(args)) as server:
+        knobs = knobs_from_args(args)
+        with Server(knobs, **_custom(args, knobs)[0]) as server:
             if args.profile:
                 from .profile import Recorder
 
@@ -260,11 +287,15 @@ _float_list = _number_list(float, 0, "numbers", "0,5,20", "numbers >= 0")
 def cmd_sweep(args: argparse.Namespace) -> int:
     from .report import table
 
+    from .engine import Engine
+
     knobs = knobs_from_args(args)
+    custom, _ = _custom(args, knobs)
+    engine = Engine(knobs, custom.pop("model"))
     if args.variable == "batch":
         from .sweep import run_batch_sweep
 
-        result = run_batch_sweep(knobs, args.sizes or [1, 2, 4, 8, 16, 32], args.length, args.repeats)
+        result = run_batch_sweep(knobs, args.sizes or [1, 2, 4, 8, 16, 32], args.length, args.repeats, engine=engine)
         summary = result.summary()
         if args.json:
             _print_json(summary)
@@ -282,8 +313,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     values = args.values or ([1, 4, 16, 32, 64] if variable == "concurrency" else [0.0, 5.0, 20.0, 50.0])
     if variable == "concurrency":
         values = [int(v) for v in values]
+    from .serve import Server
+
     frame = sweep(knobs, inputs, variable, values, requests=args.requests,
-                  concurrency=None if variable == "concurrency" else args.concurrency)
+                  concurrency=None if variable == "concurrency" else args.concurrency,
+                  server_factory=lambda k: Server(k, engine=engine, **custom))
     if args.json:
         _print_json({"variable": variable, "points": frame.astype(object).where(frame.notna(), None).to_dict("records")})
     else:
@@ -446,6 +480,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--json", action="store_true", help="print the fitted profile as JSON")
             continue
         _add_knob_flags(p, "tuned" if name in ("serve", "loadtest") else "baseline")
+        if name in ("run", "profile", "serve", "loadtest", "sweep"):
+            _add_model_flags(p)
         if name != "serve":
             _add_data_flags(p)
         if name == "profile":

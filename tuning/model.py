@@ -136,6 +136,73 @@ def load_minilm(model_dir: str | Path | None = None) -> MiniLM:
     return model.eval()
 
 
+BERT_TYPES = ("bert",)  # model_type values of config.json that the BERT encoder here loads
+
+
+def load_bert_dir(model_dir: str | Path) -> MiniLM:
+    """A BERT-family encoder from a sentence-transformers style folder (``config.json``, safetensors
+    weights, ``tokenizer.json``), with mean pooling and L2 normalisation like the embedded model.
+
+    Safetensors only: pickled weights (``pytorch_model.bin``) are never loaded. Every missing part is
+    named in the error, with what to do.
+    """
+    from safetensors.torch import load_file
+
+    folder = Path(model_dir)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"--model {str(folder)!r}: no such folder; give a sentence-transformers style folder "
+                                "(config.json, model.safetensors, tokenizer.json) or module:factory")
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"--model {str(folder)!r}: config.json is missing (the encoder's transformers config)")
+    raw = json.loads(config_path.read_text())
+    kind = raw.get("model_type", "bert")
+    if kind not in BERT_TYPES:
+        raise ValueError(f"--model {str(folder)!r}: model_type {kind!r} in config.json; only BERT-family encoders "
+                         f"(model_type {' | '.join(map(repr, BERT_TYPES))}) load from a folder; for any other model give "
+                         "--model module:factory (a Python callable that returns it)")
+    missing = [k for k in BertConfig.__dataclass_fields__ if k not in raw]
+    if missing:
+        raise ValueError(f"--model {str(folder)!r}: config.json lacks {', '.join(missing)}")
+    shards = sorted(folder.glob("*.safetensors"))
+    if not shards:
+        pickled = [p.name for p in folder.glob("*.bin")] + [p.name for p in folder.glob("*.pt")]
+        if pickled:
+            raise FileNotFoundError(f"--model {str(folder)!r}: found {', '.join(pickled)} but safetensors only are loaded "
+                                    "(pickles can run code); convert them, e.g. model.save_pretrained(folder, "
+                                    "safe_serialization=True) in transformers")
+        raise FileNotFoundError(f"--model {str(folder)!r}: no *.safetensors weights (model.safetensors)")
+    for name in ("tokenizer.json",):
+        if not (folder / name).is_file():
+            raise FileNotFoundError(f"--model {str(folder)!r}: {name} is missing (the fast tokenizer's file, saved by "
+                                    "tokenizer.save_pretrained or shipped with sentence-transformers models)")
+    _check_pooling(folder)
+    config = BertConfig.from_file(config_path)
+    state: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        state.update(load_file(str(shard)))
+    try:
+        converted = _convert_hf_state(state, config.num_hidden_layers)
+    except KeyError as exc:
+        raise ValueError(f"--model {str(folder)!r}: tensor {exc.args[0]} is missing from the safetensors weights; "
+                         "is this a BERT encoder saved by transformers?") from None
+    model = MiniLM(config)
+    model.load_state_dict(converted)
+    model.source = f"{folder.resolve()} (BERT, {config.num_hidden_layers} layers, hidden {config.hidden_size})"
+    return model.eval()
+
+
+def _check_pooling(folder: Path) -> None:
+    """Only mean pooling is implemented: refuse a folder whose pooling module says otherwise."""
+    for pooling in folder.glob("*_Pooling/config.json"):
+        conf = json.loads(pooling.read_text())
+        modes = [k.removeprefix("pooling_mode_").removesuffix("_tokens") for k, v in conf.items()
+                 if k.startswith("pooling_mode_") and v]
+        if modes and modes != ["mean"]:
+            raise ValueError(f"--model {str(folder)!r}: pooling {modes} in {pooling.relative_to(folder)}; only mean "
+                             "pooling is implemented here; give --model module:factory for another pooling")
+
+
 def random_minilm(seed: int = 0) -> MiniLM:
     """MiniLM's architecture from the config kept in this repo, with random weights (for timing only)."""
     torch.manual_seed(seed)
