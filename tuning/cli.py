@@ -210,6 +210,8 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     load = dict(concurrency=args.concurrency, requests=args.requests, duration_s=args.duration, rate=args.rate,
                 warmup_requests=args.warmup, warmup_s=args.warmup_s or 0.0)
     if args.url:  # the server's busy total, read when the measured window opens and when it closes
+        from .watch import url_target
+
         result = run_load(url_target(args.url), inputs, busy_probe=lambda: _scrape_busy(args.url), **load)
     else:
         from .serve import Server
@@ -233,24 +235,6 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     return _emit(args, summary, lambda: format_load(summary))
 
 
-def url_target(url: str) -> Callable[[Any], Any]:
-    """POST each input to ``url``; a row of ``--data`` that cannot be a request (a RecordError) is its own
-    error outcome with its reason, without being sent."""
-    from .data import RecordError
-    from .loadgen import http_target
-    from .serve import Response
-    from . import clock
-
-    send = http_target(url)
-
-    def target(raw: Any) -> Any:
-        if isinstance(raw, RecordError):
-            now = clock.now()
-            return Response(-1, "error", f"bad input: {raw.reason}", raw.id, t_submit=now, t_done=now)
-        return send(raw)
-    return target
-
-
 def _scrape_busy(url: str) -> float | None:
     """The server's tuning_model_busy_seconds_total from /metrics next to ``url`` (None if unavailable)."""
     import urllib.request
@@ -265,6 +249,17 @@ def _scrape_busy(url: str) -> float | None:
     except (OSError, ValueError):
         return None
     return None
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    from .watch import format_watch, watch
+
+    if args.url is None and args.concurrency is not None:
+        raise UsageError("watch: --concurrency drives load at --url; give --url too")
+    inputs = _inputs(args) if args.url else None
+    result = watch(args.pid, args.url, inputs, concurrency=args.concurrency or 8, duration_s=args.duration,
+                   interval=args.interval, busy_probe=(lambda: _scrape_busy(args.url)) if args.url else None)
+    return _emit(args, result.summary(), lambda: format_watch(result))
 
 
 def _number_list(kind: type, minimum: float, what: str, example: str, rule: str) -> Callable[[str], list]:
@@ -458,6 +453,8 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
     "sweep": (cmd_sweep, "sweep one variable: batch size (model, fixed shapes), concurrency or wait (server)"),
     "plan": (cmd_plan, "choose k bucket lengths from the token-length histogram; padding waste per strategy"),
     "precision": (cmd_precision, "accuracy of bf16/fp16 embeddings against fp32 (min and mean cosine)"),
+    "watch": (cmd_watch, "watch a running service from outside (per-thread CPU, memory, GPU), optionally under load "
+                         "at its URL, with a diagnosis from what can be seen"),
     "calibrate": (cmd_calibrate, "fit a simulated-device profile from batch sweeps measured on a real device"),
 }
 
@@ -469,6 +466,17 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == "investigate":
             _add_investigate_flags(p)
+            continue
+        if name == "watch":
+            p.add_argument("--pid", type=_positive_int, required=True, help="process id of the running service")
+            p.add_argument("--url", default=None, help="drive load at this endpoint while watching, e.g. "
+                           "http://127.0.0.1:8000/embed (POST JSON {\"text\": ...} or a record)")
+            p.add_argument("--concurrency", type=_positive_int, default=None, help="clients in flight with --url (default 8)")
+            p.add_argument("--duration", type=_positive_float, default=10.0,
+                           help="seconds to watch (with --url: measured seconds of load)")
+            p.add_argument("--interval", type=float, default=0.5, help="sampling interval in seconds (>= 0.1)")
+            _add_data_flags(p)
+            p.add_argument("--json", action="store_true", help="print the tables as JSON frames and the diagnosis")
             continue
         if name == "calibrate":
             p.add_argument("--from", dest="sources", action="append", required=True, type=Path, metavar="SWEEP.json",

@@ -119,16 +119,18 @@ class GpuSampler(PeriodicSampler):
     """Samples this process's GPU through NVML; pass ``nvml=`` a stand-in module in tests.
 
     ``device``: a CUDA device index of this process, or a GPU/MIG UUID; None: the CUDA device
-    in use if CUDA is initialised, else every GPU NVML sees.
+    in use if CUDA is initialised, else every GPU NVML sees. ``pid``: the process whose own SM
+    utilization ``proc_sm_util`` reports (default: this one; another one to watch a service).
     """
 
     thread_name = "gpu-sampler"
 
     def __init__(self, interval: float = 0.5, clock: _clock.Clock | None = None, nvml: Any = None,
-                 device: int | str | None = None):
+                 device: int | str | None = None, pid: int | None = None):
         super().__init__(interval, clock)
         self._nvml = nvml
         self.device = device
+        self.pid = pid or os.getpid()
         self.series = GpuSeries(False, "not started")
         self._handles: list[Any] = []
         self._indices: list[int] = []
@@ -208,7 +210,7 @@ class GpuSampler(PeriodicSampler):
             stats = nvml.nvmlDeviceGetProcessUtilization(handle, self._last_proc_ts.get(index, 0))
         except Exception:  # not supported, or no sample for this process since last time
             return math.nan
-        mine = [s for s in stats if getattr(s, "pid", None) == os.getpid()]
+        mine = [s for s in stats if getattr(s, "pid", None) == self.pid]
         if stats:
             self._last_proc_ts[index] = max(getattr(s, "timeStamp", 0) for s in stats)
         return float(max(s.smUtil for s in mine)) if mine else math.nan
@@ -245,6 +247,23 @@ class GpuSampler(PeriodicSampler):
             warnings.warn(f"GPU sampling stopped: {reason}", RuntimeWarning, stacklevel=2)
             self.series.reason = reason
             return False
+
+    def process_memory(self) -> dict[int, float]:
+        """MB of GPU memory ``pid`` holds per GPU (NVML index) where NVML lists it among the compute
+        processes; empty when it lists it nowhere (no GPU work, or another pid namespace)."""
+        out: dict[int, float] = {}
+        get = getattr(self._nvml, "nvmlDeviceGetComputeRunningProcesses", None)
+        if not self.series.available or get is None:
+            return out
+        for i, h in zip(self._indices, self._handles):
+            try:
+                procs = get(h)
+            except Exception:
+                continue
+            used = [getattr(p, "usedGpuMemory", None) for p in procs if getattr(p, "pid", None) == self.pid]
+            if used:
+                out[i] = sum(u for u in used if isinstance(u, (int, float))) / 2**20
+        return out
 
     def _shutdown(self) -> None:
         try:

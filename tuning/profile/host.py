@@ -159,11 +159,11 @@ class HostSampler:
                                                   obj["children"]))
             for pid, tid, start, comm, cpu, *rest in obj["threads"]:
                 wait = rest[0] if rest and rest[0] is not None else float("nan")
-                if pid == self.pid:  # threads torch/OpenMP start natively have no Python name; they
-                    # inherit the OS name of the thread that started them (e.g. "model-executor (native)")
+                if pid == self.pid and pid == os.getpid():  # threads torch/OpenMP start natively have no
+                    # Python name; they inherit the OS name of the thread that started them ("model-executor (native)")
                     name = names.get((tid, start)) or ("MainThread" if tid == pid else f"{comm} (native)")
-                else:
-                    name = comm
+                else:  # another process (a watched service, a loader worker): the OS name its threads set
+                    name = f"{comm} (main)" if tid == pid else comm
                 self.series.threads.append(ThreadSample(obj["t"], pid, tid, name, cpu, start, wait))
             for pid, cpu in obj["unattributed"]:
                 self.series.unattributed.append(ThreadSample(obj["t"], pid, -1, "unattributed", cpu))
