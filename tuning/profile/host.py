@@ -163,7 +163,7 @@ class HostSampler:
                     # Python name; they inherit the OS name of the thread that started them ("model-executor (native)")
                     name = names.get((tid, start)) or ("MainThread" if tid == pid else f"{comm} (native)")
                 else:  # another process (a watched service, a loader worker): the OS name its threads set
-                    name = f"{comm} (main)" if tid == pid else comm
+                    name = comm
                 self.series.threads.append(ThreadSample(obj["t"], pid, tid, name, cpu, start, wait))
             for pid, cpu in obj["unattributed"]:
                 self.series.unattributed.append(ThreadSample(obj["t"], pid, -1, "unattributed", cpu))
