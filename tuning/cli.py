@@ -172,7 +172,6 @@ def cmd_loadtest_locust(args: argparse.Namespace) -> int:
     """locust headless, a master and --workers local worker processes, mapped into the loadtest summary."""
     from contextlib import nullcontext
 
-    from .data import read_lines
     from .locust_engine import run_locust
     from .report import format_load
 
@@ -181,13 +180,14 @@ def cmd_loadtest_locust(args: argparse.Namespace) -> int:
     if args.rate is not None or args.profile:
         raise UsageError("loadtest --engine locust: a closed loop at --concurrency users; --rate and --profile "
                          "go with our own engine")
-    inputs = [raw for _, raw in read_lines(args.data, args.limit)]
+    inputs = _inputs(args)
     front = None
     if not args.url:  # no server given: serve the preset here, on a free loopback port
         from .httpfront import HttpFront
         from .serve import Server
 
-        front = HttpFront(Server(knobs_from_args(args)))
+        knobs = knobs_from_args(args)
+        front = HttpFront(Server(knobs, **_custom(args, knobs)[0]))
     with front or nullcontext():
         url = args.url or front.url + "/embed"
         result = run_locust(url, inputs, args.concurrency, args.duration, workers=args.workers or 1,
@@ -209,10 +209,9 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     inputs = _inputs(args)
     load = dict(concurrency=args.concurrency, requests=args.requests, duration_s=args.duration, rate=args.rate,
                 warmup_requests=args.warmup, warmup_s=args.warmup_s or 0.0)
-    if args.url:  # the server's busy total, read when the measured window opens and when it closes
-        from .watch import url_target
-
-        result = run_load(url_target(args.url), inputs, busy_probe=lambda: _scrape_busy(args.url), **load)
+    if args.url:  # the async keep-alive client (a bad row is its own error outcome, not sent); the server's
+        # busy total is read when the measured window opens and when it closes
+        result = run_load(args.url, inputs, busy_probe=lambda: _scrape_busy(args.url), **load)
     else:
         from .serve import Server
 

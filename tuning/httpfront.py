@@ -33,7 +33,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+import orjson
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
@@ -74,15 +74,18 @@ def validate_body(raw: bytes) -> tuple[Any, str | None]:
     parsed = parse_line(raw, 0)
     if isinstance(parsed, RecordError):
         return None, f"{parsed.reason} (send {{\"text\": ...}} or a record with id, title, category, attributes, body)"
-    return raw, None
+    return parsed, None  # the parsed record: the server does not parse it again
 
 
-def response_body(response: Any) -> dict[str, Any]:
-    """The JSON answer for an ok response (the embedding rounded to 7 decimals, as a plain list)."""
-    return {"id": response.id, "embedding": np.round(response.embedding.astype(np.float64), 7).tolist(),
-            "n_tokens": response.n_tokens, "truncated": response.truncated, "batch_size": response.batch_size,
-            "latency_ms": response.latency_ms,
-            "timings_ms": {s: getattr(response, f"{s}_ms") for s in SERVE_STAGES}}
+def response_body(response: Any) -> bytes:
+    """The JSON answer for an ok response. orjson writes the float32 embedding straight from the array
+    (each value as the shortest text that reads back to the same float32): about 10 us, where
+    ``json.dumps`` of a Python list of 384 floats took about 300 us of the event loop's time."""
+    return orjson.dumps({"id": response.id, "embedding": response.embedding, "n_tokens": response.n_tokens,
+                         "truncated": response.truncated, "batch_size": response.batch_size,
+                         "latency_ms": response.latency_ms,
+                         "timings_ms": {s: getattr(response, f"{s}_ms") for s in SERVE_STAGES}},
+                        option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 async def _read_body(request: Request) -> tuple[bytes | None, JSONResponse | None]:
@@ -133,7 +136,7 @@ def build_app(backend: Server) -> Starlette:
         response = await asyncio.wrap_future(backend.submit(payload))
         status = STATUS_BY_OUTCOME[response.outcome]
         if response.outcome == "ok":
-            return JSONResponse(response_body(response))
+            return Response(response_body(response), media_type="application/json")
         return _error(status, response.reason, headers={"Retry-After": "1"} if status == 503 else None,
                       outcome=response.outcome)
 

@@ -75,8 +75,16 @@ def run_locust(url: str, inputs: Sequence[Any], concurrency: int, duration_s: fl
         raise ValueError(f"workers={workers}, remote_workers={remote_workers}: give at least one worker")
     if concurrency < 1 or duration_s <= 0:
         raise ValueError(f"concurrency={concurrency!r} must be >= 1 and duration_s={duration_s!r} > 0")
+    from .data import RecordError
+
+    bad = sum(isinstance(raw, RecordError) for raw in inputs)
+    inputs = [raw for raw in inputs if not isinstance(raw, RecordError)]
     if not inputs:
         raise ValueError("inputs is empty: give at least one request body")
+    if bad:
+        warnings.warn(f"{bad} rows of the data cannot be requests (bad rows): locust replays the other "
+                      f"{len(inputs)} (our own engine counts each bad row as an error outcome)", RuntimeWarning,
+                      stacklevel=2)
     base = url[: -len("/embed")] if url.endswith("/embed") else url.rstrip("/")
     spawn_rate = spawn_rate or float(concurrency)  # every user within about a second: the ramp is warm-up
     ramp_s = concurrency / spawn_rate

@@ -43,6 +43,7 @@ from .profile.threads import name_this_thread
 OUTCOMES = ("ok", "error", "timeout", "rejected")
 SERVE_STAGES = ("queue_wait", "read", "preprocess", "wait_for_model", "copy", "inference", "postprocess")
 IN_FLIGHT_BATCHES = 2  # one batch running + one prepared and waiting: double buffering
+WORKER_BATCH_MAX = 64  # requests a preprocessing worker tokenizes in one call, at most
 BATCH_LOG_MAX = 100_000  # recent model calls kept for busy-time and batch-size series
 _STOP = object()
 _WAKE = object()  # the executor finished a batch: the batcher may send the next
@@ -262,29 +263,55 @@ class Server:
 
     # --- threads -------------------------------------------------------------------------------
     def _worker_loop(self) -> None:
-        """read, format and tokenize one request at a time; bad input is answered here."""
-        while True:
-            req = self._incoming.get()
-            if req is _STOP:
-                self._tokenized.put(_STOP)
-                return
-            if self._abort:
-                self._fail_shutdown(req)
-                continue
-            req.t_prep_start = t0 = self.clock()
-            parsed = self.preparer.read(req.rid, req.raw)
-            t1 = self.clock()
-            item, text = self.preparer.to_text(req.rid, parsed)
-            encoded = self.preparer.tokenize([item], [text]) if text is not None else None
-            req.t_prep_end = t2 = self.clock()
-            req.item, req.read_s, req.prep_s = item, t1 - t0, t2 - t1
-            if item.error is not None or not encoded:
-                self._finish(req, Response(req.rid, "error", item.error or "preprocess failed", item.id,
-                                           queue_wait_ms=(t0 - req.t_submit) * 1000, read_ms=req.read_s * 1000,
-                                           preprocess_ms=req.prep_s * 1000))
-                continue
-            req.encoded = encoded[0]
-            self._tokenized.put(req)
+        """read and format each request, then tokenize every request already waiting in one call (the Rust
+        tokenizer runs a batch without the GIL, and one call costs less than many); bad input is answered here."""
+        stopping = False
+        while not stopping:
+            got = [self._incoming.get()]
+            while got[-1] is not _STOP and len(got) < WORKER_BATCH_MAX:  # one stop per worker: never take two
+                try:
+                    got.append(self._incoming.get_nowait())
+                except queue.Empty:
+                    break
+            if got[-1] is _STOP:
+                stopping = True
+                got.pop()
+            texts: list[tuple[_Request, str]] = []
+            for req in got:
+                if self._abort:
+                    self._fail_shutdown(req)
+                    continue
+                req.t_prep_start = t0 = self.clock()
+                parsed = self.preparer.read(req.rid, req.raw)
+                t1 = self.clock()
+                item, text = self.preparer.to_text(req.rid, parsed)
+                req.item, req.read_s, req.t_prep_end = item, t1 - t0, self.clock()
+                req.prep_s = req.t_prep_end - t1
+                if text is None:
+                    self._finish(req, Response(req.rid, "error", item.error or "preprocess failed", item.id,
+                                               queue_wait_ms=(t0 - req.t_submit) * 1000, read_ms=req.read_s * 1000,
+                                               preprocess_ms=req.prep_s * 1000))
+                else:
+                    texts.append((req, text))
+            if texts:
+                self._tokenize([req for req, _ in texts], [text for _, text in texts])
+        self._tokenized.put(_STOP)
+
+    def _tokenize(self, reqs: list[_Request], texts: list[str]) -> None:
+        t0 = self.clock()
+        encoded = self.preparer.tokenize([req.item for req in reqs], texts)
+        t1 = self.clock()
+        share = (t1 - t0) / len(reqs)  # the call's time, shared by its requests
+        for i, req in enumerate(reqs):
+            req.prep_s += share
+            req.t_prep_end = t1
+            if encoded is None:
+                self._finish(req, Response(req.rid, "error", req.item.error or "preprocess failed", req.item.id,
+                                           queue_wait_ms=(req.t_prep_start - req.t_submit) * 1000,
+                                           read_ms=req.read_s * 1000, preprocess_ms=req.prep_s * 1000))
+            else:
+                req.encoded = encoded[i]
+                self._tokenized.put(req)
 
     def _expire(self, now: float) -> None:
         """Time out waiting requests whose deadline has passed; looks only at the due ones (a heap)."""
