@@ -6,9 +6,12 @@ Routes and error contract:
 - ``POST /embed`` with ``{"text": ...}`` or a record object: 200 with the embedding, its token count,
   batch size, latency and per-stage timings; 400 with a JSON error naming the problem (bad UTF-8,
   malformed JSON, wrong field types, a malformed record); 411 without a length; 413 for a body over
-  1 MiB; 503 with ``Retry-After`` when the server's queue is full; 504 when the request's deadline
-  passed; 500 when its batch failed.
-- ``GET /healthz``: status, queue depth, the admission limit and the outcome counts.
+  1 MiB; 408 when the body does not arrive in time; 422 when the workers find the request unusable (a
+  formatter or tokenizer failing on it); 503 with ``Retry-After`` when the server's queue is full; 504
+  when the request's deadline passed (or no answer came within the front's bound); 500 when its batch
+  failed. An ``X-Request-Id`` header is echoed on every answer.
+- ``GET /healthz``: status, queue depth, the admission limit and the outcome counts; 503 while the
+  server stops or after one of its threads failed (the reason is in the body).
 - ``GET /metrics``: ``prometheus_client``'s exposition (see :mod:`tuning.metrics`).
 - Anything else: 404 (405 for a known path with the wrong method), with a JSON error naming the routes.
 
@@ -47,6 +50,10 @@ from .serve import SERVE_STAGES, Server
 MAX_BODY_BYTES = 1 << 20
 DRAIN_LIMIT_BYTES = 16 << 20  # larger bodies are cut off without reading
 STATUS_BY_OUTCOME = {"ok": 200, "rejected": 503, "timeout": 504, "error": 500}
+INPUT_ERROR_STATUS = 422  # the JSON was fine but the request could not be processed (found by the workers)
+BODY_TIMEOUT_S = 30.0  # a body that does not arrive in full by then is a 408 (a short body pins nothing)
+ANSWER_TIMEOUT_S = 120.0  # a request with no answer from the server by then is a 504 (no unbounded wait)
+REQUEST_ID_HEADER = "x-request-id"  # echoed on every /embed answer, so a client can match answers to requests
 DEFAULT_BACKLOG = 4096
 ROUTES = "POST /embed, GET /healthz or GET /metrics"
 
@@ -120,29 +127,57 @@ async def _read_body(request: Request) -> tuple[bytes | None, JSONResponse | Non
     return bytes(body), None
 
 
-def build_app(backend: Server) -> Starlette:
-    """The ASGI app for ``backend`` (started and closed by its owner)."""
+def _request_id(request: Request) -> str | None:
+    rid = request.headers.get(REQUEST_ID_HEADER)
+    if rid is None or len(rid) > 128 or not rid.isprintable() or not rid.isascii():
+        return None
+    return rid
+
+
+def build_app(backend: Server, body_timeout_s: float = BODY_TIMEOUT_S,
+              answer_timeout_s: float = ANSWER_TIMEOUT_S) -> Starlette:
+    """The ASGI app for ``backend`` (started and closed by its owner). Every wait is bounded: the body
+    must arrive within ``body_timeout_s`` (else 408) and the answer within ``answer_timeout_s`` (else 504)."""
 
     async def embed(request: Request) -> Response:
+        response = await _embed(request)
+        rid = _request_id(request)
+        if rid is not None:
+            response.headers[REQUEST_ID_HEADER] = rid
+        return response
+
+    async def _embed(request: Request) -> Response:
         try:
-            raw, problem = await _read_body(request)
+            raw, problem = await asyncio.wait_for(_read_body(request), body_timeout_s)
         except ClientDisconnect:
             return Response(status_code=400)
+        except asyncio.TimeoutError:
+            return _error(408, f"the body did not arrive within {body_timeout_s:g} s (is Content-Length right?)",
+                          headers={"Connection": "close"})
         if problem is not None:
             return problem
         payload, reason = validate_body(raw)
         if reason:
             return _error(400, reason)
-        response = await asyncio.wrap_future(backend.submit(payload))
+        future = backend.submit(payload)
+        try:
+            response = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), answer_timeout_s)
+        except asyncio.TimeoutError:  # the request keeps its one outcome in the server's counts
+            return _error(504, f"no answer from the server within {answer_timeout_s:g} s", outcome="timeout")
         status = STATUS_BY_OUTCOME[response.outcome]
         if response.outcome == "ok":
             return Response(response_body(response), media_type="application/json")
+        if response.outcome == "error" and response.input_error:
+            status = INPUT_ERROR_STATUS
         return _error(status, response.reason, headers={"Retry-After": "1"} if status == 503 else None,
                       outcome=response.outcome)
 
     async def healthz(request: Request) -> Response:
-        return JSONResponse({"status": "ok" if backend._accepting else "stopping", "queue_depth": backend.queue_depth,
-                             "max_queue": backend.knobs.max_queue, "counts": dict(backend.counts)})
+        healthy, reason = backend.health()
+        return JSONResponse({"status": "ok" if healthy else "stopping" if reason == "stopping" else "failed",
+                             "reason": reason, "queue_depth": backend.queue_depth,
+                             "max_queue": backend.knobs.max_queue, "counts": dict(backend.counts)},
+                            status_code=200 if healthy else 503)
 
     async def metrics(request: Request) -> Response:
         return Response(prometheus_text(backend), media_type=CONTENT_TYPE)
@@ -198,7 +233,8 @@ class HttpFront:
     """
 
     def __init__(self, backend: Server, host: str = "127.0.0.1", port: int = 0, backlog: int = DEFAULT_BACKLOG,
-                 graceful_timeout_s: float = 30.0):
+                 graceful_timeout_s: float = 30.0, body_timeout_s: float = BODY_TIMEOUT_S,
+                 answer_timeout_s: float = ANSWER_TIMEOUT_S):
         if not is_loopback(host):
             warnings.warn(f"binding {host}: the server is reachable from other machines and has no authentication; "
                           "bind 127.0.0.1 unless that is what you want", RuntimeWarning, stacklevel=2)
@@ -210,7 +246,7 @@ class HttpFront:
         self.backend = backend
         self.backlog = backlog
         self.sock = listen_socket(host, port, backlog)
-        self.app = build_app(backend)
+        self.app = build_app(backend, body_timeout_s, answer_timeout_s)
         config = uvicorn.Config(self.app, backlog=backlog, log_config=None, log_level="warning", access_log=False,
                                 lifespan="off", timeout_graceful_shutdown=graceful_timeout_s)
         self.server = uvicorn.Server(config)

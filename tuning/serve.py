@@ -70,6 +70,7 @@ class Response:
     copy_ms: float = 0.0
     inference_ms: float = 0.0
     postprocess_ms: float = 0.0
+    input_error: bool = False  # the request itself was unusable (a client error), not the server or its model
 
     @property
     def latency_ms(self) -> float:
@@ -154,6 +155,7 @@ class Server:
         self._ids = itertools.count()
         self._accepting = False
         self._abort = False
+        self.failure: str | None = None  # set when a server thread failed: health turns bad, requests fail
         self._threads: list[threading.Thread] = []
         self.counts = {o: 0 for o in OUTCOMES}
         self.batches: deque[BatchLog] = deque(maxlen=BATCH_LOG_MAX)
@@ -178,12 +180,48 @@ class Server:
             self._threads.append(t)
         return self
 
-    @staticmethod
-    def _named(name: str, target: Callable[[], None]) -> Callable[[], None]:
+    def _named(self, name: str, target: Callable[[], None]) -> Callable[[], None]:
         def run() -> None:
             name_this_thread(name)
-            target()
+            try:
+                target()
+            except BaseException as exc:  # a bug escaped a loop: never leave a future pending behind it
+                self._thread_failed(name, exc)
         return run
+
+    def _thread_failed(self, name: str, exc: BaseException) -> None:
+        """A server thread died: the server is broken. Stop accepting, fail every open request with the
+        reason, and let :meth:`health` say so (the HTTP front answers ``/healthz`` with 503)."""
+        reason = f"server thread {name!r} failed: {type(exc).__name__}: {exc}"
+        with self._lock:
+            self.failure = self.failure or reason
+            self._accepting = False
+            leftovers = list(self._open.values())
+        for req in leftovers:
+            self._finish(req, Response(req.rid, "error", self.failure, req.item.id if req.item else None))
+        # wake the other threads so close() never waits on a queue nobody feeds
+        self._abort = True
+        for q in (self._tokenized, self._ready, self._answers):
+            q.put(_STOP)
+
+    def health(self) -> tuple[bool, str]:
+        """``(healthy, reason)``: unhealthy when a server thread failed or the server is not accepting."""
+        if self.failure:
+            return False, self.failure
+        if not self._accepting:
+            return False, "stopping" if self._threads else "not started"
+        return True, "ok"
+
+    def _guarded(self, reqs: list["_Request"], where: str, fn: Callable[[], Any]) -> Any:
+        """Run one step for ``reqs``; an unexpected exception fails those requests only (with the reason)
+        and the loop goes on."""
+        try:
+            return fn()
+        except Exception as exc:
+            for req in reqs:
+                self._finish(req, Response(req.rid, "error", f"{where} failed: {type(exc).__name__}: {exc}",
+                                           req.item.id if req.item else None))
+            return None
 
     def close(self, drain: bool = True, timeout: float = 60.0) -> None:
         """Stop accepting; finish (``drain=True``) or fail what is queued; never leaves a future pending."""
@@ -191,7 +229,7 @@ class Server:
             if not self._accepting and not self._threads:
                 return
             self._accepting = False
-            self._abort = not drain
+            self._abort = not drain or self.failure is not None
         for _ in range(self.workers):
             self._incoming.put(_STOP)
         deadline = _clock.now() + timeout
@@ -227,7 +265,9 @@ class Server:
         deadline_ms = deadline_ms if deadline_ms is not None else self.knobs.deadline_ms
         req = _Request(rid, raw, now, now + deadline_ms / 1000 if deadline_ms else None, future, embedding)
         with self._lock:
-            if not self._accepting:
+            if self.failure:
+                reason = f"rejected: the server is broken ({self.failure})"
+            elif not self._accepting:
                 reason = "rejected: server is not running (start it, or it is shutting down)"
             elif len(self._open) >= self.knobs.max_queue:
                 reason = f"rejected: overloaded, {len(self._open)} requests queued (max_queue={self.knobs.max_queue})"
@@ -282,6 +322,10 @@ class Server:
                     self._fail_shutdown(req)
                     continue
                 req.t_prep_start = t0 = self.clock()
+                if req.deadline is not None and t0 > req.deadline:  # expired while queued: costs nothing more
+                    self._finish(req, Response(req.rid, "timeout", "deadline exceeded before preprocessing",
+                                               t_done=t0, queue_wait_ms=(t0 - req.t_submit) * 1000))
+                    continue
                 parsed = self.preparer.read(req.rid, req.raw)
                 t1 = self.clock()
                 item, text = self.preparer.to_text(req.rid, parsed)
@@ -289,12 +333,13 @@ class Server:
                 req.prep_s = req.t_prep_end - t1
                 if text is None:
                     self._finish(req, Response(req.rid, "error", item.error or "preprocess failed", item.id,
-                                               queue_wait_ms=(t0 - req.t_submit) * 1000, read_ms=req.read_s * 1000,
-                                               preprocess_ms=req.prep_s * 1000))
+                                               input_error=True, queue_wait_ms=(t0 - req.t_submit) * 1000,
+                                               read_ms=req.read_s * 1000, preprocess_ms=req.prep_s * 1000))
                 else:
                     texts.append((req, text))
             if texts:
-                self._tokenize([req for req, _ in texts], [text for _, text in texts])
+                reqs = [req for req, _ in texts]
+                self._guarded(reqs, "preprocessing", lambda: self._tokenize(reqs, [text for _, text in texts]))
         self._tokenized.put(_STOP)
 
     def _tokenize(self, reqs: list[_Request], texts: list[str]) -> None:
@@ -305,9 +350,12 @@ class Server:
         for i, req in enumerate(reqs):
             req.prep_s += share
             req.t_prep_end = t1
-            if encoded is None:
+            if encoded is not None and len(encoded[i].ids) > self.knobs.max_length:  # a tokenizer that did not cut
+                req.item.error = (f"tokenizer returned {len(encoded[i].ids)} ids, over max_length="
+                                  f"{self.knobs.max_length}: a tokenizer must truncate to max_length")
+            if encoded is None or req.item.error is not None:
                 self._finish(req, Response(req.rid, "error", req.item.error or "preprocess failed", req.item.id,
-                                           queue_wait_ms=(req.t_prep_start - req.t_submit) * 1000,
+                                           input_error=True, queue_wait_ms=(req.t_prep_start - req.t_submit) * 1000,
                                            read_ms=req.read_s * 1000, preprocess_ms=req.prep_s * 1000))
             else:
                 req.encoded = encoded[i]
@@ -360,8 +408,8 @@ class Server:
                 if item is _STOP:
                     stops += 1
                 elif item is not _WAKE:
-                    self.former.add(item, item.t_prep_end)
-                    if item.deadline is not None:
+                    added = self._guarded([item], "batching", lambda: self.former.add(item, item.t_prep_end) or True)
+                    if added and item.deadline is not None:
                         heapq.heappush(self._deadlines, (item.deadline, item.rid, item))
                 try:
                     item = self._tokenized.get_nowait()
@@ -372,7 +420,9 @@ class Server:
             for batch in self.former.pop_ready(now, self._room()):
                 with self._lock:
                     self._in_flight += 1
-                self._dispatch(batch)
+                if self._guarded(batch, "batch preparation", lambda: self._dispatch(batch) or True) is None:
+                    with self._lock:
+                        self._in_flight -= 1
             self.waiting_for_batch = len(self.former)
         self.waiting_for_batch = 0
         for batch in self.former.drain():
@@ -398,6 +448,13 @@ class Server:
                     self._fail_shutdown(req)
                 self._batch_done()
                 continue
+            if all(r.deadline is not None and r.deadline < t_received for r in batch):  # nobody waits for it
+                for req in batch:
+                    self._finish(req, Response(req.rid, "timeout", "deadline exceeded before the model ran",
+                                               req.item.id, t_done=t_received,
+                                               queue_wait_ms=(t_received - req.t_submit) * 1000))
+                self._batch_done()
+                continue
             out = self.engine.run(prepared)
             self.busy_total_s += out.t_infer_end - out.t_infer_start  # before any answer: a client that reads
             self._batch_done()                                        # the total after its answer sees its batch
@@ -406,12 +463,12 @@ class Server:
             if self.completion == "thread":
                 self._answers.put((batch, prepared, out, t_batched, t_received))
             else:
-                self._answer(batch, prepared, out, t_batched, t_received)
+                self._guarded(batch, "answering", lambda: self._answer(batch, prepared, out, t_batched, t_received))
             t_idle = self.clock()
 
     def _completer_loop(self) -> None:
         while (got := self._answers.get()) is not _STOP:
-            self._answer(*got)
+            self._guarded(got[0], "answering", lambda: self._answer(*got))
 
     def _answer(self, batch: list[_Request], prepared: PreparedBatch, out: Any, t_batched: float,
                 t_received: float) -> None:
