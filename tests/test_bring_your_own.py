@@ -188,3 +188,15 @@ def test_bad_model_specs_exit_2_with_one_line_naming_the_fix(user_module, spec, 
     assert out.returncode == 2, (out.returncode, out.stderr[-1500:])
     assert needle in out.stderr and "--model" in out.stderr, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_the_tiny_stand_in_is_a_model_folder_transformers_reads_alike(tmp_path):
+    from tuning.bring_your_own import save_tiny_bert
+
+    folder = save_tiny_bert(tmp_path / "tiny")
+    pytest.importorskip("transformers")
+    knobs = preset("tuned", dtype="fp32")
+    model, tokenizer, _ = resolve_model(str(folder), knobs)
+    result = Pipeline(knobs, model=model, tokenizer=tokenizer).run(TEXTS)
+    ours = np.stack([result.embeddings[i] for i in range(1, len(TEXTS) + 1)])
+    assert (ours * _reference(folder, TEXTS)).sum(1).min() > 0.9999

@@ -3,8 +3,6 @@ optional load, with a diagnosis limited to what can be seen and a list of what c
 
 import json
 import math
-import os
-import re
 import subprocess
 import sys
 import time
@@ -13,6 +11,7 @@ import pytest
 
 from tuning.profile.gpu import GpuSampler
 from tuning.profile.outside import OutsideSignals, cannot_see, diagnose_outside
+from tuning.watch import ServiceProcess
 
 from .fake_nvml import FakeNvml
 
@@ -70,25 +69,8 @@ def test_watch_refuses_a_missing_process():
 @pytest.fixture
 def service():
     """`python -m tuning serve` on a free loopback port, in its own process; stopped by pid at the end."""
-    proc = subprocess.Popen([sys.executable, "-m", "tuning", "serve", "--port", "0", "--duration", "300",
-                             "--set", "dtype=fp32"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 240
-        line = ""
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if "serving" in line or proc.poll() is not None:
-                break
-        match = re.search(r"(http://127\.0\.0\.1:\d+)", line)
-        assert match, f"the server did not start: {line!r} {proc.stderr.read() if proc.poll() is not None else ''}"
-        yield proc.pid, match.group(1)
-    finally:
-        proc.terminate()  # SIGTERM: the server drains and exits
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, 9)
-            proc.wait()
+    with ServiceProcess(sets={"dtype": "fp32"}, duration_s=300) as svc:
+        yield svc.pid, svc.url
 
 
 def test_watch_a_separate_serve_process_under_load(service):

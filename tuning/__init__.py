@@ -20,6 +20,10 @@ _LAZY = {
     "precision_report": "precision", "compare_outputs": "precision", "compare_tokenizers": "preprocess",
     "read_lines": "data", "load_texts": "data", "DEFAULT_DATA": "data",
     "device_for": "sim", "run_ladder": "ladder", "LadderSettings": "ladder",
+    # bring your own: data in any format, a model folder or factory, a service watched from outside, your device
+    "read_inputs": "data", "resolve_model": "bring_your_own", "save_tiny_bert": "bring_your_own",
+    "model_sweep": "bring_your_own", "calibrate_device": "bring_your_own",
+    "watch_service": ("watch", "watch"), "WatchResult": "watch", "ServiceProcess": "watch",
 }
 __all__ += sorted(_LAZY)
 

@@ -111,3 +111,105 @@ def _from_folder(path: Path, knobs: Knobs) -> tuple[Any, Any, str]:
 def resolve_formatter(spec: str | None) -> Callable | None:
     """The record -> text callable ``--formatter SPEC`` names (None: the default formatter)."""
     return None if spec is None else load_callable(spec, "--formatter")
+
+
+# --- a stand-in for your model, and your device's profile ------------------------------------------
+
+def save_tiny_bert(folder: str | Path | None = None, layers: int = 2, hidden: int = 64, heads: int = 4, seed: int = 0) -> Path:
+    """Write a tiny randomly initialised BERT as a sentence-transformers style folder (``config.json``,
+    ``model.safetensors`` in transformers' names, the embedded model's ``tokenizer.json`` and ``vocab.txt``,
+    mean pooling): a stand-in that takes the ``--model DIR`` path where no model of your own is at hand.
+    Its embeddings mean nothing; its timings are those of a small encoder. ``folder=None``: a new
+    temporary folder."""
+    import json
+    import shutil
+    import tempfile
+
+    import torch
+    from safetensors.torch import save_file
+
+    from .model import BertConfig, MiniLM, tokenizer_files
+
+    folder = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix="tiny-bert-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab, tokenizer_json = tokenizer_files()
+    config = {"model_type": "bert", "architectures": ["BertModel"], "vocab_size": 30522, "hidden_size": hidden,
+              "num_hidden_layers": layers, "num_attention_heads": heads, "intermediate_size": 4 * hidden,
+              "max_position_embeddings": 512, "type_vocab_size": 2, "layer_norm_eps": 1e-12, "hidden_act": "gelu"}
+    torch.manual_seed(seed)
+    model = MiniLM(BertConfig(**{k: config[k] for k in BertConfig.__dataclass_fields__}))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.02)
+    save_file(_to_hf_state(model), str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    shutil.copy(vocab, folder / "vocab.txt")
+    shutil.copy(tokenizer_json, folder / "tokenizer.json")
+    (folder / "1_Pooling").mkdir(exist_ok=True)
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": hidden,
+                                                                 "pooling_mode_mean_tokens": True}))
+    (folder / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
+    return folder
+
+
+def _to_hf_state(model: Any) -> dict[str, Any]:
+    """:class:`tuning.model.MiniLM`'s weights under transformers' ``BertModel`` names (the inverse of the loader's map)."""
+    s = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    out = {"embeddings.word_embeddings.weight": s["word.weight"],
+           "embeddings.position_embeddings.weight": s["position.weight"],
+           "embeddings.token_type_embeddings.weight": s["token_type.weight"],
+           "embeddings.LayerNorm.weight": s["emb_norm.weight"], "embeddings.LayerNorm.bias": s["emb_norm.bias"]}
+    for i in range(len(model.layers)):
+        p, q = f"encoder.layer.{i}.", f"layers.{i}."
+        for suffix in ("weight", "bias"):
+            for name, part in zip(("query", "key", "value"), s[f"{q}qkv.{suffix}"].chunk(3)):
+                out[f"{p}attention.self.{name}.{suffix}"] = part.contiguous()
+            out[f"{p}attention.output.dense.{suffix}"] = s[f"{q}attn_out.{suffix}"]
+            out[f"{p}attention.output.LayerNorm.{suffix}"] = s[f"{q}attn_norm.{suffix}"]
+            out[f"{p}intermediate.dense.{suffix}"] = s[f"{q}up.{suffix}"]
+            out[f"{p}output.dense.{suffix}"] = s[f"{q}down.{suffix}"]
+            out[f"{p}output.LayerNorm.{suffix}"] = s[f"{q}out_norm.{suffix}"]
+    return out
+
+
+def model_sweep(knobs: Knobs, sizes: Any = (1, 2, 4, 8), length: int = 64, repeats: int = 5, rounds: int = 5,
+                model: Any = None) -> Any:
+    """The batch sweep (``python -m tuning sweep batch``) of ``model`` (default: the embedded one) under
+    ``knobs``: per batch size, the model call's time at fixed shapes."""
+    from .engine import Engine
+    from .sweep import run_batch_sweep
+
+    return run_batch_sweep(knobs, list(sizes), length, repeats, engine=Engine(knobs, model), rounds=rounds)
+
+
+def calibrate_device(sweeps: Any, out: str | Path | None = None, name: str | None = None, model: Any = None,
+                     base: str | None = None) -> tuple[Any, float, Path]:
+    """Fit a simulated-device profile (``python -m tuning calibrate``) to batch sweeps measured on a real
+    device, write it to ``out`` (None: a temporary file) and return ``(profile, worst fit error, path)``;
+    use it with ``device='sim', sim_profile=str(path)``.
+
+    ``sweeps``: sweep results or ``sweep batch --json`` files (one per length, dtype and graph mode).
+    ``model``: the model the sweeps ran (None: the embedded one); its profile is measured here."""
+    import json
+    import tempfile
+
+    from .sim import embedded_model_profile, model_profile_for
+    from .sim.calibrate import calibrate_files
+
+    out = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="device-profile-")) / "my-device.json"
+    items = list(sweeps) if isinstance(sweeps, (list, tuple)) else [sweeps]
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = []
+        for i, item in enumerate(items):
+            if isinstance(item, (str, Path)):
+                paths.append(Path(item))
+            else:
+                paths.append(Path(tmp) / f"sweep{i}.json")
+                paths[-1].write_text(json.dumps(item.summary()))
+        profile_of_model = embedded_model_profile() if model is None else model_profile_for(model)
+        profile, worst, _ = calibrate_files(paths, name or out.stem, model=profile_of_model, base=base)
+    profile.to_json(out)
+    return profile, worst, out

@@ -257,7 +257,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
         raise UsageError("watch: --concurrency drives load at --url; give --url too")
     inputs = _inputs(args) if args.url else None
     result = watch(args.pid, args.url, inputs, concurrency=args.concurrency or 8, duration_s=args.duration,
-                   interval=args.interval, busy_probe=(lambda: _scrape_busy(args.url)) if args.url else None)
+                   interval=args.interval)
     return _emit(args, result.summary(), lambda: format_watch(result))
 
 

@@ -44,6 +44,99 @@ def url_target(url: str) -> Callable[[Any], Any]:
     return target
 
 
+class ServiceProcess:
+    """``python -m tuning serve`` in a process of its own, on a free loopback port: a service to watch
+    from outside. A context manager (or :meth:`start` / :meth:`close`); stopped by its pid (SIGTERM: it
+    drains), and in any case after ``duration_s``.
+
+    ``model``: a model folder or ``module:factory`` (``--model``); ``sets``: knobs (``--set``)."""
+
+    def __init__(self, preset: str = "tuned", model: str | None = None, sets: dict[str, Any] | None = None,
+                 duration_s: float = 900.0, start_timeout_s: float = 300.0):
+        self.args = ["--preset", preset, "--port", "0", "--duration", str(duration_s)]
+        if model is not None:
+            self.args += ["--model", str(model)]
+        for knob, value in (sets or {}).items():
+            self.args += ["--set", f"{knob}={','.join(map(str, value)) if isinstance(value, (list, tuple)) else value}"]
+        self.start_timeout_s = start_timeout_s
+        self.proc: Any = None
+        self.url: str | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.url}/embed"
+
+    def start(self) -> "ServiceProcess":
+        import os
+        import queue
+        import re
+        import subprocess
+        import sys
+        from pathlib import Path
+
+        env = dict(os.environ)  # the same tuning as this process, wherever it is installed
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH", "")])
+        self.proc = subprocess.Popen([sys.executable, "-m", "tuning", "serve", *self.args], stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, env=env)
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(line) for line in self.proc.stdout], daemon=True,
+                         name="service-output").start()
+        seen, deadline = [], _clock.now() + self.start_timeout_s
+        while _clock.now() < deadline:
+            try:
+                line = lines.get(timeout=0.5)
+            except queue.Empty:
+                if self.proc.poll() is not None:
+                    break
+                continue
+            seen.append(line)
+            match = re.search(r"serving .* on (http://[\w.\[\]:]+)", line)
+            if match:
+                self.url = match.group(1)
+                return self
+        self.close()
+        raise RuntimeError("the service did not start: " + "".join(seen[-20:]).strip())
+
+    def close(self) -> None:
+        import subprocess
+
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> "ServiceProcess":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def metrics_busy_total(url: str) -> float | None:
+    """The model busy seconds a tuning service exports (``tuning_model_busy_seconds_total`` on ``/metrics``
+    beside ``url``); None for a service that does not export it."""
+    import urllib.request
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    try:
+        with urllib.request.urlopen(f"{parts.scheme}://{parts.netloc}/metrics", timeout=5) as resp:
+            for line in resp.read().decode(errors="replace").splitlines():
+                if line.startswith("tuning_model_busy_seconds_total "):
+                    return float(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def describe_process(pid: int) -> str:
     """``name (command line)`` of a running process; a ValueError naming the pid if there is none."""
     try:
@@ -159,7 +252,10 @@ def watch(pid: int, url: str | None = None, inputs: Sequence[Any] | None = None,
           busy_probe: Callable[[], float | None] | None = None, nvml: Any = None,
           gpu_device: int | str | None = None) -> WatchResult:
     """Sample process ``pid`` (threads, memory, disk; the GPU through NVML) for ``duration_s`` seconds, or
-    while driving ``concurrency`` clients at ``url`` for ``duration_s`` measured seconds; diagnose it."""
+    while driving ``concurrency`` clients at ``url`` for ``duration_s`` measured seconds; diagnose it.
+
+    ``busy_probe``: the service's running model-busy seconds (default: tuning's own metric on its ``/metrics``,
+    None for other services, where model busy is reported as unseen)."""
     from .loadgen import run_load
 
     if isinstance(pid, bool) or not isinstance(pid, int) or pid < 1:
@@ -178,22 +274,27 @@ def watch(pid: int, url: str | None = None, inputs: Sequence[Any] | None = None,
             stack.enter_context(gpu_sampler)
             stack.enter_context(host_sampler)
             psutil.cpu_percent(None)  # the machine's CPU from here...
+            me = psutil.Process()
+            own0 = sum(me.cpu_times()[:2])
             t_start = _clock.now()
             if url is not None:
                 if not inputs:
                     raise ValueError("watch with --url needs request bodies (--data)")
                 load = run_load(url_target(url), list(inputs), concurrency=concurrency, duration_s=duration_s,
-                                warmup_requests=warmup_requests, busy_probe=busy_probe)
+                                warmup_requests=warmup_requests,
+                                busy_probe=busy_probe or (lambda: metrics_busy_total(url)))
             else:
                 threading.Event().wait(duration_s)
             process_gpu_mb = gpu_sampler.process_memory()
             t_end = _clock.now()
             machine_cpu = psutil.cpu_percent(None) / 100  # ...to here: every process, all cores
+            watcher_cpu = (sum(me.cpu_times()[:2]) - own0) / max(t_end - t_start, 1e-9) * 100
     result = WatchResult(pid, command, interval, host_sampler.series, gpu_sampler.series, t_start, t_end, load,
                          url, process_gpu_mb)
     t0, t1 = result.window
     mb = sum(process_gpu_mb.values()) if process_gpu_mb else math.nan
-    result.signals = outside_signals(result.host, result.gpu, t0, t1, load.summary() if load else None, mb, machine_cpu)
+    result.signals = outside_signals(result.host, result.gpu, t0, t1, load.summary() if load else None, mb, machine_cpu,
+                                     watcher_cpu)
     result.diagnosis = diagnose_outside(result.signals)
     return result
 

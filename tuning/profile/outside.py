@@ -60,6 +60,7 @@ class OutsideSignals:
     process_cpu: float = math.nan  # % of one core, the process and its children
     cpu_capacity: float = math.nan  # 100 x cores
     machine_cpu: float = math.nan  # share of all the machine's cores busy (every process), 0-1
+    watcher_cpu: float = math.nan  # % of one core the watch itself used (its load generator included)
     max_thread_cpu: float = math.nan
     max_thread_name: str = ""
     busy_threads: int = 0  # threads at >= WORKING_CPU
@@ -97,7 +98,8 @@ def _known(x: Any) -> bool:
 
 
 def outside_signals(host: HostSeries, gpu: GpuSeries, t0: float, t1: float, load: dict[str, Any] | None = None,
-                    process_gpu_mb: float = math.nan, machine_cpu: float = math.nan) -> OutsideSignals:
+                    process_gpu_mb: float = math.nan, machine_cpu: float = math.nan,
+                    watcher_cpu: float = math.nan) -> OutsideSignals:
     """The signals of the window ``[t0, t1]`` (the last host sample lands just after it closes)."""
     slack = 1.0 if host.samples else 0.0
     hf = host.to_frame()
@@ -113,7 +115,7 @@ def outside_signals(host: HostSeries, gpu: GpuSeries, t0: float, t1: float, load
     proc = gf.proc_sm_util.dropna() if len(gf) else pd.Series(dtype=float)
     s = OutsideSignals(
         process_cpu=float(hf.cpu_percent.mean()) if len(hf) else math.nan,
-        cpu_capacity=100.0 * host.cpu_count, machine_cpu=machine_cpu,
+        cpu_capacity=100.0 * host.cpu_count, machine_cpu=machine_cpu, watcher_cpu=watcher_cpu,
         max_thread_cpu=float(per.iloc[0]) if len(per) else math.nan,
         max_thread_name=str(per.index[0][3]) if len(per) else "",
         busy_threads=int((per >= WORKING_CPU).sum()),
@@ -170,7 +172,8 @@ def diagnose_outside(s: OutsideSignals) -> OutsideDiagnosis:
     model_busy = _known(s.model_busy) and s.model_busy >= SATURATED_BUSY
     contended = (_known(s.machine_cpu) and s.machine_cpu >= CONTENDED_MACHINE_CPU and not cpu_full)
     contention = (f"the machine's cores are {s.machine_cpu:.0%} busy while this process uses {cores}: other "
-                  "processes compete for them" if contended else "")
+                  "processes compete for them" + (f" (this watch and its load generator: {s.watcher_cpu:.0f}% of a core)"
+                                                  if _known(s.watcher_cpu) else "") if contended else "")
 
     def verdict(kind: str, step: str) -> OutsideDiagnosis:
         return OutsideDiagnosis(kind, reasons, step, evidence, cannot_see(s))
