@@ -380,15 +380,25 @@ class _Run:
         self.inflight = 0
         self.series: list[tuple[float, int]] = []
         self.records: list[tuple[Response, str, float, float, float]] = []  # response, phase, sched, sent, recv
+        self.stopped = False
 
     def _read_busy(self) -> None:
         if self.busy_probe is not None:
             self.busy.append((self.clock(), self.busy_probe()))
 
+    def stop(self) -> None:
+        """End the test now (Ctrl-C): no more tickets; the window closes here."""
+        with self.lock:
+            self.stopped = True
+            if self.t0 is not None and self.t1 is None:
+                self.t1 = self.clock()
+
     def ticket(self, due: float) -> tuple[Any, str] | None:
         """The next request body and its phase (warm, measured, cool) for a request due at ``due``;
         None when the test is over."""
         with self.lock:
+            if self.stopped:
+                return None
             if self.t0 is None:
                 if self.n_warm < self.warmup_requests or due - self.t_begin < self.warmup_s:
                     self.n_warm += 1
@@ -477,12 +487,17 @@ def run_load(target: Target | Server | str, inputs: Sequence[Any], concurrency: 
             run.begin()
             run.end(_safe_call(send, ticket[0], clock), ticket[1], sent, sent)
 
-    if url is not None:
-        client_cpu = _async_http_load(url, run, rate, concurrency, seed, clock)
-    elif rate is None:
-        _run_threads(closed_client, concurrency)
-    else:
-        _open_loop(send, run, rate, concurrency, seed, clock)
+    interrupted = None
+    try:
+        if url is not None:
+            client_cpu = _async_http_load(url, run, rate, concurrency, seed, clock)
+        elif rate is None:
+            _run_threads(closed_client, concurrency)
+        else:
+            _open_loop(send, run, rate, concurrency, seed, clock)
+    except KeyboardInterrupt as exc:  # Ctrl-C: no new requests; what was measured goes up with the interrupt
+        run.stop()
+        interrupted = exc
     t0 = run.t0 if run.t0 is not None else run.t_begin
     t1 = run.t1 if run.t1 is not None else clock()
     measured = [rec for rec in run.records if rec[1] == "measured"]
@@ -503,6 +518,9 @@ def run_load(target: Target | Server | str, inputs: Sequence[Any], concurrency: 
         result.knobs = server.knobs
         result.device = server.engine.device_info
         result.device_timeline = server.engine.device_timeline()
+    if interrupted is not None:
+        interrupted.partial = result
+        raise interrupted
     if result.mode == "open" and result.submitted and result.achieved_rate < 0.95 * result.offered_rate:
         lag = summarize(result.send_lags_ms())
         warnings.warn(
@@ -717,9 +735,13 @@ def sweep(knobs: Knobs, inputs: Sequence[Any], variable: str, values: Sequence[A
     for value in values:
         point = knobs.replace(**{variable: value}) if variable != "concurrency" else knobs.replace(concurrency=value)
         make = server_factory or (lambda k: Server(k, engine=engine))
-        with make(point) as server:
-            result = run_load(server, inputs, concurrency=concurrency or point.concurrency, requests=requests,
-                              warmup_requests=warmup_requests)
+        try:
+            with make(point) as server:
+                result = run_load(server, inputs, concurrency=concurrency or point.concurrency, requests=requests,
+                                  warmup_requests=warmup_requests)
+        except KeyboardInterrupt as exc:  # Ctrl-C: the points done go up with the interrupt
+            exc.partial = pd.DataFrame(rows)
+            raise
         s = result.summary()
         rows.append({variable: value, **{k: s[k] for k in ("qps", "p50_ms", "p95_ms", "p99_ms", "ok", "errors",
                                                             "timeouts", "rejected", "model_busy", "mean_batch")}})

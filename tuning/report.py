@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .cliguard import load_verdict, run_verdict
+
 
 def _fmt(value: Any, digits: int = 2) -> str:
     if value is None:
@@ -44,7 +46,8 @@ def format_run(result) -> str:
         f"throughput {s['throughput_rps']:.1f} req/s   model busy {100 * s['model_busy']:.0f}%   "
         + (f"device busy {100 * s['device_busy']:.0f}%   " if s.get("device_busy") is not None else "")
         + f"padding waste {_fmt(s['padding_waste'])}   (window {s['window_s']:.1f} s; "
-        + (f"{k.graph} compile/capture {s['compile_s']:.1f} s, " if s.get("compile_s") is not None else "")
+        + (f"{'compile' if k.graph == 'compile' else 'capture'} {s['compile_s']:.1f} s, "
+           if s.get("compile_s") is not None else "")
         + f"model warm-up {s['warmup_s']:.1f} s: outside the window)",
         "",
         "stage ledger (per request, ms; share of the p50 / p99 sums)",
@@ -55,6 +58,7 @@ def format_run(result) -> str:
     ]
     if s["error_reasons"]:
         lines += ["", "errors", table(s["error_reasons"], ["count", "reason", "first_lines"])]
+    lines += ["", run_verdict(s)]
     return "\n".join(lines)
 
 
@@ -121,6 +125,7 @@ def format_load(s: dict) -> str:
                   table([{"stage": st, **v} for st, v in s["stages"].items()], ["stage", "p50_ms", "p99_ms", "share"])]
     if s["error_reasons"]:
         lines += ["", table(s["error_reasons"], ["count", "reason"])]
+    lines += ["", load_verdict(s)]
     if "diagnosis" in s:
         d = s["diagnosis"]
         lines += ["", f"diagnosis: {d['kind'].upper()}  ({'; '.join(d['reasons'])})", f"next step: {d['next_step']}",

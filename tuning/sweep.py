@@ -152,14 +152,19 @@ def batch_sweep(runner: Callable, device: torch.device, sizes: Sequence[int], le
                 raise
             fail(size, exc)
 
-    for size in sizes:
-        visit(size, warmup, 0)
-    if hasattr(runner, "seal"):
-        runner.seal()
-    for order in _visit_order(sizes, rounds):
-        for size in order:
-            if rows[size].get("status") != "oom":
-                visit(size, 1, repeats)
+    interrupted = None
+    try:
+        for size in sizes:
+            visit(size, warmup, 0)
+        if hasattr(runner, "seal"):
+            runner.seal()
+        for order in _visit_order(sizes, rounds):
+            for size in order:
+                if rows[size].get("status") != "oom":
+                    visit(size, 1, repeats)
+    except KeyboardInterrupt as exc:  # Ctrl-C: the sizes with at least one timed round are kept
+        interrupted = exc
+        sizes = [s for s in sizes if round_ms[s] or rows[s].get("status") == "oom"]
     for size in sizes:
         row = rows[size]
         if row.get("status") == "oom":
@@ -172,6 +177,9 @@ def batch_sweep(runner: Callable, device: torch.device, sizes: Sequence[int], le
                        iqr_ms=float(np.subtract(*np.percentile(round_ms[size], [75, 25]))),
                        rounds=len(round_ms[size]), round_ms=round_ms[size], memory_mb=memory[size])
         result.rows.append(row)
+    if interrupted is not None:
+        interrupted.partial = result
+        raise interrupted
     return result
 
 

@@ -143,8 +143,8 @@ class HostSampler:
         if self.pid == os.getpid():
             self._names.update(python_thread_keys())
         self._proc.stdin.close()
-        try:
-            self._proc.wait(timeout=10)
+        try:  # interrupted (Ctrl-C): the probe gets a second, then ends with us
+            self._proc.wait(timeout=1 if exc and exc[0] is KeyboardInterrupt else 10)
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()

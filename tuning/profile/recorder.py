@@ -132,7 +132,7 @@ class Recorder:
 
     def __exit__(self, *exc: Any) -> None:
         self.t_end = self.clock()
-        self._stack.close()
+        self._stack.__exit__(*exc)  # the samplers see an interrupt, so they stop at once
         for w in self._caught or []:  # re-emit, so callers still see them
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
