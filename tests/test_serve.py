@@ -13,6 +13,7 @@ from tuning.engine import Engine
 from tuning.httpfront import HttpFront
 from tuning.knobs import Knobs
 from tuning.loadgen import run_load, sweep
+import tuning.serve as serve
 from tuning.serve import Server
 
 KNOBS = Knobs(num_workers=2, batch_size=8, tokenizer="fast", padding="bucket", max_wait_ms=2.0)
@@ -286,3 +287,18 @@ def test_simulated_pinned_copy_overlaps_the_running_batch(lines, monkeypatch):
     assert all(r.outcome == "ok" for r in results)
     assert copies_on == []  # no synchronous copy on the executor: it was staged
     assert all(r.copy_ms < 5 for r in results)
+
+
+def test_a_worker_tokenizes_every_waiting_request_in_one_call(lines):
+    server = make_server(KNOBS.replace(num_workers=1))
+    calls = []
+    encode = server.preparer.tokenizer.encode_batch
+    server.preparer.tokenizer.encode_batch = lambda texts: (calls.append(len(texts)), encode(texts))[1]
+    server._accepting = True  # admit without starting the threads: the worker loop runs here, once
+    futures = [server.submit(raw) for raw in lines[:10]] + [server.submit(b"{oops")]
+    server._incoming.put(serve._STOP)
+    server._worker_loop()
+    assert calls == [10]  # ten good requests, one call; the malformed one answered without tokenizing
+    assert futures[-1].result(timeout=1).outcome == "error"
+    queued = [server._tokenized.get_nowait() for _ in range(11)]
+    assert queued[-1] is serve._STOP and all(r.encoded is not None for r in queued[:-1])
