@@ -248,7 +248,7 @@ class HttpFront:
         self.sock = listen_socket(host, port, backlog)
         self.app = build_app(backend, body_timeout_s, answer_timeout_s)
         config = uvicorn.Config(self.app, backlog=backlog, log_config=None, log_level="warning", access_log=False,
-                                lifespan="off", timeout_graceful_shutdown=graceful_timeout_s)
+                                lifespan="off", ws="none", timeout_graceful_shutdown=graceful_timeout_s)
         self.server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
 

@@ -68,7 +68,7 @@ def _locust_stats(prefix: Path) -> dict[str, Any]:
 def run_locust(url: str, inputs: Sequence[Any], concurrency: int, duration_s: float, workers: int = 1,
                warmup_s: float = 2.0, cooldown_s: float = 2.0, spawn_rate: float | None = None,
                remote_workers: int = 0, master_host: str = "127.0.0.1", master_port: int | None = None,
-               timeout_s: float | None = None) -> LoadResult:
+               timeout_s: float | None = None, stop_timeout_s: float = 60.0) -> LoadResult:
     """Closed loop at ``concurrency`` locust users over ``workers`` local worker processes (plus
     ``remote_workers`` joining from elsewhere) against ``url`` (``http://host:port/embed``)."""
     if workers < 0 or remote_workers < 0 or workers + remote_workers < 1:
@@ -101,7 +101,9 @@ def run_locust(url: str, inputs: Sequence[Any], concurrency: int, duration_s: fl
             "--headless", "--master", "--master-bind-host", master_host, "--master-bind-port", str(port),
             "--expect-workers", str(workers + remote_workers), "--expect-workers-max-wait", "120",
             "-u", str(concurrency), "-r", str(spawn_rate), "--run-time", f"{run_time:.0f}s", "--host", base,
-            "--csv", str(folder / "locust"), "--only-summary", "--stop-timeout", "0", "--exit-code-on-error", "0"]
+            "--csv", str(folder / "locust"), "--only-summary", "--exit-code-on-error", "0",
+            # at the end each user finishes the request it has in flight: every request sent gets its outcome
+            "--stop-timeout", f"{stop_timeout_s:.0f}"]
         worker_cmd = common + ["--worker", "--master-host", master_host, "--master-port", str(port)]
         usage0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t_start = time.perf_counter()
@@ -109,7 +111,7 @@ def run_locust(url: str, inputs: Sequence[Any], concurrency: int, duration_s: fl
         logs = [open(folder / f"worker-{i}.log", "w") for i in range(workers)]
         procs = [subprocess.Popen(worker_cmd, env=env, stdout=subprocess.DEVNULL, stderr=log) for log in logs]
         try:
-            _, err = master.communicate(timeout=timeout_s or run_time + 180)
+            _, err = master.communicate(timeout=timeout_s or run_time + stop_timeout_s + 180)
         except subprocess.TimeoutExpired:
             master.kill()
             _, err = master.communicate()
