@@ -147,8 +147,10 @@ def _print_json(obj: Any) -> None:
 
 
 def _announce_knobs(args: argparse.Namespace) -> None:
-    """Every command with --preset names the knobs it runs with (``run`` prints its own line)."""
-    if getattr(args, "preset", None) is None or args.json or args.command == "run" or getattr(args, "url", None):
+    """Every command with --preset names the knobs it runs with (``run`` prints its own line, ``serve`` names
+    the preset in its first line, the one that gives the URL)."""
+    if getattr(args, "preset", None) is None or args.json or args.command in ("run", "serve") \
+            or getattr(args, "url", None):
         return
     changes = f" with --set {' --set '.join(args.set)}" if args.set else ""
     print(f"knobs: preset {args.preset}{changes} (python -m tuning knobs lists them)", flush=True)
