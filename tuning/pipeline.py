@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from . import clock as _clock
 from .buckets import grouping_of
 from .data import DEFAULT_DATA, Record, check_limit, detect_format, require_file
-from .engine import Engine, PreparedBatch, Preparer, make_tokenizer, quiet_fork_warnings
+from .engine import Engine, Item, PreparedBatch, Preparer, make_tokenizer, quiet_fork_warnings
 from .graphs import rows_computed
 from .sim.standin import window_device_busy
 from .knobs import Knobs
@@ -228,8 +228,67 @@ class _Loader(DataLoader):
     def __iter__(self):
         if self.num_workers == 0:
             return super().__iter__()
-        with quiet_fork_warnings():
-            return super().__iter__()  # workers fork here
+        from torch.utils.data._utils import signal_handling
+
+        was_set = signal_handling._SIGCHLD_handler_set
+        signal_handling._SIGCHLD_handler_set = True  # no SIGCHLD handler raising at any line of the run loop:
+        try:                                          # a worker's death surfaces in next() (see below)
+            with quiet_fork_warnings():
+                return _SurvivingWorkerDeath(self, super().__iter__())  # workers fork here
+        finally:
+            signal_handling._SIGCHLD_handler_set = was_set
+
+
+class _SurvivingWorkerDeath:
+    """The loader's iterator, except that a worker process that dies (killed, out of memory) does not end
+    the run with an exception: torch notices it at the next batch (a reset) or within its 5 s status check
+    (its SIGCHLD handler, which would raise at any line of the run loop, is left off), then every
+    batch not yet delivered comes as a batch of failed requests whose reason names the worker and the
+    cause, so the run still ends with exactly one outcome per input and says which ones failed and why.
+    Batches leave a DataLoader in its batch sampler's order, so the undelivered ones are the sampler's rest."""
+
+    def __init__(self, loader: DataLoader, inner: Any):
+        self.loader, self.inner = loader, inner
+        self.delivered = 0
+        self.rest: Any = None
+
+    def __iter__(self) -> "_SurvivingWorkerDeath":
+        return self
+
+    def __next__(self) -> PreparedBatch:
+        if self.rest is None:
+            try:
+                batch = next(self.inner)
+            except (RuntimeError, ConnectionError, EOFError) as exc:  # a dead worker's half-sent batch: a reset
+                if "DataLoader worker" not in str(exc) and not self._a_worker_died():
+                    raise
+                self._shutdown_workers()
+                reason = (f"not processed: DataLoader worker died ({type(exc).__name__}: {exc}; killed, or out of "
+                          "memory: see dmesg); the batches it had not delivered fail, the run ends")
+                undelivered = list(iter(self.loader.batch_sampler))[self.delivered:]
+                self.rest = iter([PreparedBatch([Item(i + 1, None, reason) for i in indices], None, None, 0.0, 0.0,
+                                                _clock.now()) for indices in undelivered])
+            else:
+                self.delivered += 1
+                return batch
+        return next(self.rest)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def _a_worker_died(self, wait_s: float = 2.0) -> bool:
+        deadline = _clock.now() + wait_s  # a reset connection can come a moment before the exit is seen
+        while True:
+            if any(not w.is_alive() for w in getattr(self.inner, "_workers", [])):
+                return True
+            if _clock.now() > deadline:
+                return False
+            threading.Event().wait(0.01)
+
+    def _shutdown_workers(self) -> None:
+        shutdown = getattr(self.inner, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
 
 
 @dataclass
@@ -556,54 +615,9 @@ class Pipeline:
         embeddings: dict[int, np.ndarray] = {}
         warm_plan = warmup_sample(len(dataset), self.knobs.batch_size, warmup_batches) if len(dataset) else []
         t_start = clock()
-        try:
-            self._replay(dataset, warm_plan, keep_embeddings, on_batch, requests, batches, warm_batches, embeddings,
-                         marks := {"window": t_start})
-        except KeyboardInterrupt as exc:  # Ctrl-C: what was measured so far goes up with the interrupt
-            if hasattr(dataset, "close"):
-                dataset.close()
-            exc.partial = PipelineResult(self.knobs, sorted(requests, key=lambda r: r.index), batches, t_start,
-                                         marks["window"], clock(), warmup_s, embeddings, [], warm_batches,
-                                         device=self.engine.device_info, device_timeline=self.engine.device_timeline())
-            raise
-        t_window = marks["window"]
-        if hasattr(dataset, "close"):
-            dataset.close()
-        if len(requests) != len(dataset):
-            raise RuntimeError(f"bookkeeping bug: {len(dataset)} inputs but {len(requests)} outcomes")
-        t_end = clock()
-        if isinstance(self._sampler, TokenLengthGroupedBatches):
-            for r in requests:
-                r.group_ms = self._sampler.pass_ms(r.index - 1)
-        plan_spans = getattr(self._sampler, "spans", [])
-        return PipelineResult(self.knobs, sorted(requests, key=lambda r: r.index), batches, t_start, t_window,
-                              t_end, warmup_s, embeddings, plan_spans, warm_batches,
-                              device=self.engine.device_info,
-                              device_timeline=self.engine.device_timeline())
-
-    def _replay(self, dataset: Dataset, warm_plan: list[list[int]], keep_embeddings: bool,
-                on_batch: Callable[[BatchRecord], None] | None, requests: list[RequestRecord],
-                batches: list[BatchRecord], warm_batches: list[BatchRecord], embeddings: dict[int, np.ndarray],
-                marks: dict[str, float]) -> None:
-        """The measured loop of :meth:`run`: appends to the lists it is given, so that an interrupted run
-        keeps every outcome recorded before the interrupt; ``marks['window']`` is where the window opens."""
-        clock = self.engine.clock
-        t_prev = marks["window"]
-        batches_in = iter(self.loader(dataset, warm_plan))
-        try:
-            self._consume(batches_in, warm_plan, keep_embeddings, on_batch, requests, batches, warm_batches,
-                          embeddings, marks, t_prev)
-        finally:  # loader workers end with the run, also when it is interrupted
-            shutdown = getattr(batches_in, "_shutdown_workers", None)
-            if shutdown is not None:
-                shutdown()
-
-    def _consume(self, batches_in: Any, warm_plan: list[list[int]], keep_embeddings: bool,
-                 on_batch: Callable[[BatchRecord], None] | None, requests: list[RequestRecord],
-                 batches: list[BatchRecord], warm_batches: list[BatchRecord], embeddings: dict[int, np.ndarray],
-                 marks: dict[str, float], t_prev: float) -> None:
-        clock = self.engine.clock
-        for position, batch in enumerate(batches_in):
+        t_window = t_start
+        t_prev = t_start
+        for position, batch in enumerate(self.loader(dataset, warm_plan)):
             t_received = clock()
             out = self.engine.run(batch)
             t_done = clock()
@@ -620,7 +634,7 @@ class Pipeline:
                 out.postprocess_s * 1000, warm)
             if warm:  # discarded: these inputs come again, measured, later
                 warm_batches.append(record)
-                marks["window"] = t_prev = clock()
+                t_window = t_prev = clock()
                 continue
             batches.append(record)
             row = 0
@@ -636,6 +650,19 @@ class Pipeline:
             if on_batch is not None:
                 on_batch(record)
             t_prev = clock()
+        if hasattr(dataset, "close"):
+            dataset.close()
+        if len(requests) != len(dataset):
+            raise RuntimeError(f"bookkeeping bug: {len(dataset)} inputs but {len(requests)} outcomes")
+        t_end = clock()
+        if isinstance(self._sampler, TokenLengthGroupedBatches):
+            for r in requests:
+                r.group_ms = self._sampler.pass_ms(r.index - 1)
+        plan_spans = getattr(self._sampler, "spans", [])
+        return PipelineResult(self.knobs, sorted(requests, key=lambda r: r.index), batches, t_start, t_window,
+                              t_end, warmup_s, embeddings, plan_spans, warm_batches,
+                              device=self.engine.device_info,
+                              device_timeline=self.engine.device_timeline())
 
 
 def run_pipeline(knobs: Knobs, data: str | Path | Sequence[Any] = DEFAULT_DATA, limit: int | None = None,

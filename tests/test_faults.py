@@ -1,0 +1,394 @@
+"""Fault injection and the serving review's findings (issue 13 items 1, 1b).
+
+Every test is bounded in time (every wait has a timeout), loopback only, and injects its fault
+deterministically (a tokenizer, a model or a formatter that fails on a chosen input or call).
+"""
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+import warnings
+
+import pytest
+
+from tests.fake_nvml import FakeNvml, NVMLError
+from tests.helpers import TinyModel
+from tuning.data import read_lines
+from tuning.engine import Engine, make_tokenizer
+from tuning.httpfront import HttpFront
+from tuning.knobs import Knobs
+from tuning.pipeline import Pipeline
+from tuning.preprocess import Tokenized, format_record
+from tuning.serve import Server
+
+KNOBS = Knobs(num_workers=1, batch_size=4, tokenizer="fast", padding="bucket", max_wait_ms=2.0)
+
+
+@pytest.fixture(scope="module")
+def lines():
+    return [raw for _, raw in read_lines(limit=40)]
+
+
+def make_server(knobs=KNOBS, tokenizer=None, **model_kw):
+    return Server(knobs, engine=Engine(knobs, TinyModel(**model_kw)), tokenizer=tokenizer)
+
+
+class _OverLongTokenizer:
+    """A user tokenizer that forgets to truncate: the text 'LONG' comes back with 4 * max_length ids."""
+
+    def __init__(self, knobs):
+        self.inner = make_tokenizer(knobs)
+        self.pad_id = self.inner.pad_id
+        self.limit = knobs.max_length
+
+    def encode_batch(self, texts):
+        out = self.inner.encode_batch(texts)
+        return [Tokenized([101] + [1000] * (4 * self.limit) + [102], 4 * self.limit + 2, False) if t == "LONG" else e
+                for t, e in zip(texts, out)]
+
+    def build_batch(self, encoded, length):
+        return self.inner.build_batch(encoded, length)
+
+
+# --- 1b: guards on every server loop ------------------------------------------------------------
+
+def test_token_count_over_the_last_bucket_fails_that_request_only(lines):
+    """Review finding: the batcher's bucket function raised StopIteration for a request longer than the
+    last bucket, the batcher thread died, and every later request stayed pending forever."""
+    with make_server(tokenizer=_OverLongTokenizer(KNOBS)) as server:
+        bad = server.submit("LONG").result(timeout=10)
+        later = [f.result(timeout=10) for f in [server.submit(raw) for raw in lines[:8]]]
+        assert server.health()[0], server.health()
+    assert bad.outcome == "error" and "max_length" in bad.reason
+    assert [r.outcome for r in later] == ["ok"] * 8
+
+
+def test_a_crashed_loop_fails_its_requests_and_turns_health_to_503(lines, monkeypatch):
+    """Any exception that escapes a server loop fails every open request with the reason, rejects new
+    ones and turns /healthz to 503 instead of leaving futures pending behind an ok health check."""
+    front = HttpFront(make_server(), port=0)
+    server = front.backend
+    with front:
+        def broken(*a, **k):
+            raise RuntimeError("injected batcher bug")
+
+        monkeypatch.setattr(server.former, "pop_ready", broken)
+        futures = [server.submit(raw) for raw in lines[:4]]
+        answers = [f.result(timeout=10) for f in futures]
+        assert all(a.outcome == "error" and "injected batcher bug" in a.reason for a in answers), answers
+        healthy, why = server.health()
+        assert not healthy and "batcher" in why
+        after = server.submit(lines[0]).result(timeout=10)
+        assert after.outcome in ("error", "rejected") and "batcher" in after.reason
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(front.url + "/healthz", timeout=10)
+        assert info.value.code == 503 and "batcher" in json.loads(info.value.read())["reason"]
+        monkeypatch.undo()
+    assert server.queue_depth == 0
+
+
+def test_healthz_is_503_while_stopping():
+    with make_server() as server:
+        front = HttpFront(server, port=0)
+        front.start()
+        try:
+            server._accepting = False  # the moment close() has begun
+            with pytest.raises(urllib.error.HTTPError) as info:
+                urllib.request.urlopen(front.url + "/healthz", timeout=10)
+            assert info.value.code == 503
+        finally:
+            server._accepting = True
+            front.close()
+
+
+# --- 1b: expired requests cost nothing ------------------------------------------------------------
+
+class _CountingTokenizer(_OverLongTokenizer):
+    def __init__(self, knobs):
+        super().__init__(knobs)
+        self.texts = 0
+
+    def encode_batch(self, texts):
+        self.texts += len(texts)
+        return super().encode_batch(texts)
+
+
+def test_expired_requests_are_dropped_before_tokenizing_and_before_the_model(lines):
+    """Review finding: a request past its deadline was still tokenized and computed, then relabelled."""
+    offset = [0.0]
+    tok = _CountingTokenizer(KNOBS)
+    server = Server(KNOBS, engine=Engine(KNOBS, TinyModel()), tokenizer=tok, clock=lambda: time.monotonic() + offset[0])
+    server._accepting = True  # admit one request before any worker runs (deterministic: nobody can take it yet)
+    future = server.submit(lines[0], deadline_ms=10.0)
+    offset[0] = 1.0  # the clock passes its deadline while it is queued
+    server.start(warmup=False)
+    try:
+        r = future.result(timeout=10)
+    finally:
+        server.close()
+    assert r.outcome == "timeout" and "before" in r.reason
+    assert tok.texts == 0
+
+
+def test_a_batch_whose_requests_all_expired_skips_the_model(lines):
+    knobs = KNOBS.replace(batch_size=1)
+    model = TinyModel(delay_s=0.3)
+    with Server(knobs, engine=Engine(knobs, model)) as server:
+        calls0 = model.calls
+        first = server.submit(lines[0])  # occupies the model for 0.3 s
+        time.sleep(0.05)
+        late = [server.submit(raw, deadline_ms=50.0) for raw in lines[1:5]]  # expire while waiting
+        answers = [f.result(timeout=10) for f in late]
+        first.result(timeout=10)
+    assert all(a.outcome == "timeout" for a in answers)
+    assert model.calls - calls0 <= 2, "expired batches went through the model"
+
+
+# --- 1b: every wait has a bound ----------------------------------------------------------------------
+
+def _raw_http(url, payload: bytes, read_timeout=10.0) -> bytes:
+    host, port = url.split("//")[1].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=read_timeout) as sock:
+        sock.sendall(payload)
+        data = b""
+        try:
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        except socket.timeout:
+            pass
+        return data
+
+
+def test_a_short_body_gets_408_and_does_not_pin_the_handler():
+    """Review finding: Content-Length larger than the body sent kept a handler waiting forever."""
+    server = make_server()
+    front = HttpFront(server, port=0, body_timeout_s=0.5)
+    with front:
+        t0 = time.monotonic()
+        data = _raw_http(front.url, b"POST /embed HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                                    b"Content-Length: 100\r\n\r\n{\"text\": \"sh", read_timeout=5)
+        took = time.monotonic() - t0
+    assert data.startswith(b"HTTP/1.1 408"), data[:200]
+    assert took < 4
+
+
+@pytest.mark.parametrize("length", [b"-1", b"abc", b"1e3"])
+def test_a_bad_content_length_is_a_400(length):
+    with HttpFront(make_server(), port=0) as front:
+        data = _raw_http(front.url, b"POST /embed HTTP/1.1\r\nHost: t\r\nContent-Length: " + length +
+                         b"\r\nConnection: close\r\n\r\n{}", read_timeout=5)
+    assert data.split(b" ", 2)[1] == b"400", data[:200]
+
+
+def test_no_answer_within_the_bound_is_a_504(lines):
+    with HttpFront(make_server(delay_s=1.5), port=0, answer_timeout_s=0.3) as front:
+        req = urllib.request.Request(front.url + "/embed", data=json.dumps({"text": "slow"}).encode(), method="POST")
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(req, timeout=10)
+        assert info.value.code == 504 and "within" in json.loads(info.value.read())["error"]
+
+
+# --- 1b: input errors are 4xx; keep-alive error paths ----------------------------------------------------
+
+def test_input_errors_found_by_the_workers_are_4xx():
+    """Review finding: an error found in preprocessing (a bad record, a failing formatter) came back as 500."""
+    def picky(rec):
+        if rec.id == "bad":
+            raise ValueError("no title")
+        return format_record(rec)
+
+    knobs = KNOBS
+    server = Server(knobs, engine=Engine(knobs, TinyModel()), formatter=picky)
+    record = {"id": "bad", "title": "t", "category": "c", "attributes": {}, "body": "b"}
+    with HttpFront(server, port=0) as front:
+        req = urllib.request.Request(front.url + "/embed", data=json.dumps(record).encode(), method="POST")
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(req, timeout=10)
+    assert info.value.code == 422
+    assert "no title" in json.loads(info.value.read())["error"]
+
+
+def test_model_failures_stay_500(lines):
+    knobs = KNOBS.replace(batch_size=1)
+    with HttpFront(Server(knobs, engine=Engine(knobs, TinyModel(fail_on_calls=(3,)))), port=0) as front:
+        req = urllib.request.Request(front.url + "/embed", data=lines[0], method="POST")
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(req, timeout=10)
+    assert info.value.code == 500 and "injected" in json.loads(info.value.read())["error"]
+
+
+@pytest.mark.parametrize("first", [
+    b"POST /nope HTTP/1.1\r\nHost: t\r\nContent-Length: 11\r\n\r\n{\"text\":1}\n",
+    b"PUT /embed HTTP/1.1\r\nHost: t\r\nContent-Length: 11\r\n\r\n{\"text\":1}\n",
+    b"POST /embed HTTP/1.1\r\nHost: t\r\nContent-Length: 11\r\n\r\n{\"text\":1}\n",
+    b"POST /embed HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\n{oops",
+], ids=["404", "405", "400-type", "400-json"])
+def test_error_paths_on_a_keep_alive_connection_leave_no_body_behind(first):
+    """Review finding: an error answer left the body unread, and it was parsed as the next request."""
+    second = b"POST /embed HTTP/1.1\r\nHost: t\r\nContent-Length: 16\r\nConnection: close\r\n\r\n{\"text\": \"next\"}"
+    with HttpFront(make_server(), port=0) as front:
+        data = _raw_http(front.url, first + second)
+    statuses = [line.split(b" ")[1] for line in data.split(b"\r\n") if line.startswith(b"HTTP/1.1 ")]
+    assert len(statuses) <= 2 and statuses[0][0:1] == b"4", data[:400]
+    if len(statuses) == 2:  # kept alive: the second request is answered as itself
+        assert statuses[1] == b"200", data[:600]
+
+
+# --- 1: fault injection ----------------------------------------------------------------------------------
+
+def test_client_disconnecting_mid_request_leaves_nothing_behind(lines):
+    with HttpFront(make_server(delay_s=0.2), port=0) as front:
+        host, port = front.url.split("//")[1].rsplit(":", 1)
+        for payload in (b"POST /embed HTTP/1.1\r\nHost: t\r\nContent-Length: 200\r\n\r\n{\"text\": ",  # mid-body
+                        b"POST /embed HTTP/1.1\r\nHost: t\r\nContent-Length: 16\r\n\r\n{\"text\": \"gone\"}"):  # waiting
+            sock = socket.create_connection((host, int(port)), timeout=5)
+            sock.sendall(payload)
+            time.sleep(0.05)
+            sock.close()
+        req = urllib.request.Request(front.url + "/embed", data=lines[0], method="POST")
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            assert resp.status == 200
+        deadline = time.monotonic() + 5
+        while front.backend.queue_depth and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert front.backend.queue_depth == 0
+        counts = dict(front.backend.counts)
+    assert counts["ok"] == 2 and sum(counts.values()) == 2  # the disconnected one still got its one outcome
+
+
+def test_shutdown_over_http_while_requests_are_queued(lines):
+    knobs = KNOBS.replace(batch_size=1)
+    front = HttpFront(make_server(knobs, delay_s=0.1), port=0, graceful_timeout_s=0.3)
+    front.start()
+    server = front.backend
+    futures = [server.submit(raw) for raw in lines[:20]]  # queued behind a 0.1 s model
+    time.sleep(0.15)
+    t0 = time.monotonic()
+    front.server.should_exit = True
+    front._thread.join(10)
+    server.close(drain=False, timeout=10)
+    answers = [f.result(timeout=1) for f in futures]
+    assert time.monotonic() - t0 < 10
+    assert len(answers) == 20 and all(a.outcome in ("ok", "error") for a in answers)
+    assert any("shut down" in (a.reason or "") for a in answers)
+    assert server.queue_depth == 0
+
+
+def _kill_in_worker(rec):
+    """A formatter that kills the DataLoader worker process that formats record 'poison'."""
+    import multiprocessing
+
+    if rec.id == "poison" and multiprocessing.parent_process() is not None:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return format_record(rec)
+
+
+def test_dataloader_worker_killed_mid_run_reports_the_failed_requests(tmp_path, lines):
+    records = [json.loads(raw) for raw in lines[:24]]
+    records[17]["id"] = "poison"
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    knobs = Knobs(num_workers=2, batch_size=4, tokenizer="fast", prefetch_factor=2)
+    t0 = time.monotonic()
+    result = Pipeline(knobs, model=TinyModel(), formatter=_kill_in_worker).run(data, warmup_batches=0)
+    assert time.monotonic() - t0 < 30
+    outcomes = {r.index: r for r in result.requests}
+    assert len(outcomes) == 24  # every input one outcome
+    failed = [r for r in result.requests if r.outcome == "error"]
+    assert 18 in {r.index for r in failed}  # line 18 held the poison record
+    assert all("DataLoader worker" in r.reason for r in failed), {r.reason for r in failed}
+    assert result.ok + result.errors == 24 and result.ok > 0
+
+
+def test_nvml_failing_mid_run_ends_the_series_with_a_warning_and_the_run_completes(lines):
+    from tuning.profile.recorder import Recorder
+
+    fake = FakeNvml(devices=1, fail_after=2)
+    pipe = Pipeline(Knobs(num_workers=0, batch_size=4, tokenizer="fast"), model=TinyModel(delay_s=0.08))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with Recorder(0.1, nvml=fake) as rec:
+            result = pipe.run(lines[:40], warmup_batches=0)
+    assert result.ok == 40
+    assert "GPU is lost" in rec.gpu_sampler.series.reason
+    assert any("GPU sampling stopped" in str(w.message) for w in caught)
+
+
+class _VanishingNvml(FakeNvml):
+    """The driver goes away: after two samples every call raises, even the memory query."""
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        if self.calls > 2:
+            raise NVMLError("Driver Not Loaded")
+        return super().nvmlDeviceGetMemoryInfo(h)
+
+    def nvmlShutdown(self):
+        raise NVMLError("Uninitialized")
+
+
+def test_nvml_disappearing_mid_sample_does_not_crash_the_run(lines):
+    from tuning.profile.gpu import GpuSampler
+
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        sampler = GpuSampler(0.1, nvml=_VanishingNvml(devices=1, fail_after=2))
+        with sampler:
+            time.sleep(0.6)
+    assert not sampler._thread.is_alive() if getattr(sampler, "_thread", None) else True
+    assert sampler.series.reason and len(sampler.series.to_frame()) <= 3
+
+
+def test_data_file_truncated_mid_line(tmp_path, lines):
+    data = tmp_path / "cut.jsonl"
+    data.write_bytes(b"\n".join(lines[:5]) + b"\n" + lines[5][: len(lines[5]) // 2])  # cut mid-record
+    result = Pipeline(Knobs(num_workers=0, batch_size=4, tokenizer="fast"), model=TinyModel()).run(
+        data, warmup_batches=0)
+    assert result.ok == 5 and result.errors == 1
+    bad = next(r for r in result.requests if r.outcome == "error")
+    assert bad.index == 6 and "line 6" in bad.reason.lower() or "json" in bad.reason.lower()
+
+
+def test_data_file_truncated_while_the_run_reads_it(tmp_path, lines):
+    data = tmp_path / "shrinks.jsonl"
+    data.write_bytes(b"\n".join(lines[:12]) + b"\n")
+    pipe = Pipeline(Knobs(num_workers=0, batch_size=4, tokenizer="fast"), model=TinyModel())
+    from tuning.pipeline import LineDataset
+
+    dataset = LineDataset(data)
+    cut = sum(dataset.sizes[:6]) + dataset.sizes[6] // 2
+    with open(data, "r+b") as fh:
+        fh.truncate(cut)  # shrunk after its lines were indexed: lines 7-12 are half or gone
+    result = pipe.run(data, warmup_batches=0)
+    assert len(result.requests) >= 6 and result.ok >= 6 - 1
+
+
+@pytest.mark.parametrize("kind", ["directory", "unreadable"])
+def test_unreadable_data_file_is_a_clear_error(tmp_path, kind, monkeypatch):
+    from tuning.cli import main
+
+    path = tmp_path / "data.jsonl"
+    if kind == "directory":
+        path.mkdir()
+    else:
+        path.write_text('{"text": "x"}\n')
+        real_open = type(path).open
+
+        def denied(self, *a, **k):
+            if self == path:
+                raise PermissionError(13, "Permission denied", str(self))
+            return real_open(self, *a, **k)
+
+        monkeypatch.setattr(type(path), "open", denied)
+    pipe = Pipeline(Knobs(num_workers=0, batch_size=4, tokenizer="fast"), model=TinyModel())
+    with pytest.raises((OSError, ValueError)) as info:
+        pipe.run(path, warmup_batches=0)
+    assert str(path) in str(info.value)
