@@ -615,9 +615,54 @@ class Pipeline:
         embeddings: dict[int, np.ndarray] = {}
         warm_plan = warmup_sample(len(dataset), self.knobs.batch_size, warmup_batches) if len(dataset) else []
         t_start = clock()
-        t_window = t_start
-        t_prev = t_start
-        for position, batch in enumerate(self.loader(dataset, warm_plan)):
+        try:
+            self._replay(dataset, warm_plan, keep_embeddings, on_batch, requests, batches, warm_batches, embeddings,
+                         marks := {"window": t_start})
+        except KeyboardInterrupt as exc:  # Ctrl-C: what was measured so far goes up with the interrupt
+            if hasattr(dataset, "close"):
+                dataset.close()
+            exc.partial = PipelineResult(self.knobs, sorted(requests, key=lambda r: r.index), batches, t_start,
+                                         marks["window"], clock(), warmup_s, embeddings, [], warm_batches,
+                                         device=self.engine.device_info, device_timeline=self.engine.device_timeline())
+            raise
+        t_window = marks["window"]
+        if hasattr(dataset, "close"):
+            dataset.close()
+        if len(requests) != len(dataset):
+            raise RuntimeError(f"bookkeeping bug: {len(dataset)} inputs but {len(requests)} outcomes")
+        t_end = clock()
+        if isinstance(self._sampler, TokenLengthGroupedBatches):
+            for r in requests:
+                r.group_ms = self._sampler.pass_ms(r.index - 1)
+        plan_spans = getattr(self._sampler, "spans", [])
+        return PipelineResult(self.knobs, sorted(requests, key=lambda r: r.index), batches, t_start, t_window,
+                              t_end, warmup_s, embeddings, plan_spans, warm_batches,
+                              device=self.engine.device_info,
+                              device_timeline=self.engine.device_timeline())
+
+    def _replay(self, dataset: Dataset, warm_plan: list[list[int]], keep_embeddings: bool,
+                on_batch: Callable[[BatchRecord], None] | None, requests: list[RequestRecord],
+                batches: list[BatchRecord], warm_batches: list[BatchRecord], embeddings: dict[int, np.ndarray],
+                marks: dict[str, float]) -> None:
+        """The measured loop of :meth:`run`: appends to the lists it is given, so that an interrupted run
+        keeps every outcome recorded before the interrupt; ``marks['window']`` is where the window opens."""
+        clock = self.engine.clock
+        t_prev = marks["window"]
+        batches_in = iter(self.loader(dataset, warm_plan))
+        try:
+            self._consume(batches_in, warm_plan, keep_embeddings, on_batch, requests, batches, warm_batches,
+                          embeddings, marks, t_prev)
+        finally:  # loader workers end with the run, also when it is interrupted
+            shutdown = getattr(batches_in, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
+
+    def _consume(self, batches_in: Any, warm_plan: list[list[int]], keep_embeddings: bool,
+                 on_batch: Callable[[BatchRecord], None] | None, requests: list[RequestRecord],
+                 batches: list[BatchRecord], warm_batches: list[BatchRecord], embeddings: dict[int, np.ndarray],
+                 marks: dict[str, float], t_prev: float) -> None:
+        clock = self.engine.clock
+        for position, batch in enumerate(batches_in):
             t_received = clock()
             out = self.engine.run(batch)
             t_done = clock()
@@ -634,7 +679,7 @@ class Pipeline:
                 out.postprocess_s * 1000, warm)
             if warm:  # discarded: these inputs come again, measured, later
                 warm_batches.append(record)
-                t_window = t_prev = clock()
+                marks["window"] = t_prev = clock()
                 continue
             batches.append(record)
             row = 0
@@ -650,19 +695,6 @@ class Pipeline:
             if on_batch is not None:
                 on_batch(record)
             t_prev = clock()
-        if hasattr(dataset, "close"):
-            dataset.close()
-        if len(requests) != len(dataset):
-            raise RuntimeError(f"bookkeeping bug: {len(dataset)} inputs but {len(requests)} outcomes")
-        t_end = clock()
-        if isinstance(self._sampler, TokenLengthGroupedBatches):
-            for r in requests:
-                r.group_ms = self._sampler.pass_ms(r.index - 1)
-        plan_spans = getattr(self._sampler, "spans", [])
-        return PipelineResult(self.knobs, sorted(requests, key=lambda r: r.index), batches, t_start, t_window,
-                              t_end, warmup_s, embeddings, plan_spans, warm_batches,
-                              device=self.engine.device_info,
-                              device_timeline=self.engine.device_timeline())
 
 
 def run_pipeline(knobs: Knobs, data: str | Path | Sequence[Any] = DEFAULT_DATA, limit: int | None = None,
