@@ -168,8 +168,10 @@ def _title(text: str, source: Any, device: Any = None) -> str:
 
 
 def _finish(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
+    # The legend stands right of the plot, top-aligned: above it, a wrapping legend would cover the
+    # title's device line and the subplot titles (seen in a browser); plotly widens the margin to fit.
     fig.update_layout(title=title, height=height, margin=dict(t=80, l=60, r=30, b=50),
-                      legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0))
+                      legend=dict(orientation="v", yanchor="top", y=1.0, xanchor="left", x=1.02))
     return fig
 
 
@@ -247,6 +249,9 @@ def threads_chart(profile: Any, top: int = 6, device: Any = None) -> go.Figure:
             part = threads[threads.label == label].sort_values("t")
             fig.add_trace(go.Scatter(x=part.t, y=part.cpu_percent, mode="lines",
                                      name=f"{label}: mean {order[label]:.0f}%"))
+    else:  # say so on the chart, not an empty frame
+        fig.add_annotation(text="no per-thread samples: the window was shorter than one sampling interval",
+                           xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False, font=dict(size=14))
     fig.add_hline(y=100, line=dict(color="grey", dash="dot"), annotation_text="one core",
                   annotation_position="top left")
     fig.update_yaxes(title_text="CPU % of one core")
@@ -528,7 +533,7 @@ def panel_chart(result: Any, history: Sequence[Mapping[str, Any]] = (), device: 
     ``history``: one mapping per run with ``throughput`` and ``label`` (what changed).
     The trace count is fixed (one per stage, plus the history line) so a widget updates in place.
     """
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45],
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.14,  # room for "req/s"
                         subplot_titles=["last run: ms per request by stage (p50)", "throughput per run"])
     ledger = result.ledger()
     for stage in ledger.index:
@@ -537,10 +542,11 @@ def panel_chart(result: Any, history: Sequence[Mapping[str, Any]] = (), device: 
     runs = list(history) or [{"throughput": _throughput(result), "label": "this run"}]
     fig.add_trace(go.Scatter(x=list(range(1, len(runs) + 1)), y=[h["throughput"] for h in runs],
                              text=[h.get("label", "") for h in runs], mode="lines+markers+text",
-                             textposition="top center", name="req/s", line=dict(color="black")), row=1, col=2)
+                             textposition="top center", name="req/s", line=dict(color="black"),
+                             cliponaxis=False), row=1, col=2)  # the last run's label is not cut at the edge
     fig.update_layout(barmode="stack")
     fig.update_xaxes(title_text="ms", row=1, col=1)
-    fig.update_xaxes(title_text="run", dtick=1, row=1, col=2)
+    fig.update_xaxes(title_text="run", dtick=1, range=[0.5, len(runs) + 0.5], row=1, col=2)
     fig.update_yaxes(title_text="req/s", rangemode="tozero", row=1, col=2)
     s = result.summary()
     busy = f"model busy {_pct(s.get('model_busy'))}"

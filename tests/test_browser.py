@@ -1,0 +1,469 @@
+"""In a real browser: JupyterLab in headless Chromium runs the notebooks, the charts draw and a slider
+drives the knob panel; the ``investigate`` report renders offline.
+
+nbval proves the kernel side only; these tests look at what a person sees. Run just them with
+
+    python -m pytest -q -m browser
+
+They need Debian's Chromium (``apt-get install -y chromium``; another binary with ``TUNING_CHROMIUM``)
+and the ``playwright`` package (test extra); no playwright browser download. Without them they skip
+locally and fail in CI (``CI=true``). Screenshots go to ``test-artifacts/browser/`` (git-ignored; set
+``TUNING_BROWSER_ARTIFACTS`` for another folder), next to the JupyterLab log.
+
+Every request the page makes to a host other than loopback is blocked and fails the test, as does
+any uncaught page error, a browser console error, or a cell error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = os.environ.get("TUNING_CHROMIUM", "/usr/bin/chromium")
+ARTIFACTS = Path(os.environ.get("TUNING_BROWSER_ARTIFACTS", ROOT / "test-artifacts" / "browser"))
+LAUNCH_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+               "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+NOTEBOOKS = ("01-trend-sampling", "03-dataloader-tuning")  # 03 holds the offline knob panel
+RUN_TIMEOUT_S = 300  # a whole notebook in quick mode (about 10 to 30 s here when the cores are free)
+
+# Lab settings: no news pop-up over the page, no update check.
+LAB_SETTINGS = {
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false",
+                                                                        "checkForUpdates": False},
+}
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _unavailable(reason: str) -> None:
+    if _in_ci():
+        pytest.fail(f"browser test cannot run in CI: {reason}. .ci/run installs both "
+                    "(apt-get install -y chromium; pip install -e '.[test]' for playwright)", pytrace=False)
+    pytest.skip(reason)
+
+
+def _stop(pids: list[int], grace_s: float = 10.0) -> None:
+    """Terminate these processes by id (SIGTERM, then SIGKILL after ``grace_s``); gone ones are fine."""
+    procs = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            proc.send_signal(signal.SIGTERM)
+            procs.append(proc)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for proc in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=grace_s)
+
+
+@pytest.fixture(scope="module")
+def artifacts() -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    return ARTIFACTS
+
+
+# --- the browser --------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium driven by playwright; closed and its processes stopped by id afterwards."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _unavailable("the playwright package is not installed (it is in the test extra: pip install -e '.[test]')")
+    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
+        _unavailable(f"no Chromium at {CHROMIUM} (apt-get install -y chromium, or point TUNING_CHROMIUM at one)")
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    pw = sync_playwright().start()
+    try:
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS, timeout=60_000)
+    except Exception as exc:
+        pw.stop()
+        _unavailable(f"Chromium at {CHROMIUM} did not start: {str(exc).splitlines()[0]}")
+    started = [p.pid for p in me.children(recursive=True) if p.pid not in before]  # driver + Chromium
+    try:
+        yield chromium
+    finally:
+        with contextlib.suppress(Exception):
+            chromium.close()
+        with contextlib.suppress(Exception):
+            pw.stop()
+        _stop(started, grace_s=5.0)
+
+
+class Guard:
+    """Watches one browser context: blocks and records any request to a non-loopback host, records
+    uncaught page errors and console errors; :meth:`check` fails the test on any of them."""
+
+    def __init__(self, context, allow_console: tuple[str, ...] = ()):
+        self.offsite: list[str] = []
+        self.page_errors: list[str] = []
+        self.console_errors: list[str] = []
+        self.allow_console = allow_console
+        context.route("**/*", self._route)
+        context.add_init_script(f"window.__charts = {CHARTS_JS};")
+
+    def _offsite(self, url: str) -> bool:
+        parts = urlsplit(url)
+        return parts.scheme in ("http", "https", "ws", "wss") and (parts.hostname or "") not in LOOPBACK
+
+    def _route(self, route) -> None:
+        url = route.request.url
+        if self._offsite(url):
+            self.offsite.append(url)
+            route.abort("blockedbyclient")
+        else:
+            route.continue_()
+
+    def watch(self, page) -> None:
+        page.on("pageerror", lambda exc: self.page_errors.append(f"{exc.name}: {exc.message}"))
+        page.on("console", self._console)
+        page.on("websocket", lambda ws: self._offsite(ws.url) and self.offsite.append(ws.url))
+
+    def _console(self, msg) -> None:
+        if msg.type == "error" and not any(text in msg.text for text in self.allow_console):
+            self.console_errors.append(f"{msg.text} ({msg.location.get('url', '')}:{msg.location.get('lineNumber', '')})")
+
+    def check(self) -> None:
+        assert not self.offsite, f"requests to hosts other than loopback: {self.offsite}"
+        assert not self.page_errors, f"uncaught page errors: {self.page_errors}"
+        assert not self.console_errors, f"console errors: {self.console_errors}"
+
+
+# JS (``window.__charts(root)`` in every page the Guard watches): each plotly chart in ``root`` (or the
+# document) and whether it drew.
+CHARTS_JS = """(root) => Array.from((root || document).querySelectorAll('.js-plotly-plot')).map(gd => {
+  const box = gd.getBoundingClientRect();
+  const svg = gd.querySelector('.main-svg');
+  return {
+    id: gd.id || '',
+    traces: Array.isArray(gd.data) ? gd.data.length : -1,
+    drawn: Array.from(gd.querySelectorAll('g.trace')).filter(t => Array.from(t.querySelectorAll('path'))
+      .some(p => (p.getAttribute('d') || '').length > 2)).length,  // traces with marks on screen
+    svg: !!svg, width: Math.round(box.width), height: Math.round(box.height),
+    title: (gd.querySelector('.gtitle') || {}).textContent || '',
+  };
+})"""
+
+
+def _blank(charts: list[dict]) -> list[dict]:
+    return [c for c in charts if not (c["svg"] and c["traces"] > 0 and c["drawn"] > 0
+                                      and c["width"] > 50 and c["height"] > 50)]
+
+
+# --- JupyterLab ---------------------------------------------------------------------------------
+
+class Lab:
+    def __init__(self, url: str, token: str, root: Path, proc: subprocess.Popen):
+        self.url, self.token, self.root, self.proc = url, token, root, proc
+
+    def api(self, method: str, path: str) -> object:
+        req = urllib.request.Request(f"{self.url}{path}", method=method,
+                                     headers={"Authorization": f"token {self.token}"})
+        with urllib.request.urlopen(req, timeout=10) as resp:  # loopback only
+            body = resp.read()
+        return json.loads(body) if body else None
+
+    def shutdown_kernels(self) -> None:
+        for session in self.api("GET", "/api/sessions") or []:
+            self.api("DELETE", f"/api/sessions/{session['id']}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory, artifacts):
+    """JupyterLab on 127.0.0.1 with a token; its own settings, workspaces, runtime and config folders;
+    the notebooks copied to a temporary root (autosave there never touches the committed ones)."""
+    base = tmp_path_factory.mktemp("lab")
+    root = base / "root"
+    root.mkdir()
+    for name in NOTEBOOKS:
+        shutil.copy(ROOT / "notebooks" / f"{name}.ipynb", root)
+    settings = base / "settings"
+    for rel, value in LAB_SETTINGS.items():
+        path = settings / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(value))
+    for sub in ("workspaces", "runtime", "config"):
+        (base / sub).mkdir()
+    token, port = secrets.token_hex(16), _free_port()
+    # PYTHONPATH: the kernels import ``tuning`` from this checkout, whatever else is installed
+    pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, TUNING_QUICK="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=pythonpath,
+               JUPYTERLAB_SETTINGS_DIR=str(settings), JUPYTERLAB_WORKSPACES_DIR=str(base / "workspaces"),
+               JUPYTER_RUNTIME_DIR=str(base / "runtime"), JUPYTER_CONFIG_DIR=str(base / "config"))
+    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+           f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
+           f"--ServerApp.root_dir={root}", "--ServerApp.terminals_enabled=False",
+           "--ServerApp.allow_root=True",  # CI runs as root
+           "--LabApp.expose_app_in_browser=True", "--LabApp.extension_manager=readonly",  # no PyPI queries
+           "--LabApp.check_for_updates_class=jupyterlab.handlers.announcements.NeverCheckForUpdate"]
+    log_path = artifacts / "jupyterlab.log"
+    log = open(log_path, "w")
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
+    server = Lab(f"http://127.0.0.1:{port}", token, root, proc)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"JupyterLab exited with {proc.returncode}; log:\n{log_path.read_text()[-3000:]}")
+            try:
+                server.api("GET", "/api/status")
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"JupyterLab did not answer in 90 s; log:\n{log_path.read_text()[-3000:]}")
+                time.sleep(0.5)
+        yield server
+    finally:
+        kernels = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)] if proc.poll() is None else []
+        _stop([proc.pid])  # the server shuts its kernels down on SIGTERM ...
+        _stop(kernels, grace_s=5.0)  # ... and any it left behind are stopped by id
+        log.close()
+
+
+# JS run in the page: the current notebook's code cells (execution count, running or not, errors,
+# plotly outputs) and the kernel's status, from JupyterLab's own model (``expose_app_in_browser``).
+NOTEBOOK_JS = """() => {
+  const app = window.jupyterapp;
+  const panel = app && app.shell.currentWidget;
+  if (!panel || !panel.content || !panel.content.model || !panel.sessionContext) return null;
+  const cells = [];
+  for (const cell of panel.content.widgets) {
+    const m = cell.model;
+    if (m.type !== 'code') continue;
+    const outputs = m.outputs.toJSON();
+    cells.push({
+      count: m.executionCount,
+      running: m.executionState === 'running' || (cell.promptNode && cell.promptNode.textContent.includes('*')),
+      errors: outputs.filter(o => o.output_type === 'error').map(o => `${o.ename}: ${o.evalue}`),
+      plotly: outputs.filter(o => o.data && o.data['application/vnd.plotly.v1+json']).length,
+      widgets: outputs.filter(o => o.data && o.data['application/vnd.jupyter.widget-view+json']).length,
+    });
+  }
+  return {kernel: panel.sessionContext.kernelDisplayStatus, cells};
+}"""
+
+
+def _open_and_run(page, lab: Lab, name: str) -> dict:
+    """Open a notebook, wait for an idle kernel, Run > Run All Cells, wait until every cell has run
+    (or one failed); returns the notebook's state (see NOTEBOOK_JS)."""
+    page.goto(f"{lab.url}/lab/tree/{name}.ipynb?reset&token={lab.token}")
+    page.wait_for_selector('.jp-Notebook-ExecutionIndicator[data-status="idle"]', timeout=120_000)
+    page.locator("#jp-main-statusbar").get_by_text("Idle").first.wait_for(timeout=60_000)  # "Python 3 | Idle"
+    page.wait_for_function("() => { const s = (" + NOTEBOOK_JS + ")(); return s && s.kernel === 'idle'; }",
+                           timeout=60_000)
+    page.locator(".lm-MenuBar-item", has_text="Run").first.click()
+    page.locator(".lm-Menu-item:visible", has_text="Run All Cells").first.click()
+    page.wait_for_function(
+        "() => { const s = (" + NOTEBOOK_JS + ")(); if (!s) return false;"
+        " if (s.cells.some(c => c.errors.length)) return true;"
+        " return s.kernel === 'idle' && s.cells.every(c => c.count !== null && !c.running); }",
+        timeout=RUN_TIMEOUT_S * 1000, polling=500)
+    state = page.evaluate(NOTEBOOK_JS)
+    errors = [e for c in state["cells"] for e in c["errors"]]
+    assert not errors, f"{name}: cell errors: {errors}"
+    return state
+
+
+def _wait_for_charts(page, name: str, expected: int) -> list[dict]:
+    """Scroll each chart's output into view (as a reader would) and wait until every one drew."""
+    page.wait_for_function(f"() => document.querySelectorAll('.jp-OutputArea .js-plotly-plot').length >= {expected}",
+                           timeout=60_000)
+    charts = page.locator(".jp-OutputArea .js-plotly-plot")
+    for i in range(charts.count()):
+        chart = charts.nth(i)
+        chart.scroll_into_view_if_needed(timeout=30_000)
+        chart.locator(".main-svg").first.wait_for(state="attached", timeout=30_000)
+    page.wait_for_function("() => { const c = window.__charts(); return c.length > 0 && c.every(x => x.svg"
+                           " && x.traces > 0 && x.drawn > 0 && x.width > 50 && x.height > 50); }", timeout=30_000)
+    drawn = page.evaluate("() => window.__charts()")
+    assert len(drawn) >= expected and not _blank(drawn), f"{name}: charts not drawn: {drawn}"
+    return drawn
+
+
+def _shot(locator_or_page, path: Path, **kw) -> None:
+    locator_or_page.screenshot(path=str(path), **kw)
+
+
+def test_notebooks_draw_their_charts_and_a_slider_drives_the_knob_panel(browser, lab, artifacts):
+    """01 and 03 run to the end in JupyterLab; every chart draws; moving the panel's batch-size slider
+    reruns the measurement and the chart on the page changes."""
+    t0 = time.monotonic()
+    context = browser.new_context(viewport={"width": 1400, "height": 1000}, service_workers="block")
+    guard = Guard(context)
+    page = context.new_page()
+    guard.watch(page)
+    try:
+        # 01: two static charts (trend, threads)
+        state = _open_and_run(page, lab, NOTEBOOKS[0])
+        charts = _wait_for_charts(page, NOTEBOOKS[0], sum(c["plotly"] for c in state["cells"]))
+        assert len(charts) >= 2, charts
+        page.locator(".jp-OutputArea .js-plotly-plot").first.scroll_into_view_if_needed()
+        _shot(page, artifacts / "01-trend-chart-in-lab.png")
+        _shot(page.locator(".jp-OutputArea .js-plotly-plot").nth(1), artifacts / "01-threads-chart.png")
+        guard.check()
+        lab.shutdown_kernels()
+
+        # 03: static charts plus the knob panel (sliders, toggles, a FigureWidget)
+        state = _open_and_run(page, lab, NOTEBOOKS[1])
+        panels = [i for i, c in enumerate(state["cells"]) if c["widgets"]]
+        assert panels, f"{NOTEBOOKS[1]}: no widget output (the knob panel) after running: {state}"
+        expected = sum(c["plotly"] for c in state["cells"]) + 1  # + the panel's FigureWidget
+        _wait_for_charts(page, NOTEBOOKS[1], expected)
+        panel = page.locator(".jp-OutputArea-output").filter(has=page.locator(".noUi-handle")).last
+        panel.scroll_into_view_if_needed()
+        handles = panel.locator(".noUi-handle")
+        handles.first.wait_for(state="visible", timeout=30_000)
+        assert handles.count() >= 2, "the panel shows its sliders"
+        figure = panel.locator(".js-plotly-plot").first
+        figure.locator(".main-svg").first.wait_for(state="visible", timeout=30_000)
+        before = figure.evaluate("gd => JSON.stringify(gd.data)")
+        status_before = panel.locator(".widget-html").first.inner_text()
+        _shot(panel, artifacts / "03-knob-panel-before.png")
+
+        slider = panel.locator(".widget-slider, .jupyter-widget-slider, .widget-hslider").first
+        label = slider.locator(".widget-label").first.inner_text() if slider.locator(".widget-label").count() else ""
+        readout = slider.locator(".widget-readout").first
+        value_before = readout.inner_text() if readout.count() else ""
+        handle = handles.first
+        at_max = handle.get_attribute("aria-valuenow") == handle.get_attribute("aria-valuemax")
+        handle.focus()
+        page.keyboard.press("ArrowLeft" if at_max else "ArrowRight")  # one step (continuous_update=False: one run)
+        if readout.count():
+            page.wait_for_function("([el, v]) => el.innerText !== v", arg=[readout.element_handle(), value_before],
+                                   timeout=10_000)
+        figure.evaluate("(gd, before) => new Promise((resolve, reject) => {"
+                        " const t0 = Date.now();"
+                        " const tick = () => JSON.stringify(gd.data) !== before ? resolve(true)"
+                        "   : Date.now() - t0 > 120000 ? reject(new Error('chart did not change in 120 s'))"
+                        "   : setTimeout(tick, 250);"
+                        " tick(); })", before)
+        page.wait_for_function("el => /run 2/.test(el.innerText)", arg=panel.locator(".widget-html").first
+                               .element_handle(), timeout=60_000)
+        after = figure.evaluate("gd => JSON.stringify(gd.data)")
+        assert after != before
+        drawn = _blank(figure.evaluate("gd => window.__charts(gd.parentElement)"))
+        assert not drawn, f"the panel's chart is blank after the update: {drawn}"
+        status_after = panel.locator(".widget-html").first.inner_text()
+        assert status_after != status_before and "not measured" not in status_after, status_after
+        page.wait_for_timeout(500)  # let plotly finish its transition before the picture
+        _shot(panel, artifacts / "03-knob-panel-after-slider.png")
+        print(f"slider {label!r} moved {value_before!r} -> {readout.inner_text() if readout.count() else '?'}; "
+              f"status {status_after!r}")
+        guard.check()
+    except Exception:
+        with contextlib.suppress(Exception):
+            _shot(page, artifacts / "failure-lab.png")
+        raise
+    finally:
+        context.close()
+    assert time.monotonic() - t0 < 600, "the browser round trip should take a few minutes at most"
+
+
+# --- the investigate report ---------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> Path:
+    """``investigate --quick`` on 16 short records with tiny ladder settings (a few seconds)."""
+    from tuning import cli
+    from tuning.ladder import LadderSettings
+
+    # 1.2 s per load test: long enough for the recorder (0.5 s interval) to sample the threads
+    tiny = LadderSettings(concurrency=4, duration_s=1.2, warmup_s=0.1, repeats=0, sweep_sizes=(1, 2),
+                          sweep_repeats=1, sweep_rounds=1, waits_ms=(5.0,), precision_texts=6, compile_on_cpu=False)
+    tmp = tmp_path_factory.mktemp("report")
+    data = tmp / "records.jsonl"
+    data.write_text("".join(json.dumps({"id": f"r{i}", "title": f"Widget {i}", "category": "gadget",
+                                        "attributes": {"color": "red"},
+                                        "body": f"Short review number {i}: works fine, cheap."}) + "\n"
+                            for i in range(16)))
+    out = tmp / "out"
+    mp = pytest.MonkeyPatch()
+    mp.setattr(LadderSettings, "quick", classmethod(lambda cls: tiny))
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            code = cli.main(["investigate", "--quick", "--data", str(data), "--device", "cpu", "--out", str(out),
+                             "--json"])
+    finally:
+        mp.undo()
+    assert code == 0
+    return out / "report.html"
+
+
+SECTIONS_JS = """() => Array.from(document.querySelectorAll('section[data-section]')).map(s => ({
+  key: s.id,
+  figures: s.querySelectorAll('figure.chart').length,
+  unavailable: s.querySelectorAll('p.note').length
+    ? Array.from(s.querySelectorAll('p.note')).map(p => p.textContent).filter(t => t.includes('chart unavailable'))
+    : [],
+}))"""
+
+
+def test_report_draws_every_chart_offline(browser, report, artifacts):
+    """The report, opened from disk with the network cut: plotly.js loads from the page itself, every
+    section's figure drew, and nothing tried to reach another host."""
+    context = browser.new_context(viewport={"width": 1300, "height": 900}, service_workers="block")
+    context.set_offline(True)
+    guard = Guard(context)
+    page = context.new_page()
+    guard.watch(page)
+    try:
+        page.goto(report.as_uri(), wait_until="load")
+        assert page.evaluate("() => typeof window.Plotly === 'object' && !!window.Plotly.newPlot"), \
+            "plotly.js did not load from the page"
+        sections = page.evaluate(SECTIONS_JS)
+        keys = {s["key"] for s in sections}
+        for key in ("trends", "ledger", "ladder", "sweep", "what-if"):
+            assert key in keys, f"section {key} missing: {sorted(keys)}"
+        for s in sections:
+            assert not s["unavailable"], f"{s['key']}: {s['unavailable']}"
+        figures = sum(s["figures"] for s in sections)
+        page.wait_for_function(f"() => document.querySelectorAll('figure.chart .js-plotly-plot .main-svg').length"
+                               f" >= {figures}", timeout=30_000)
+        per_figure = page.evaluate("() => Array.from(document.querySelectorAll('figure.chart')).map(f => ({"
+                                   " section: f.closest('section').id, charts: window.__charts(f) }))")
+        blank = [f for f in per_figure if len(f["charts"]) != 1 or _blank(f["charts"])]
+        assert not blank, f"charts that did not draw: {blank}"
+        for key in ("trends", "ledger", "ladder", "sweep", "what-if"):
+            assert any(f["section"] == key for f in per_figure), f"no chart in section {key}"
+        _shot(page, artifacts / "report-full-page.png", full_page=True)
+        page.locator("section#ladder figure.chart").first.scroll_into_view_if_needed()
+        _shot(page.locator("section#ladder figure.chart").first, artifacts / "report-ladder-chart.png")
+        guard.check()
+    except Exception:
+        with contextlib.suppress(Exception):
+            _shot(page, artifacts / "failure-report.png", full_page=True)
+        raise
+    finally:
+        context.close()
