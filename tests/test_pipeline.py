@@ -135,3 +135,34 @@ def test_a_model_with_the_wrong_output_shape_fails_its_batches_clearly(messy_fil
                       model=lambda ids, mask: torch.zeros(ids.shape[0] + 1, 3)).run(messy_file)
     assert result.ok == 0 and result.errors == len(result.requests)
     assert any("one row per input" in (r.reason or "") for r in result.requests)
+
+
+def test_token_grouping_tokenizes_each_text_once_with_identical_batches():
+    """Offline grouping by token length (group_by='tokens') used to tokenize every text twice: once for the
+    lengths, once to build its batch. In the main process the pass's encodings are reused."""
+    from tuning import preset
+    from tuning.pipeline import Pipeline
+
+    def counted(pipeline):
+        tok = pipeline.preparer.tokenizer
+        original, seen = tok.encode_batch, []
+
+        def encode_batch(texts):
+            seen.extend(texts)
+            return original(texts)
+
+        tok.encode_batch = encode_batch
+        return seen
+
+    shared = Pipeline(preset("tuned", device="sim"))
+    texts = counted(shared)
+    a = shared.run(limit=120)
+    # each text once in the grouping pass, plus the warm-up's own batches (2 x 16, run first and discarded);
+    # tokenizing twice read 120 + 120 + 32
+    assert len(set(texts)) == 120 and len(texts) <= 120 + 32
+    assert not shared.preparer.encoded_ahead  # every encoding made ahead was used
+    apart = Pipeline(preset("tuned", device="sim"))
+    apart._length_tokenizer = lambda: __import__("copy").copy(apart.preparer.tokenizer)  # a different object: no sharing
+    b = apart.run(limit=120)
+    key = lambda r: (r.index, r.n_tokens, r.padded_length, r.outcome)  # noqa: E731
+    assert sorted(map(key, a.requests)) == sorted(map(key, b.requests))

@@ -83,6 +83,12 @@ class Preparer:
         self.tokenizer = tokenizer
         self.formatter = formatter
         self.clock = clock or _clock.now
+        # encodings made ahead by a pass in this process (offline token-length grouping), by input index:
+        # used once, instead of tokenizing the same text twice
+        self.encoded_ahead: dict[int, Tokenized] = {}
+
+    def __getstate__(self) -> dict:  # a worker process gets no encodings made in the parent
+        return {**self.__dict__, "encoded_ahead": {}}
 
     def read(self, index: int, raw: Any) -> Record | RecordError | str:
         if isinstance(raw, (bytes, bytearray)):
@@ -110,7 +116,10 @@ class Preparer:
     def tokenize(self, items: Sequence[Item], texts: Sequence[str]) -> list[Tokenized] | None:
         """Tokenize the texts of good items (in order), recording token counts; None (items failed) on error."""
         try:
-            encoded = self.tokenizer.encode_batch(texts)
+            ahead = [self.encoded_ahead.pop(it.index, None) for it in items] if self.encoded_ahead else [None] * len(items)
+            todo = [j for j, enc in enumerate(ahead) if enc is None]
+            fresh = iter(self.tokenizer.encode_batch([texts[j] for j in todo]) if todo else [])
+            encoded = [enc if enc is not None else next(fresh) for enc in ahead]
         except Exception as exc:
             for it in items:
                 it.error = f"preprocess failed: {type(exc).__name__}: {exc}"
