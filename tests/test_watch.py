@@ -3,6 +3,7 @@ optional load, with a diagnosis limited to what can be seen and a list of what c
 
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -98,3 +99,24 @@ def test_watch_a_separate_serve_process_under_load(service):
     assert "threads by CPU" in text.stdout and "diagnosis from outside" in text.stdout
     assert "not visible from outside" in text.stdout
     print(text.stdout)
+
+
+class _NvmlWithProcesses(FakeNvml):
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        from types import SimpleNamespace
+
+        return [SimpleNamespace(pid=os.getpid(), usedGpuMemory=2**30), SimpleNamespace(pid=1, usedGpuMemory=2**31)]
+
+
+def test_watch_reads_the_gpu_series_and_the_processs_own_share_through_nvml():
+    from tuning import watch_service
+
+    result = watch_service(os.getpid(), duration_s=0.6, interval=0.1, nvml=_NvmlWithProcesses(devices=1))
+    gpu = result.to_frame("gpu")
+    assert result.gpu.available and len(gpu) >= 3 and (gpu.proc_sm_util == 7).all() and (gpu.sm_util == 10).all()
+    assert result.process_gpu_mb == {0: 1024.0}
+    s = result.summary()
+    assert s["frames"]["trend"][0]["gpu_util_pct"] == 10 and s["gpu"]["process_memory_mb"] == {"0": 1024.0}
+    assert result.signals.gpu_util_mean == 10 and result.signals.process_gpu_mb == 1024.0
+    assert result.diagnosis.kind in ("idle", "blocked", "starved", "contended")
+    assert not any("own share of the GPU" in c for c in result.diagnosis.cannot_see)

@@ -8,6 +8,7 @@ there and not from the source tree or an editable install. The wheel is built fr
 source tree (no stale ``build/`` folder can leak files into it), without build isolation (offline).
 """
 
+import os
 import shutil
 import subprocess
 import sys
@@ -46,17 +47,18 @@ def test_installed_wheel_runs_from_any_directory(wheel, tmp_path):
     env_dir = tmp_path / "venv"
     venv.create(env_dir, system_site_packages=True, with_pip=True)
     python = env_dir / "bin" / "python"
-    subprocess.run([str(python), "-m", "pip", "install", "--no-deps", "--no-index", "--quiet", str(wheel)],
-                   check=True, capture_output=True, text=True, timeout=300)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing but the venv's own paths
+    subprocess.run([str(python), "-m", "pip", "install", "--no-deps", "--no-index", "--force-reinstall", "--quiet",
+                    str(wheel)], check=True, capture_output=True, text=True, timeout=300, env=env)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     where = subprocess.run(
         [str(python), "-c", "import tuning, tuning.profile, tuning.sim, tuning.data as d; "
                             "print(tuning.__file__); print(d.DEFAULT_DATA.is_file())"],
-        cwd=elsewhere, check=True, capture_output=True, text=True, timeout=120).stdout.split()
+        cwd=elsewhere, check=True, capture_output=True, text=True, timeout=120, env=env).stdout.split()
     assert where[0].startswith(str(env_dir)), f"tuning imported from {where[0]}, not from the venv"
     assert where[1] == "True"
     run = subprocess.run([str(python), "-m", "tuning", "run", "--limit", "20"], cwd=elsewhere,
-                         capture_output=True, text=True, timeout=600)
+                         capture_output=True, text=True, timeout=600, env=env)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "requests 20" in run.stdout, run.stdout

@@ -190,13 +190,13 @@ class WatchResult:
         """The trend table: per time bin (at most ``rows``), process CPU, RSS, the busiest thread, the GPU's
         utilization, power and memory, this process's GPU share and, under load, QPS."""
         hf = self.host.to_frame()
-        if hf.empty:
+        gf = self.gpu.to_frame()
+        if hf.empty and gf.empty:
             return pd.DataFrame()
         span = max(self.t_end - self.t_start, 1e-9)
         width = max(self.interval, span / rows)
         edges = [self.t_start + i * width for i in range(int(math.ceil(span / width)) + 1)]
         threads = self.host.threads_frame()
-        gf = self.gpu.to_frame()
         ok_times = []
         if self.load is not None:
             req = self.load.to_frame()
@@ -205,12 +205,13 @@ class WatchResult:
         out = []
         for a, b in zip(edges[:-1], edges[1:]):
             h = hf[(hf.t > a) & (hf.t <= b)]
-            if h.empty:
+            g = gf[(gf.t > a) & (gf.t <= b)]
+            if h.empty and g.empty:
                 continue
             th = threads[(threads.t > a) & (threads.t <= b)]
             busiest = th.groupby("name")["cpu_percent"].sum().sort_values(ascending=False) / len(h) if len(th) else None
-            g = gf[(gf.t > a) & (gf.t <= b)]
-            row = {"t_s": round(b - self.t_start, 2), "cpu_pct": h.cpu_percent.mean(), "rss_mb": h.rss_mb.max(),
+            row = {"t_s": round(b - self.t_start, 2), "cpu_pct": h.cpu_percent.mean() if len(h) else None,
+                   "rss_mb": h.rss_mb.max() if len(h) else None,
                    "busiest_thread": f"{busiest.index[0]} {busiest.iloc[0]:.0f}%" if busiest is not None and len(busiest) else "-",
                    "gpu_util_pct": g.sm_util.mean() if len(g) else None,
                    "power_w": g.power_w.mean() if len(g) else None,
