@@ -600,7 +600,8 @@ print(f"panel: {r['qps']:.0f} QPS, p99 {r['p99_ms']:.0f} ms; {r['submitted']} = 
     "Change one thing at a time and measure it against the step before; keep only what helps.",
     "Build the queue and the batcher into the service from day one, after deciding whether latency or throughput comes first.",
     "Why stop near 80% busy: the last points cost latency stability.",
-], "back to the [README](../README.md), or run the whole ladder with `python -m tuning investigate`.")
+], "[07 · Your own service](07-your-own-service.ipynb): the same steps on your model, data or URL; or run the "
+   "whole ladder with `python -m tuning investigate`.")
 
 
 # --- 07 -----------------------------------------------------------------------------------
