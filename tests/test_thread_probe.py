@@ -91,3 +91,21 @@ def test_thread_start_reads_this_threads_start_time():
         pytest.skip("no /proc")
     start = thread_start(threading.get_native_id())
     assert isinstance(start, int) and start >= thread_start(os.getpid())
+
+
+def test_a_run_shorter_than_one_interval_is_still_sampled():
+    """The sampler returns only after the probe's baseline snapshot, and the probe takes a last sample when
+    stopped: a 0.2 s burst inside a 1 s interval used to leave the thread table empty."""
+    def burn(seconds):
+        name_this_thread("burst")
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    with HostSampler(1.0) as sampler:
+        worker = threading.Thread(target=burn, args=(0.2,))
+        worker.start()
+        worker.join()
+    frame = sampler.series.threads_frame()
+    burst = frame[frame.name.str.startswith("burst")]  # ended before its Python name was read: its OS name
+    assert len(sampler.series.samples) >= 1 and len(burst) and burst.cpu_percent.sum() > 0

@@ -102,6 +102,9 @@ class HostSeries:
                 "write_mb_s_mean": float(frame.write_mb_s.mean()), "cpu_count": self.cpu_count}
 
 
+READY_TIMEOUT_S = 10.0  # the longest the sampler waits for its probe's first snapshot
+
+
 class HostSampler:
     """Samples this process (and its children) every ``interval`` seconds from a probe process.
 
@@ -122,6 +125,7 @@ class HostSampler:
         self._reader: threading.Thread | None = None
         self._lines: list[str] = []
         self._names: dict[tuple[int, int], str] = {}  # (tid, start ticks) -> Python name
+        self._ready = threading.Event()
 
     def __enter__(self) -> "HostSampler":
         self._proc = subprocess.Popen(
@@ -130,11 +134,23 @@ class HostSampler:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self._reader = threading.Thread(target=self._read, name=self.thread_name, daemon=True)
         self._reader.start()
+        # the work starts after the probe's baseline snapshot, or it would go unmeasured (bounded: a probe
+        # that cannot start leaves an empty series, not a hang)
+        self._ready.wait(READY_TIMEOUT_S)
         return self
 
     def _read(self) -> None:
         name_this_thread(self.thread_name)
+        try:
+            self._read_lines()
+        finally:
+            self._ready.set()  # a probe that ended (or could not start) releases the waiting __enter__
+
+    def _read_lines(self) -> None:
         for line in self._proc.stdout:
+            if line.startswith('{"ready"'):
+                self._ready.set()
+                continue
             self._lines.append(line)
             if self.pid == os.getpid():  # remember names of threads that may end before we do
                 self._names.update(python_thread_keys())

@@ -3,7 +3,9 @@
 Sampling from outside the measured process, like ``top -H`` and ``pidstat`` do, keeps it
 free of that process's GIL: a thread spinning in Python would otherwise delay an in-process
 sampler by one GIL switch interval per system call. Only the standard library and psutil
-are imported here. One JSON line per sample on stdout; stops when stdin closes.
+are imported here. One JSON line per sample on stdout (the first, ``{"ready": t}``, marks the
+baseline snapshot); when stdin closes it takes one last sample and stops, so a run shorter
+than an interval is still covered.
 Times are ``time.perf_counter()``: CLOCK_MONOTONIC on Linux, the parent's clock too.
 
 What a sample's CPU adds up to: the process tree's CPU in the interval (the measured process
@@ -111,6 +113,7 @@ def main():
     stop = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
     prev_t, prev_snaps, prev_io = None, {}, None
+    last = False
     while True:
         t = time.perf_counter()
         try:
@@ -134,10 +137,13 @@ def main():
                     "write": max(io[1] - prev_io[1], 0) / dt / 2**20, "children": len(procs) - 1,
                     "threads": threads, "unattributed": unattributed}
             sys.stdout.write(json.dumps(line) + "\n")
-            sys.stdout.flush()
+        else:  # the first snapshot is the baseline every later one is measured from: the parent waits for it
+            sys.stdout.write(json.dumps({"ready": t}) + "\n")
+        sys.stdout.flush()
         prev_t, prev_snaps, prev_io = t, snaps, io
-        if stop.wait(args.interval):
+        if last:
             break
+        last = stop.wait(args.interval)  # stopped: one more sample, so the end of the run is covered
 
 
 if __name__ == "__main__":
