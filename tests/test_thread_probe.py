@@ -96,16 +96,22 @@ def test_thread_start_reads_this_threads_start_time():
 def test_a_run_shorter_than_one_interval_is_still_sampled():
     """The sampler returns only after the probe's baseline snapshot, and the probe takes a last sample when
     stopped: a 0.2 s burst inside a 1 s interval used to leave the thread table empty."""
+    done, release = threading.Event(), threading.Event()
+
     def burn(seconds):
         name_this_thread("burst")
         end = time.thread_time() + seconds
         while time.thread_time() < end:
             pass
+        done.set()
+        release.wait(10)  # alive until the sampler has stopped (a thread gone by then is 'unattributed')
 
+    worker = threading.Thread(target=burn, args=(0.2,), name="burst")
     with HostSampler(1.0) as sampler:
-        worker = threading.Thread(target=burn, args=(0.2,))
         worker.start()
-        worker.join()
+        done.wait(10)
+    release.set()
+    worker.join()
     frame = sampler.series.threads_frame()
-    burst = frame[frame.name.str.startswith("burst")]  # ended before its Python name was read: its OS name
-    assert len(sampler.series.samples) >= 1 and len(burst) and burst.cpu_percent.sum() > 0
+    burst = frame[frame.name == "burst"]
+    assert len(sampler.series.samples) >= 1 and burst.cpu_percent.sum() > 0
