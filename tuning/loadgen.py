@@ -504,7 +504,7 @@ def run_load(target: Target | Server | str, inputs: Sequence[Any], concurrency: 
     result = LoadResult("closed" if rate is None else "open", concurrency, rate, [rec[0] for rec in measured],
                         t0, t1, run.series, warmup_requests=run.n_warm)
     result.timings = [(sched, sent, recv) for _, _, sched, sent, recv in measured]
-    result.ok_in_window = sum(r.outcome == "ok" and t0 <= recv <= t1 for r, _, _, _, recv in run.records)
+    result.ok_in_window = sum(r.outcome == "ok" and t0 <= recv < t1 for r, _, _, _, recv in run.records)
     result.cooldown_requests = run.n_cool
     result.client_cpu = client_cpu
     if len(run.busy) == 2 and run.busy[0][1] is not None and run.busy[1][1] is not None:
