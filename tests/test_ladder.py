@@ -124,19 +124,28 @@ def test_compile_mode_matches_eager_and_reports_compile_time():
 
 
 def test_batch_sweep_knee_and_oom_point():
+    """Durations are injected (a fake timer the runner advances), so the knee is exact: the margin between
+    8 and 16 is 0.0 ms, which real sleeps on a busy machine could not keep."""
+    from tuning.clock import FakeClock
+
     cost = {1: 10.0, 2: 12.0, 4: 16.0, 8: 30.0, 16: 60.0}
+    timer = FakeClock()
 
     def runner(ids, mask):
         if ids.shape[0] == 32:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        import time
-        time.sleep(cost[ids.shape[0]] / 1000)
+        timer.advance(cost[ids.shape[0]] / 1000)
 
-    result = batch_sweep(runner, torch.device("cpu"), [1, 2, 4, 8, 16, 32], length=8, repeats=3, warmup=1)
+    result = batch_sweep(runner, torch.device("cpu"), [1, 2, 4, 8, 16, 32], length=8, repeats=3, warmup=1,
+                         timer=timer)
     frame = result.to_frame().set_index("batch_size")
     assert frame.loc[32, "status"] == "oom" and "out of memory" in frame.loc[32, "error"]
     assert (frame.drop(32).status == "ok").all() and frame.loc[16, "memory_mb"] > 0
     # per sample: 10, 6, 4, 3.75, 3.75 -> knee (within 5% of best) at 8; gain 4->8 is 6% and 8->16 is 0%
+    ok = frame.drop(32)
+    assert ok.per_batch_ms.tolist() == pytest.approx(list(cost.values()))
+    assert ok.per_sample_ms.tolist() == pytest.approx([10.0, 6.0, 4.0, 3.75, 3.75])
+    assert ok.iqr_ms.tolist() == pytest.approx([0.0] * 5, abs=1e-9) and (ok.rounds == 5).all()
     assert result.knee == 8 and result.diminishing == 8
     with pytest.raises(ValueError, match="sizes"):
         batch_sweep(runner, torch.device("cpu"), [0])

@@ -4,6 +4,7 @@ import time
 import urllib.error
 import urllib.request
 
+import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -13,6 +14,7 @@ from tuning.engine import Engine
 from tuning.httpfront import HttpFront
 from tuning.knobs import Knobs
 from tuning.loadgen import run_load, sweep
+from tuning.profile import diagnose
 import tuning.serve as serve
 from tuning.serve import Server
 
@@ -31,21 +33,24 @@ def make_server(knobs=KNOBS, **model_kw):
 def test_one_outcome_per_request_at_concurrency_64_with_malformed(lines):
     bad = [b"{oops", b'{"id": "x"}', b"", b'{"id": "e", "title": "", "category": "c", "attributes": {}, "body": " "}']
     inputs = [bad[i % len(bad)] if i % 20 == 0 else lines[i % len(lines)] for i in range(400)]  # 5% malformed
+    reads = []  # the server's running busy total, read at the window's two edges
     with make_server() as server:
-        result = run_load(server, inputs, concurrency=64, requests=400)
+        result = run_load(server, inputs, concurrency=64, requests=400,
+                          busy_probe=lambda: reads.append(server.busy_total_s) or reads[-1])
         assert server.queue_depth == 0
     s = result.summary()
-    assert s["submitted"] == 400 == s["ok"] + s["errors"] + s["timeouts"] + s["rejected"]
-    assert s["errors"] == 20 and s["ok"] == 380
+    assert (s["submitted"], s["ok"], s["errors"], s["timeouts"], s["rejected"]) == (400, 380, 20, 0, 0)
     assert sorted(r.request for r in result.responses) == sorted(set(r.request for r in result.responses))
     assert all(r.reason for r in result.responses if r.outcome != "ok")
-    assert s["mean_batch"] > 1 and 0 < s["model_busy"] <= 1
-    assert s["p50_ms"] <= s["p95_ms"] <= s["p99_ms"]
+    assert s["mean_batch"] > 1  # 64 clients: requests gather into batches
+    assert len(reads) == 2 and result.busy_s == reads[1] - reads[0] > 0  # busy from the total at the edges
+    assert result.latency()["count"] == 400 and result.latency(ok_only=True)["count"] == 380  # every outcome
     assert len(result.inflight_frame()) and max(result.inflight_frame().inflight) <= 64
 
 
 def test_exception_in_one_batch_fails_that_batch_only(lines):
-    knobs = KNOBS.replace(num_workers=1, max_wait_ms=50.0, padding="dynamic")
+    # batches leave only when full (8): the failing call holds exactly the first eight, however slowly they arrive
+    knobs = KNOBS.replace(num_workers=1, max_wait_ms=600_000.0, padding="dynamic")
     with make_server(knobs, fail_on_calls=(3,)) as server:  # calls 1-2 are warm-up
         first = [server.submit(raw) for raw in lines[:8]]  # one full batch -> the failing call
         failed = [f.result(timeout=30) for f in first]
@@ -54,15 +59,38 @@ def test_exception_in_one_batch_fails_that_batch_only(lines):
     assert all(r.outcome == "ok" for r in later)
 
 
+class _Held(TinyModel):
+    """Holds every model call (after warm-up) until released: the queue cannot drain while the test submits."""
+
+    def __init__(self):
+        super().__init__()
+        self.release = threading.Event()
+        self.hold = False
+
+    def forward(self, ids, mask):
+        if self.hold:
+            self.release.wait(60)
+        return super().forward(ids, mask)
+
+
 def test_full_queue_rejects_at_once(lines):
+    """Back-pressure: with max_queue requests admitted, the next ones are rejected when submitted (their futures
+    are resolved before submit returns), never queued; the admitted ones are answered."""
     knobs = KNOBS.replace(max_queue=4, num_workers=1, batch_size=2)
-    with make_server(knobs, delay_s=0.2) as server:
-        futures = [server.submit(raw) for raw in lines[:12]]
-        results = [f.result(timeout=30) for f in futures]
+    model = _Held()
+    with Server(knobs, engine=Engine(knobs, model)) as server:
+        model.hold = True
+        try:
+            futures = [server.submit(raw) for raw in lines[:4]]
+            late = [server.submit(raw) for raw in lines[4:12]]
+            assert all(f.done() for f in late) and not any(f.done() for f in futures)
+        finally:
+            model.release.set()
+        results = [f.result(timeout=30) for f in futures + late]
     rejected = [r for r in results if r.outcome == "rejected"]
-    assert len(rejected) == 8 and "max_queue=4" in rejected[0].reason
-    assert rejected[0].latency_ms < 50
-    assert sum(r.outcome == "ok" for r in results) == 4
+    assert len(rejected) == 8 and rejected == [f.result() for f in late]
+    assert rejected[0].reason == "rejected: overloaded, 4 requests queued (max_queue=4)"
+    assert [r.outcome for r in results[:4]] == ["ok"] * 4
 
 
 def test_deadline_turns_into_timeout(lines):
@@ -199,8 +227,9 @@ def test_recorder_wraps_a_load_test(lines):
         with Recorder(0.1, nvml=FakeNvml(devices=1)) as rec:
             result = run_load(server, lines, concurrency=16, requests=120)
     profile = rec.join(result)
-    assert profile.diagnosis.kind in ("starved", "fragmented", "blocked", "saturated")
-    assert profile.signals.mean_batch > 1 and 0 < profile.signals.model_busy <= 1
+    assert profile.summary()["diagnosis"] == diagnose(profile.signals).as_dict()  # the verdict on these signals
+    assert profile.signals.mean_batch == np.mean(result.batch_sizes()) > 1
+    assert profile.signals.model_busy == result.model_busy and profile.signals.batch_size_knob == 8
     threads = set(profile.to_frame("threads").name)
     assert {"batcher", "model-executor", "preprocess-0"} <= threads
     assert len(profile.to_frame("requests")) == 120 and len(profile.to_frame("gpu")) > 0
