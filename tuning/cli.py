@@ -467,6 +467,7 @@ def cmd_precision(args: argparse.Namespace) -> int:
     from .precision import precision_report
     from .report import table
 
+    knobs_from_args(args)  # its knobs are checked like every command's (a typo is an error, not ignored)
     report = precision_report(load_texts(args.data, args.limit, **_data_kwargs(args)))
 
     def render() -> str:

@@ -32,6 +32,7 @@ import json
 import socket
 import threading
 import time
+import unicodedata
 import warnings
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,8 @@ def validate_body(raw: bytes) -> tuple[Any, str | None]:
             return None, f"field 'text' must be a string, got {type(obj['text']).__name__}"
         if not obj["text"].strip():
             return None, "field 'text' is empty"
+        if not any(unicodedata.category(ch)[0] not in "CZ" for ch in obj["text"]):  # only controls and spaces
+            return None, "field 'text' has no visible characters (only control characters or spaces)"
         return obj["text"], None
     parsed = parse_line(raw, 0)
     if isinstance(parsed, RecordError):
