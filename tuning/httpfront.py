@@ -50,6 +50,7 @@ from .serve import SERVE_STAGES, Server
 
 MAX_BODY_BYTES = 1 << 20
 DRAIN_LIMIT_BYTES = 16 << 20  # larger bodies are cut off without reading
+DRAIN_TIMEOUT_S = 2.0  # an oversized body is read away for at most this long, then the 413 goes out
 STATUS_BY_OUTCOME = {"ok": 200, "rejected": 503, "timeout": 504, "error": 500}
 INPUT_ERROR_STATUS = 422  # the JSON was fine but the request could not be processed (found by the workers)
 BODY_TIMEOUT_S = 30.0  # a body that does not arrive in full by then is a 408 (a short body pins nothing)
@@ -98,6 +99,11 @@ def response_body(response: Any) -> bytes:
                         option=orjson.OPT_SERIALIZE_NUMPY)
 
 
+async def _drain(request: Request) -> None:
+    async for _ in request.stream():
+        pass
+
+
 async def _read_body(request: Request) -> tuple[bytes | None, JSONResponse | None]:
     """The body, or the error answer (411, 400, 413; an oversized body is read away up to a limit so the
     client sees the 413 and not a reset)."""
@@ -111,8 +117,10 @@ async def _read_body(request: Request) -> tuple[bytes | None, JSONResponse | Non
         except ValueError:
             return None, _error(400, f"Content-Length {header!r} is not an integer")
         if declared > MAX_BODY_BYTES:
-            if declared <= DRAIN_LIMIT_BYTES:
-                async for _ in request.stream():
+            if declared <= DRAIN_LIMIT_BYTES:  # read it away (briefly: a client waiting for the answer gets it)
+                try:
+                    await asyncio.wait_for(_drain(request), DRAIN_TIMEOUT_S)
+                except asyncio.TimeoutError:
                     pass
             return None, _error(413, f"body of {header} bytes is over the {MAX_BODY_BYTES}-byte limit; "
                                      "send one request per POST", headers={"Connection": "close"})
