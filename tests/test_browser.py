@@ -101,7 +101,7 @@ def browser():
     before = {p.pid for p in me.children(recursive=True)}
     pw = sync_playwright().start()
     try:
-        chromium = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS, timeout=60_000)
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS, timeout=180_000)  # generous: a loaded 2-core machine
     except Exception as exc:
         pw.stop()
         _unavailable(f"Chromium at {CHROMIUM} did not start: {str(exc).splitlines()[0]}")
@@ -281,9 +281,9 @@ def _open_and_run(page, lab: Lab, name: str) -> dict:
     (or one failed); returns the notebook's state (see NOTEBOOK_JS)."""
     page.goto(f"{lab.url}/lab/tree/{name}.ipynb?reset&token={lab.token}")
     page.wait_for_selector('.jp-Notebook-ExecutionIndicator[data-status="idle"]', timeout=120_000)
-    page.locator("#jp-main-statusbar").get_by_text("Idle").first.wait_for(timeout=60_000)  # "Python 3 | Idle"
+    page.locator("#jp-main-statusbar").get_by_text("Idle").first.wait_for(timeout=180_000)  # generous: a loaded 2-core machine  # "Python 3 | Idle"
     page.wait_for_function("() => { const s = (" + NOTEBOOK_JS + ")(); return s && s.kernel === 'idle'; }",
-                           timeout=60_000)
+                           timeout=180_000)  # generous: a loaded 2-core machine
     page.locator(".lm-MenuBar-item", has_text="Run").first.click()
     page.locator(".lm-Menu-item:visible", has_text="Run All Cells").first.click()
     page.wait_for_function(
@@ -300,7 +300,7 @@ def _open_and_run(page, lab: Lab, name: str) -> dict:
 def _wait_for_charts(page, name: str, expected: int) -> list[dict]:
     """Scroll each chart's output into view (as a reader would) and wait until every one drew."""
     page.wait_for_function(f"() => document.querySelectorAll('.jp-OutputArea .js-plotly-plot').length >= {expected}",
-                           timeout=60_000)
+                           timeout=180_000)  # generous: a loaded 2-core machine
     charts = page.locator(".jp-OutputArea .js-plotly-plot")
     for i in range(charts.count()):
         chart = charts.nth(i)
@@ -373,7 +373,7 @@ def test_notebooks_draw_their_charts_and_a_slider_drives_the_knob_panel(browser,
                         "   : setTimeout(tick, 250);"
                         " tick(); })", before)
         page.wait_for_function("el => /run 2/.test(el.innerText)", arg=panel.locator(".widget-html").first
-                               .element_handle(), timeout=60_000)
+                               .element_handle(), timeout=180_000)  # generous: a loaded 2-core machine
         after = figure.evaluate("gd => JSON.stringify(gd.data)")
         assert after != before
         drawn = _blank(figure.evaluate("gd => window.__charts(gd.parentElement)"))

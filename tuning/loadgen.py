@@ -528,7 +528,8 @@ def run_load(target: Target | Server | str, inputs: Sequence[Any], concurrency: 
             f"(send lag p50 {lag['p50']:.0f} ms, p99 {lag['p99']:.0f} ms): every one of the {concurrency} "
             "clients was busy; the latencies count that wait from the scheduled arrival. Raise concurrency, "
             "or lower the rate below what the server sustains", RuntimeWarning, stacklevel=2)
-    if client_cpu is not None and client_cpu > CLIENT_BOTTLENECK:
+    # a run that got no answer at all says so itself; its client CPU share is that of a few failed connects
+    if client_cpu is not None and client_cpu > CLIENT_BOTTLENECK and result.count("ok") > 0:
         warnings.warn(
             f"the load client's loop used {client_cpu:.0%} of a core: it, not the server, may be the bottleneck "
             "(its requests wait for the client). Spread the load over processes: "
