@@ -219,3 +219,32 @@ def test_no_signal_beyond_model_busy_reads_blocked_or_saturated_only():
     assert diagnose(Signals(model_busy=0.5, wait_for_input_share=math.nan)).next_step == OUTSIDE
     assert diagnose(Signals(model_busy=0.8, wait_for_input_share=math.nan, batch_size_knob=16, dtype_knob="bf16",
                             padding_knob="bucket")).next_step == HEALTHY
+
+
+def test_the_reasons_and_evidence_of_the_quiet_verdicts():
+    """Every verdict carries its evidence and the reasons in words, the idle and outside-the-model ones too."""
+    idle = diagnose(_s(model_busy=0.1, median_span_ms=9.0))
+    assert (idle.kind, idle.next_step) == ("blocked", IDLE)
+    assert idle.reasons == ["model busy 10% (< 30%) and no thread using or waiting for 50% of a core"]
+    outside = diagnose(_s(model_busy=0.5, mean_batch=4.0))
+    assert (outside.kind, outside.next_step) == ("blocked", OUTSIDE)
+    assert outside.reasons == ["model busy 50% with neither input waits nor launch-bound bursts dominating"]
+    assert outside.evidence == {"model_busy": 0.5, "wait_for_input_share": 0.0, "mean_batch": 4.0,
+                                "max_thread_name": ""}
+    small = diagnose(_s(model_busy=0.5, mean_batch=1.5))
+    assert (small.kind, small.next_step) == ("fragmented", RAISE_BATCH)
+    assert small.reasons == ["model busy 50% with neither input waits nor launch-bound bursts dominating"]
+    assert small.evidence["mean_batch"] == 1.5
+    bursts = diagnose(_s(model_busy=0.1, median_span_ms=1.25, mean_batch=1.0))
+    assert bursts.reasons == ["median busy burst 1.2 ms (< 5.0 ms)", "mean batch 1.0 (<= 2)"]
+
+
+def test_a_device_exactly_at_the_saturation_threshold_is_not_held_back_by_the_host():
+    """The host-bound reason needs device busy under SATURATED_BUSY: at exactly 70% the device is saturated."""
+    at = diagnose(_s(model_busy=0.9, device_busy=0.70, launch_share=0.4))
+    assert at.kind == "fragmented" and at.reasons == ["launch overhead 40% of wall time (>= 30%)"]
+
+
+def test_an_unknown_thread_cpu_given_as_none_reads_as_unknown():
+    d = diagnose(_s(wait_for_input_share=0.5, max_thread_cpu=None, max_thread_wait=20.0))
+    assert (d.kind, d.next_step) == ("blocked", NOTHING_WORKS)

@@ -36,7 +36,7 @@ BAD: dict[str, list[tuple[dict, type, str]]] = {
     ],
     "tokenizer": [
         (dict(tokenizer="slow"), ValueError, "knob tokenizer='slow' is not allowed; allowed: naive | fast"),
-        (dict(tokenizer=None), TypeError, "knob tokenizer=None has type NoneType; allowed: naive | fast"),
+        (dict(tokenizer=3), TypeError, "knob tokenizer=3 has type int; allowed: naive | fast"),
     ],
     "padding": [(dict(padding="ragged"), ValueError,
                  "knob padding='ragged' is not allowed; allowed: dynamic | fixed | bucket")],
@@ -174,6 +174,7 @@ def test_resolve_on_a_cpu_falls_back_with_warnings_or_raises_with_the_fix():
     assert [str(w.message) for w in caught] == [
         "pin_memory=True has no effect without CUDA; running with pin_memory=False",
         "tf32=True has no effect without CUDA; running with tf32=False"]
+    assert [w.filename for w in caught] == [__file__] * 2  # the warning points at the caller's line
     for knobs, message in [
         (Knobs(graph="cuda_graph", padding="bucket"), "graph='cuda_graph' needs a CUDA device and none is available "
          "here; use graph='compile' (torch.compile) or graph='eager' on a CPU"),

@@ -110,9 +110,13 @@ def test_closed_loop_has_no_offered_or_achieved_rate():
 
 
 def test_an_empty_window_reads_nan_not_a_number():
+    import warnings
+
     result = LoadResult("open", 1, 5.0, [], 3.0, 3.0)
     assert result.window_s == 1e-9 and math.isnan(result.error_rate) and result.qps == 0.0
-    s = result.summary()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "mean of empty slice" on the way
+        s = result.summary()
     assert s["p50_ms"] is None and s["error_rate"] is None and s["mean_batch"] is None and s["busy_s"] is None
     assert s["model_busy"] is None and s["device_busy"] is None and s["error_reasons"] == []
 
@@ -135,7 +139,8 @@ def test_model_busy_is_the_busy_total_over_the_span_it_was_read_across():
 
 
 def test_batch_sizes_come_from_the_batch_log_else_from_ok_responses():
-    result = _result("closed", [("ok", U)] * 4 + [("error", U)] * 2)  # batch_size i % 3: 0, 1, 2, 0 | 1, 2
+    result = _result("closed", [("ok", U)] * 4 + [("error", U)] * 3)  # batch_size i % 3: 0, 1, 2, 0 | 1, 2, 0
+    result.responses[5].batch_size = 7  # an error's batch size is not a batch the model ran for it
     assert result.batch_sizes() == [1, 2]  # ok ones that rode a batch (0: not reported)
     assert result.summary()["mean_batch"] == 1.5
     result.batch_log = [(1.0, 4), (2.0, 8)]
@@ -275,3 +280,49 @@ def test_open_loop_window_runs_from_the_first_measured_arrival_to_the_first_afte
     s = result.summary()
     assert s["submitted"] == 40 and s["warmup_requests"] == 3 and s["latency_from"] == "scheduled arrival"
     assert s["offered_rate"] == 40 / (arrivals[43] - arrivals[3])
+
+
+def test_a_window_closes_before_a_request_due_exactly_at_its_end():
+    """Rule: the window is half-open; with ``duration_s`` a request due exactly at its end is not measured."""
+    clock = FakeClock()
+    result = run_load(_Service(clock, 4 * U), ["x"], concurrency=1, duration_s=16 * U, warmup_requests=1, clock=clock)
+    assert (result.t_window_start, result.t_end) == (4 * U, 20 * U)
+    assert result.submitted == 4  # sent at 4, 8, 12, 16 (units); the one due at 20 belongs to the next window
+
+
+# --- the phases of a run, driven by hand ---------------------------------------------------------------------------
+def _run(**kw):
+    clock = FakeClock()
+    args = dict(warmup_requests=1, warmup_s=0.0, requests=2, duration_s=None, busy_probe=None)
+    args.update(kw)
+    return clock, loadgen._Run(["a", "b", "c"], clock, **args)
+
+
+def test_run_phases_warm_measured_then_cool_until_every_measured_answer_is_in():
+    """Rule: warm-up, then the measured requests, then cool-down requests that keep the load steady until every
+    measured request has its answer; then the test stops (no request is left without its outcome)."""
+    clock, run = _run(busy_probe=lambda: clock() * 10)
+    assert run.ticket(clock()) == ("a", "warm")
+    clock.advance(U)
+    assert run.ticket(clock()) == ("b", "measured") and run.t0 == U
+    assert run.ticket(clock()) == ("c", "measured")  # two clients: both measured requests out at once
+    clock.advance(U)
+    assert run.ticket(clock()) == ("a", "cool") and run.t1 == 2 * U  # the window closed; two answers still due
+    run.end(Response(0, "ok"), "measured", U, U)
+    assert run.ticket(clock()) == ("b", "cool")  # one measured answer still due: keep the load
+    run.end(Response(1, "ok"), "measured", U, U)
+    assert run.ticket(clock()) is None  # all measured answers in: stop
+    assert (run.n_warm, run.n_measured, run.n_cool, run.outstanding) == (1, 2, 2, 0)
+    assert run.busy == [(U, 10 * U), (2 * U, 20 * U)]  # the busy total read at the window's two edges
+
+
+def test_run_counts_requests_in_flight():
+    clock, run = _run()
+    run.begin()
+    clock.advance(U)
+    run.begin()
+    run.end(Response(0, "ok"), "warm", 0.0, 0.0)
+    clock.advance(U)
+    run.end(Response(1, "ok"), "measured", U, U)
+    assert run.series == [(0.0, 1), (U, 2), (U, 1), (2 * U, 0)] and run.inflight == 0
+    assert [phase for _, phase, *_ in run.records] == ["warm", "measured"] and run.records[1][4] == 2 * U

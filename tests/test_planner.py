@@ -172,3 +172,67 @@ def test_waste_report_with_knobs_and_tiny_lengths():
     with pytest.raises(ValueError) as info:
         padding_waste([0, 0], k=2)
     assert str(info.value) == "lengths has no valid input: run some requests first"
+
+
+def test_waste_report_defaults_are_the_documented_ones():
+    """padding_waste(lengths): batch 16, max_length 256, k = 4, window 256."""
+    lengths = [5, 10, 20, 40, 80, 300] * 3
+    report = padding_waste(lengths)
+    table = report.to_frame().set_index("key")
+    assert report.planned == (10, 40, 80, 256) and len(report.planned) == 4  # 300 is truncated to 256
+    assert set(table.batch_size) == {16} and set(table.window) == {256}
+    assert table.loc["arrival-fixed", "padded_tokens"] == 18 * 256
+    assert list(table.columns) == ["strategy", "settings", "batch_size", "window", "batches", "shapes", "padded_tokens",
+                                   "real_tokens", "padded_over_real", "waste"]
+
+
+def test_waste_report_uses_the_given_max_length_and_window():
+    lengths = [100, 1] * 8
+    report = padding_waste(lengths, batch_size=2, max_length=64, k=2, window=2)
+    table = report.to_frame().set_index("key")
+    assert report.planned == (1, 64) and table.loc["arrival-fixed", "padded_tokens"] == 16 * 64
+    assert table.loc["grouped-dynamic", "padded_tokens"] == 8 * 2 * 64  # a window of one pair cannot group
+    assert padding_waste(lengths, batch_size=2, max_length=64, k=2).row("grouped-dynamic").padded_tokens == 4 * 2 + 4 * 128
+    assert set(table.window) == {2}
+
+
+def test_waste_report_labels_every_strategy():
+    knobs = Knobs(batch_size=2, max_length=64, padding="bucket", group_by="tokens", buckets=(8, 32))
+    report = padding_waste([5, 9, 30, 60], k=2, sizes=[1, 2, 3, 4], knobs=knobs)
+    assert list(report.to_frame().strategy) == [
+        "arrival order, dynamic padding", "arrival order, fixed padding (64)", "grouped by tokens, dynamic padding",
+        "grouped by tokens, planned buckets k=2 [9, 60]", "grouped by bytes, planned buckets k=2",
+        "grouped by tokens, knob buckets (3 lengths)", "the knobs as set"]
+    assert report.row("bytes-planned").settings == "--set padding=bucket --set group_by=bytes --set buckets=9,60"
+
+
+def test_each_strategy_keeps_its_own_grouping_and_padding_whatever_the_knobs():
+    """The rows compare strategies on the knobs' batch size and window: arrival order is arrival order and the
+    grouped rows group by tokens even when the knobs group otherwise; dynamic rows pad dynamically."""
+    lengths = [1, 40, 2, 39]
+    tokens = Knobs(batch_size=2, max_length=64, padding="bucket", group_by="tokens", buckets=(8, 32))
+    table = padding_waste(lengths, k=2, knobs=tokens).to_frame().set_index("key")
+    assert table.loc["arrival-dynamic", "padded_tokens"] == 2 * 40 + 2 * 39  # [1, 40] [2, 39]
+    assert table.loc["grouped-dynamic", "padded_tokens"] == 2 * 2 + 2 * 40  # [1, 2] [39, 40], not bucketed
+    by_bytes = tokens.replace(group_by="bytes")
+    table = padding_waste(lengths, k=2, knobs=by_bytes).to_frame().set_index("key")
+    assert list(table.index) == ["arrival-dynamic", "arrival-fixed", "grouped-dynamic", "grouped-planned",
+                                 "knob-buckets"]  # the knobs group by bytes: no sizes, no row for them
+    assert table.loc["knob-buckets", "padded_tokens"] == 2 * 8 + 2 * 64  # grouped by tokens, knob buckets
+    assert table.loc["knob-buckets", "settings"] == "--set padding=bucket --set group_by=tokens"
+    with_sizes = padding_waste(lengths, k=2, sizes=[4, 1, 3, 2], knobs=by_bytes).to_frame().set_index("key")
+    assert with_sizes.loc["knobs", "padded_tokens"] == 2 * 64 + 2 * 8  # [40, 39] [2, 1] by bytes, buckets 8/32/64
+
+
+def test_a_one_token_input_is_valid():
+    assert padding_waste([1] * 10 + [50], k=2).planned == (1, 50)
+    sim = simulate_padding([1, 3], Knobs(batch_size=2))
+    assert (sim.real_tokens, sim.padded_tokens, sim.padded_lengths) == (4, 6, [3])
+
+
+def test_unknown_strategy_names_the_known_ones():
+    report = padding_waste([5, 9], k=1)
+    with pytest.raises(KeyError) as info:
+        report.row("nope")
+    assert info.value.args[0] == ("no strategy 'nope'; have arrival-dynamic, arrival-fixed, grouped-dynamic, "
+                                  "grouped-planned")
