@@ -17,6 +17,7 @@ saw go in and come out:
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -186,3 +187,54 @@ def test_top_up_stops_at_the_padding_limit_and_skips_only_what_breaks_it():
     # around 80: 60 < 0.8 * 80 is too short; 80 >= 0.8 * 100 fits; exactly at the limit counts as within it
     assert [[n for n, _ in b] for b in former.pop_ready(clock(), capacity=1)] == [["a", "hi"]]
     assert [[n for n, _ in b] for b in former.pop_ready(clock())] == [["lo"]]
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(max_batch_size=2.0, max_wait_s=0.0), "max_batch_size=2.0 must be an integer >= 1"),
+    (dict(max_batch_size=True, max_wait_s=0.0), "max_batch_size=True must be an integer >= 1"),
+    (dict(max_batch_size=1, max_wait_s="0"), "max_wait_s='0' must be a number >= 0"),
+    (dict(max_batch_size=1, max_wait_s=False), "max_wait_s=False must be a number >= 0"),
+    (dict(max_batch_size=1, max_wait_s=0.0, max_batch_tokens=0), "max_batch_tokens=0 must be None or an integer >= 1"),
+    (dict(max_batch_size=1, max_wait_s=0.0, max_batch_tokens=64.0),
+     "max_batch_tokens=64.0 must be None or an integer >= 1"),
+    (dict(max_batch_size=1, max_wait_s=0.0, max_batch_tokens=True),
+     "max_batch_tokens=True must be None or an integer >= 1"),
+])
+def test_batcher_refuses_bad_limits_naming_them(kwargs, message):
+    """Rule (Ray Serve's batch queue): max_batch_size >= 1, max_wait >= 0, a token budget >= 1 or None."""
+    with pytest.raises(ValueError) as info:
+        BatchFormer(**kwargs)
+    assert str(info.value) == message
+
+
+def test_batcher_accepts_the_smallest_limits():
+    former = BatchFormer(max_batch_size=1, max_wait_s=0, max_batch_tokens=1)
+    former.add("x", 0.0)
+    assert former.pop_ready(0.0) == [["x"]]
+
+
+def test_full_first_order_still_sends_overdue_batches_when_there_is_room():
+    """The old order (kept for the before/after bench): full batches first, then overdue ones, in one call."""
+    clock = FakeClock()
+    former = BatchFormer(max_batch_size=2, max_wait_s=0.010, bucket_of=lambda x: x[1], bucket_lengths=(32, 256),
+                         overdue_first=False)
+    former.add(("rare", 1), clock())
+    clock.advance(0.011)
+    former.add(("a", 0), clock())
+    former.add(("b", 0), clock())
+    former.add(("c", 0), clock())
+    assert [[n for n, _ in b] for b in former.pop_ready(clock(), capacity=2)] == [["a", "b"], ["rare"]]
+    assert [[n for n, _ in b] for b in former.pop_ready(clock() + 0.011)] == [["c"]]
+
+
+def test_requests_of_unknown_length_never_break_the_token_budget():
+    """Without ``length_of`` every request has length 0: the budget cannot bind, the batch size alone does
+    (for full batches and for timed-out ones alike)."""
+    full = BatchFormer(max_batch_size=4, max_wait_s=1.0, max_batch_tokens=1)
+    overdue = BatchFormer(max_batch_size=4, max_wait_s=0.0, max_batch_tokens=1, bucket_of=lambda x: x % 2,
+                          bucket_lengths=(8, 8))
+    for i in range(5):
+        full.add(i, 0.0)
+        overdue.add(2 * i, 0.0)
+    assert full.pop_ready(0.0) == [[0, 1, 2, 3]]
+    assert overdue.pop_ready(0.0, capacity=1) == [[0, 2, 4, 6]]

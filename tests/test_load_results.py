@@ -160,7 +160,8 @@ def test_error_reasons_are_the_five_commonest_with_counts():
     assert top == [{"reason": "error: b", "count": 5}, {"reason": "error: a", "count": 3},
                    {"reason": "error: c", "count": 1}, {"reason": "error: d", "count": 1},
                    {"reason": "error: e", "count": 1}]
-    one = LoadResult("closed", 1, None, [Response(0, "timeout", "y" * 200), Response(1, "rejected", None)], 0, 1)
+    one = LoadResult("closed", 1, None, [Response(2, "ok"), Response(0, "timeout", "y" * 200), Response(1, "rejected",
+                                                                                                      None)], 0, 1)
     assert one.summary()["error_reasons"] == [{"reason": "timeout: " + "y" * 120, "count": 1},
                                               {"reason": "rejected: ", "count": 1}]
 
@@ -175,6 +176,9 @@ def test_summary_names_every_figure():
         "cooldown_requests", "window_s", "busy_s", "model_busy", "device_busy", "device", "mean_batch", "stages",
         "error_reasons", "client_cpu", "engine", "engine_stats", "knobs"]
     assert (s["engine"], s["engine_stats"], s["client_cpu"], s["knobs"]) == ("locust", {"workers": 2}, 0.5, None)
+    from tuning.knobs import Knobs
+
+    assert _result("closed", [("ok", U)], knobs=Knobs(batch_size=4)).summary()["knobs"] == Knobs(batch_size=4).as_dict()
     assert "engine_stats" not in _result("open", [("ok", U)]).summary()
 
 
@@ -326,3 +330,24 @@ def test_run_counts_requests_in_flight():
     run.end(Response(1, "ok"), "measured", U, U)
     assert run.series == [(0.0, 1), (U, 2), (U, 1), (2 * U, 0)] and run.inflight == 0
     assert [phase for _, phase, *_ in run.records] == ["warm", "measured"] and run.records[1][4] == 2 * U
+
+
+def test_stopping_a_run_closes_the_window_there_and_ends_the_test():
+    """Ctrl-C: no more tickets; a window that was open closes at the stop (what was measured is kept)."""
+    clock, run = _run(requests=10)
+    run.ticket(clock())
+    clock.advance(U)
+    run.ticket(clock())
+    clock.advance(U)
+    run.stop()
+    assert run.ticket(clock()) is None and (run.t0, run.t1) == (U, 2 * U)
+    clock, before = _run()
+    before.stop()
+    assert before.ticket(clock()) is None and (before.t0, before.t1) == (None, None)  # stopped during warm-up
+    clock, after = _run(requests=1, warmup_requests=0)
+    after.ticket(clock())
+    clock.advance(U)
+    after.ticket(clock())  # the window closed at U
+    clock.advance(U)
+    after.stop()
+    assert after.t1 == U  # a closed window keeps its end

@@ -40,6 +40,8 @@ def _brute_force(lengths, k):
     ([5, 6, 7] + [30] * 40 + [31, 32], 3, (7, 30, 32)),  # a one-value middle bucket
     ([8] * 3 + [9] * 3 + [100], 2, (9, 100)),
     ([3, 3, 4, 4, 4, 90, 91, 92], 4, (3, 4, 90, 92)),
+    ([1, 1, 1, 7, 14, 14, 22, 22, 22, 24, 24], 2, (1, 24)),  # by one token: (7, 24) pads 196, (1, 24) 195
+    ([9, 16, 16, 16, 18, 18, 23], 3, (9, 18, 23)),
 ])
 def test_one_value_buckets_when_they_are_optimal(lengths, k, expected):
     planned = plan_buckets(lengths, k)
@@ -63,6 +65,13 @@ def test_planner_matches_brute_force_on_skewed_lengths(lengths, k):
     assert _cost(lengths, planned) == _brute_force(lengths, k)[0]
 
 
+@settings(max_examples=400, deadline=None, derandomize=True, database=None)
+@given(st.lists(st.integers(1, 30), min_size=1, max_size=12), st.integers(1, 4))
+def test_planner_matches_brute_force_on_short_lists(lengths, k):
+    """Close calls (a few tokens between two plans) on short lists of small lengths."""
+    assert _cost(lengths, plan_buckets(lengths, k)) == _brute_force(lengths, k)[0]
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_k_equal_to_the_distinct_lengths_pads_nothing(seed):
     lengths = np.random.default_rng(seed).integers(3, 300, size=50).tolist()
@@ -77,6 +86,7 @@ def test_multiple_of_rounds_candidates_up():
     assert plan_buckets([3, 9, 9, 17], 2, multiple_of=8) == (16, 24)  # 8, 16, 16, 24: (16, 24) pads 72, (8, 24) 80
     assert plan_buckets([1, 2, 3], 5, multiple_of=4) == (4,)
     assert plan_buckets([5, 64], 2, multiple_of=1) == (5, 64)
+    assert plan_buckets([3, 5], 2, multiple_of=2) == (4, 6)
 
 
 @pytest.mark.parametrize("k,message", [
@@ -99,7 +109,7 @@ def test_planner_refuses_no_lengths():
 def test_padded_to_buckets_pads_to_the_smallest_bucket_that_holds_it():
     assert padded_to_buckets(np.array([1, 32, 33, 64]), (64, 32)).tolist() == [32, 32, 64, 64]
     with pytest.raises(ValueError) as info:
-        padded_to_buckets(np.array([10, 65]), (32, 64))
+        padded_to_buckets(np.array([10, 65]), (16, 32, 64))
     assert str(info.value) == "a length of 65 does not fit the largest bucket 64"
 
 
