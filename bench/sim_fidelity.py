@@ -29,6 +29,8 @@ from tuning.pipeline import Pipeline
 from tuning.serve import Server
 from tuning.sim import embedded_model_profile
 from tuning.sim.calibrate import Point, calibrate, describe, prediction_error
+from tuning.sim.costmodel import ModelProfile, predict
+from tuning.sim.profiles import DeviceProfile
 from tuning.sweep import run_batch_sweep
 
 TARGET = (0.85, 1.15)
@@ -45,10 +47,17 @@ def sweep_points(sizes, lengths, dtypes, repeats, rounds) -> list[Point]:
     return points
 
 
-def offline(knobs, limit: int) -> float:
+def offline(knobs, limit: int, model: ModelProfile, fitted: DeviceProfile) -> tuple[float, float]:
+    """Throughput, and the median over model calls of the call's measured time over the fitted
+    profile's prediction for its shape: the device-time term checked in place (real masks, real
+    neighbours on the cores), where the sweep measured it in isolation."""
     pipe = Pipeline(knobs)
     pipe.warmup()
-    return pipe.run(limit=limit, keep_embeddings=False).throughput_rps
+    result = pipe.run(limit=limit, keep_embeddings=False)
+    dtype = "tf32" if knobs.tf32 and knobs.dtype == "fp32" else knobs.dtype
+    over = [(b.t_infer_end - b.t_infer_start) / predict(model, fitted, b.size, b.padded_length, dtype, knobs.graph).call_s
+            for b in result.batches]
+    return result.throughput_rps, statistics.median(over)
 
 
 def serving(knobs, inputs, seconds: float, concurrency: int) -> dict:
@@ -90,15 +99,19 @@ def main() -> None:
     configs = {"baseline": preset("baseline", device="cpu"), "tuned": preset("tuned", device="cpu")}
     limits = {"baseline": 120 if q else 400, "tuned": 400 if q else 1200}
     rows: dict[str, dict[str, list]] = {}
+    calls: dict[str, dict[str, list[float]]] = {}
     for round_ in range(rounds):
         for name, knobs in configs.items():
             for mode in (("real", "sim", "sim", "real") if not q else ("real", "sim")):
                 k = knobs if mode == "real" else knobs.replace(**sim)
-                rows.setdefault(f"offline_{name}", {}).setdefault(mode, []).append(offline(k, limits[name]))
+                rps, over = offline(k, limits[name], embedded_model_profile(), fitted)
+                rows.setdefault(f"offline_{name}", {}).setdefault(mode, []).append(rps)
+                calls.setdefault(name, {}).setdefault(mode, []).append(over)
                 rows.setdefault(f"serving_{name}", {}).setdefault(mode, []).append(
                     serving(k, inputs, 4.0 if q else 8.0, 16))
                 print(f"   round {round_ + 1} {name} {mode}: offline {rows[f'offline_{name}'][mode][-1]:.1f} req/s, "
-                      f"serving {rows[f'serving_{name}'][mode][-1]['qps']:.1f} QPS")
+                      f"serving {rows[f'serving_{name}'][mode][-1]['qps']:.1f} QPS; model call / predicted "
+                      f"{calls[name][mode][-1]:.2f}")
     ratios, detail = {}, {}
     for key, modes in rows.items():
         real = [v if isinstance(v, float) else v["qps"] for v in modes["real"]]
@@ -107,9 +120,15 @@ def main() -> None:
         detail[key] = {"real": modes["real"], "sim": modes["sim"], "real_median": statistics.median(real),
                        "sim_median": statistics.median(simv)}
     within = {k: TARGET[0] <= v <= TARGET[1] for k, v in ratios.items()}
+    # the device-time term in place: a real call over its prediction, the stand-in's over the same prediction;
+    # their quotient is how far the stand-in's calls run ahead of (<1: behind) the real ones in the pipeline
+    call_terms = {name: {"real_call_over_predicted": statistics.median(m["real"]),
+                         "sim_call_over_predicted": statistics.median(m["sim"]),
+                         "sim_call_over_real_call": statistics.median(m["sim"]) / statistics.median(m["real"])}
+                  for name, m in calls.items()}
     payload = {
         "what": "sim/real throughput on this CPU: the stand-in with a profile fitted to this CPU vs the real model",
-        "ratios": ratios, "holdout_error": holdout_error, "fit_error": fit_error,
+        "ratios": ratios, "holdout_error": holdout_error, "fit_error": fit_error, "model_call_terms": call_terms,
         "target": {"ratio": TARGET, "holdout_error": 0.15}, "within_target": within,
         "fitted_profile": describe(fitted), "profile_path": str(profile_path),
         "calibration_points": [p.__dict__ for p in points], "holdout_points": [p.__dict__ for p in holdout],
@@ -118,6 +137,9 @@ def main() -> None:
     for key, value in ratios.items():
         print(f"{key:18s} sim/real {value:.3f} {'ok' if within[key] else 'OUTSIDE 0.85-1.15'}")
     print(f"holdout_error      {holdout_error:.3f} {'ok' if holdout_error < 0.15 else 'OVER 0.15'}")
+    for name, terms in call_terms.items():
+        print(f"{name} model call / predicted: real {terms['real_call_over_predicted']:.2f}, "
+              f"sim {terms['sim_call_over_predicted']:.2f} (sim/real call {terms['sim_call_over_real_call']:.2f})")
     write("sim_fidelity", payload, quick=q)
 
 

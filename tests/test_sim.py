@@ -441,3 +441,25 @@ def test_a_thread_waiting_for_a_cpu_is_working_not_blocked():
     assert diagnose(idle).kind == "blocked"
     unknown = Signals(model_busy=0.2, wait_for_input_share=0.7, max_thread_cpu=35.0)  # no schedstats: CPU alone
     assert diagnose(unknown).kind == "blocked"
+
+
+def test_a_synchronous_device_burns_fixed_work_on_the_intra_op_pool(monkeypatch):
+    """On a CPU-like profile the call is real matrix work on torch's intra-op threads (GIL released inside
+    each op, every core the real model would take, stretched by contention), a fixed amount of it: units of
+    work = predicted seconds / one unit's idle time. It used to spin one Python thread on the wall clock."""
+    from tuning.sim.standin import IntraOpBurner
+
+    model = ModelProfile(name="one", ops=["k"], launches=[True], flops=[[0.012 * 1e12, 0, 0, 0]],
+                         float_bytes=[[0, 0, 0, 0]], other_bytes=[[0, 0, 0, 0]], param_bytes_fp32=0, output_dim=3)
+    device = SimulatedDevice(_device(launch_s=0.0, min_kernel_s=0.0, mem_bytes=1e12, synchronous=True), model)
+    assert isinstance(device.burner, IntraOpBurner)
+    device.burner._unit_s = 0.001  # as if one unit took 1 ms on the idle machine
+    mms = []
+    real_mm = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda *a, **k: mms.append(1) or real_mm(*a, **k))
+    monkeypatch.setattr("tuning.sim.standin.spin_cpu", lambda s: pytest.fail("a CPU profile spun a Python thread"))
+    cost = device.run(1, 1, "fp32", "eager")
+    assert cost.call_s == pytest.approx(0.012) and len(mms) == 12
+    assert device.burner.burn(0.0) == 0 and device.burner.burn(0.0026) == 3
+    gpu_like = SimulatedDevice(_device(mem_bytes=1e12), model)
+    assert gpu_like.burner is None  # an asynchronous device's compute is a sleep: the host is free

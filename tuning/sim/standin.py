@@ -5,8 +5,9 @@ Everything on the host runs for real; only the forward is replaced. Each call
 1. spins the calling thread for the predicted host time, counted in the thread's own CPU time
    (eager dispatch is CPU work that competes with preprocessing threads for cores and the GIL,
    and stretches when the scheduler preempts it; under ``cuda_graph`` it is one short replay);
-   on a synchronous (CPU) profile it spins for the whole call, since there the compute is host
-   work too (on one core: a real CPU model's intra-op threads may use more),
+   on a synchronous (CPU) profile the whole call is host work: it runs a fixed amount of real
+   matrix work on torch's intra-op thread pool (:class:`IntraOpBurner`), so it takes the cores, the
+   GIL pattern (released inside each op) and the slowdown under contention a CPU model's forward has,
 2. sleeps for the rest of the predicted call without holding the GIL (the host is free
    while the device computes, as with a real GPU),
 3. records the device's busy time on a binned timeline (what NVML's utilization would read), and
@@ -47,6 +48,46 @@ def spin_cpu(seconds: float, wall_cap: float = 0.25) -> None:
         pass
 
 
+class IntraOpBurner:
+    """CPU work shaped like a CPU model's forward: fixed-size ``torch.mm`` calls on the intra-op pool.
+
+    A real forward on a CPU runs its kernels on every intra-op thread, releases the GIL inside each op
+    and takes longer when preprocessing threads want the same cores. Burning a *fixed amount of work*
+    (``seconds`` over the unit's idle time, measured once as the fastest of a few tries) reproduces all
+    three; spinning one Python thread for a wall-clock time took one core (the real model took two here),
+    held the GIL throughout, and did not stretch under contention."""
+
+    def __init__(self, rows: int = 64, dim: int = 384):
+        self._a = torch.randn(rows, dim)
+        self._b = torch.randn(dim, dim)
+        self._out = torch.empty(rows, dim)
+        self._unit_s: float | None = None
+
+    @property
+    def unit_s(self) -> float:
+        """Seconds one unit takes on an idle machine at the current intra-op thread count."""
+        if self._unit_s is None:
+            with torch.inference_mode():
+                for _ in range(20):  # warm: the thread pool and the kernel's first-call set-up
+                    torch.mm(self._a, self._b, out=self._out)
+                tries = []
+                for _ in range(7):
+                    t0 = time.perf_counter()
+                    for _ in range(20):
+                        torch.mm(self._a, self._b, out=self._out)
+                    tries.append((time.perf_counter() - t0) / 20)
+            self._unit_s = min(tries)
+        return self._unit_s
+
+    def burn(self, seconds: float) -> int:
+        """Run the work an idle machine does in ``seconds``; returns the units run."""
+        units = int(round(seconds / self.unit_s)) if seconds > 0 else 0
+        with torch.inference_mode():
+            for _ in range(units):
+                torch.mm(self._a, self._b, out=self._out)
+        return units
+
+
 class SimulatedDevice:
     """A device profile, a model profile, a timeline of calls and the clock they share."""
 
@@ -57,6 +98,7 @@ class SimulatedDevice:
         self.timeline = DeviceTimeline()
         self._costs: dict[tuple[int, int, str, str], CallCost] = {}
         self._overshoot = 60e-6  # learnt: how late time.sleep wakes up here
+        self.burner = IntraOpBurner() if device.synchronous else None
         rng = np.random.default_rng(0)
         table = rng.standard_normal((1024, model.output_dim)).astype(np.float32)
         self._table = table / np.linalg.norm(table, axis=1, keepdims=True)
@@ -125,8 +167,8 @@ class SimulatedDevice:
                 f"of {limit / 2**30:.1f} GiB usable (predicted)")
         t0 = self.clock()
         start = time.perf_counter()
-        if self.profile.synchronous:  # a CPU-like device: its compute is host CPU work too
-            spin_cpu(cost.call_s)
+        if self.burner is not None:  # a CPU-like device: its compute is host CPU work on the intra-op pool
+            self.burner.burn(cost.call_s)
         else:
             spin_cpu(cost.host_s)
             self.sleep(cost.call_s - (time.perf_counter() - start))
