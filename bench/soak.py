@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import itertools
 import json
 import os
@@ -28,6 +29,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -64,11 +66,16 @@ class ServerProcess:
         for s in sets:
             cmd += ["--set", s]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        # read the server's output as it comes: a server writing to a pipe nobody reads blocks once it is full
+        self._output: collections.deque[str] = collections.deque(maxlen=500)
+        self._reader = threading.Thread(target=lambda: self._output.extend(self.proc.stdout), daemon=True)
+        self._reader.start()
         self.url = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + start_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited at start: {self.proc.stdout.read()[-2000:]}")
+                self._reader.join(5)
+                raise RuntimeError(f"the server exited at start: {''.join(self._output)[-2000:]}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=1):
                     break
@@ -96,7 +103,8 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
-        return self.proc.stdout.read() if self.proc.stdout else ""
+        self._reader.join(10)
+        return "".join(self._output)
 
 
 def classify(status: int | None) -> str:
@@ -126,6 +134,8 @@ class Ledger:
             if status is None:
                 lost += 1
                 continue
+            if echoed is None and status == 503:
+                continue  # shed by the front past max_connections: uvicorn's own 503, before any handler ran
             if echoed != sent or seen[echoed]:
                 duplicates += 1
             seen[echoed] += 1

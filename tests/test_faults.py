@@ -392,3 +392,34 @@ def test_unreadable_data_file_is_a_clear_error(tmp_path, kind, monkeypatch):
     with pytest.raises((OSError, ValueError)) as info:
         pipe.run(path, warmup_batches=0)
     assert str(path) in str(info.value)
+
+
+def test_connections_past_max_connections_are_shed_at_once_with_503(lines):
+    """Overload past the front's own ceiling: the front used to accept every connection until the process ran
+    out of file descriptors (answers after 10-20 s, clients reset). Past ``max_connections`` open connections
+    a request is answered 503 at once, before its body is read, and the held connections still get answers."""
+    with pytest.raises(ValueError, match="max_connections=0"):
+        HttpFront(make_server(), port=0, max_connections=0)
+    with HttpFront(make_server(delay_s=0.5), port=0, max_connections=2) as front:
+        host, port = front.sock.getsockname()[:2]
+        body = json.dumps({"text": "held"}).encode()
+        request = (b"POST /embed HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: "
+                   + str(len(body)).encode() + b"\r\n\r\n" + body)
+        held = [socket.create_connection((host, port), timeout=10) for _ in range(2)]
+        for s in held:
+            s.sendall(request)
+        time.sleep(0.1)  # both accepted and in flight (the model takes 0.5 s)
+        t0 = time.perf_counter()
+        extra = socket.create_connection((host, port), timeout=10)
+        extra.sendall(request)
+        shed = extra.recv(4096)
+        shed_s = time.perf_counter() - t0
+        answers = [s.recv(65536) for s in held]
+        for s in (*held, extra):
+            s.close()
+        time.sleep(0.1)
+        with urllib.request.urlopen(front.url + "/healthz", timeout=10) as resp:
+            health = json.loads(resp.read())
+    assert health["shed_by_front"] == 1 and health["counts"]["ok"] == 2  # the server never saw the shed one
+    assert shed.split(b" ", 2)[1] == b"503" and shed_s < 0.4, (shed[:120], shed_s)
+    assert [a.split(b" ", 2)[1] for a in answers] == [b"200", b"200"]

@@ -215,7 +215,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     knobs = knobs_from_args(args)
     custom, _ = _custom(args, knobs)
     server = Server(knobs, **custom)
-    front = HttpFront(server, args.host, args.port, backlog=args.backlog)
+    front = HttpFront(server, args.host, args.port, backlog=args.backlog, max_connections=args.max_connections)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     talk = sys.stderr if args.json else sys.stdout  # with --json, stdout holds only the summary
@@ -635,6 +635,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--port", type=_port, default=8000, help="port (0: any free port)")
             p.add_argument("--backlog", type=_positive_int, default=4096,
                            help="listen backlog: new connections the kernel queues before they are accepted")
+            p.add_argument("--max-connections", type=_positive_int, default=1024,
+                           help="open connections the front holds; beyond it a request gets 503 at once (an "
+                                "overload past the front's own ceiling is shed here, before the server's queue)")
             p.add_argument("--duration", type=_positive_float, default=None, help="stop after S seconds")
         if name == "sweep":
             p.add_argument("variable", choices=["batch", "concurrency", "wait"], help="what to sweep")

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
+import logging
 import socket
 import threading
 import time
@@ -57,7 +58,29 @@ BODY_TIMEOUT_S = 30.0  # a body that does not arrive in full by then is a 408 (a
 ANSWER_TIMEOUT_S = 120.0  # a request with no answer from the server by then is a 504 (no unbounded wait)
 REQUEST_ID_HEADER = "x-request-id"  # echoed on every /embed answer, so a client can match answers to requests
 DEFAULT_BACKLOG = 4096
+# open connections (and requests in flight) the front holds at once; beyond it uvicorn answers 503 at once and
+# closes the connection, before any body is read (well above max_queue and any keep-alive client pool)
+DEFAULT_MAX_CONNECTIONS = 1024
 ROUTES = "POST /embed, GET /healthz or GET /metrics"
+
+
+UVICORN_SHED_MESSAGE = "Exceeded concurrency limit."  # what uvicorn logs for each request over limit_concurrency
+
+
+class ShedCounter(logging.Filter):
+    """Counts the requests uvicorn sheds past ``max_connections`` and drops its log line for each: a
+    warning per shed request flooded the log exactly when the server could least afford it (and a
+    server whose output nobody read blocked on a full pipe)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == UVICORN_SHED_MESSAGE:
+            self.count += 1
+            return False
+        return True
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
@@ -146,7 +169,7 @@ def _request_id(request: Request) -> str | None:
 
 
 def build_app(backend: Server, body_timeout_s: float = BODY_TIMEOUT_S,
-              answer_timeout_s: float = ANSWER_TIMEOUT_S) -> Starlette:
+              answer_timeout_s: float = ANSWER_TIMEOUT_S, shed: ShedCounter | None = None) -> Starlette:
     """The ASGI app for ``backend`` (started and closed by its owner). Every wait is bounded: the body
     must arrive within ``body_timeout_s`` (else 408) and the answer within ``answer_timeout_s`` (else 504)."""
 
@@ -187,7 +210,9 @@ def build_app(backend: Server, body_timeout_s: float = BODY_TIMEOUT_S,
         healthy, reason = backend.health()
         return JSONResponse({"status": "ok" if healthy else "stopping" if reason == "stopping" else "failed",
                              "reason": reason, "queue_depth": backend.queue_depth,
-                             "max_queue": backend.knobs.max_queue, "counts": dict(backend.counts)},
+                             "max_queue": backend.knobs.max_queue, "counts": dict(backend.counts),
+                             # answered 503 by the front past max_connections, never reaching the server
+                             "shed_by_front": shed.count if shed is not None else 0},
                             status_code=200 if healthy else 503)
 
     async def metrics(request: Request) -> Response:
@@ -241,11 +266,22 @@ class HttpFront:
 
     ``backlog``: the listen queue of connections not yet accepted (the standard library's server used 5,
     so a burst of new connections was reset or waited for a SYN retransmit).
+
+    ``max_connections``: open connections or requests in flight the front holds (uvicorn's
+    ``limit_concurrency``); beyond it a request is answered 503 at once (plain text, connection closed)
+    without reaching the server. ``max_queue`` bounds what the server holds; this bounds the front,
+    which otherwise kept accepting connections under an overload beyond its own ceiling until the
+    process ran out of file descriptors (answers took 10-20 s, clients saw resets). Those 503s are not
+    in the server's outcome counts (the server never saw them): ``/healthz`` reports them as
+    ``shed_by_front``.
     """
 
     def __init__(self, backend: Server, host: str = "127.0.0.1", port: int = 0, backlog: int = DEFAULT_BACKLOG,
                  graceful_timeout_s: float = 30.0, body_timeout_s: float = BODY_TIMEOUT_S,
-                 answer_timeout_s: float = ANSWER_TIMEOUT_S):
+                 answer_timeout_s: float = ANSWER_TIMEOUT_S, max_connections: int = DEFAULT_MAX_CONNECTIONS):
+        if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
+            raise ValueError(f"max_connections={max_connections!r} must be an integer >= 1 (default "
+                             f"{DEFAULT_MAX_CONNECTIONS})")
         if not is_loopback(host):
             warnings.warn(f"binding {host}: the server is reachable from other machines and has no authentication; "
                           "bind 127.0.0.1 unless that is what you want", RuntimeWarning, stacklevel=2)
@@ -256,10 +292,13 @@ class HttpFront:
                           RuntimeWarning, stacklevel=2)
         self.backend = backend
         self.backlog = backlog
+        self.max_connections = max_connections
         self.sock = listen_socket(host, port, backlog)
-        self.app = build_app(backend, body_timeout_s, answer_timeout_s)
+        self.shed = ShedCounter()
+        self.app = build_app(backend, body_timeout_s, answer_timeout_s, self.shed)
         config = uvicorn.Config(self.app, backlog=backlog, log_config=None, log_level="warning", access_log=False,
-                                lifespan="off", ws="none", timeout_graceful_shutdown=graceful_timeout_s)
+                                lifespan="off", ws="none", timeout_graceful_shutdown=graceful_timeout_s,
+                                limit_concurrency=max_connections + 1)  # uvicorn counts the arriving one too
         self.server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
 
@@ -269,6 +308,7 @@ class HttpFront:
         return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
     def start(self, timeout_s: float = 30.0) -> "HttpFront":
+        logging.getLogger("uvicorn.error").addFilter(self.shed)
         self.backend.start()
         self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, name="http-front",
                                         daemon=True)
@@ -287,6 +327,7 @@ class HttpFront:
         if self._thread:
             self._thread.join(timeout=60)
         self.sock.close()
+        logging.getLogger("uvicorn.error").removeFilter(self.shed)
         self.backend.close()
 
     def __enter__(self) -> "HttpFront":
