@@ -55,8 +55,8 @@ def offline(knobs, limit: int, model: ModelProfile, fitted: DeviceProfile) -> tu
     pipe.warmup()
     result = pipe.run(limit=limit, keep_embeddings=False)
     dtype = "tf32" if knobs.tf32 and knobs.dtype == "fp32" else knobs.dtype
-    over = [(b.t_infer_end - b.t_infer_start) / predict(model, fitted, b.size, b.padded_length, dtype, knobs.graph).call_s
-            for b in result.batches]
+    over = [(b.t_infer_end - b.t_infer_start) / predict(model, fitted, b.ok, b.padded_length, dtype, knobs.graph).call_s
+            for b in result.batches if b.ok > 0 and b.t_infer_end > b.t_infer_start]  # the rows the model ran
     return result.throughput_rps, statistics.median(over)
 
 

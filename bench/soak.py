@@ -65,7 +65,8 @@ class ServerProcess:
                "--port", str(self.port)]
         for s in sets:
             cmd += ["--set", s]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     errors="replace")
         # read the server's output as it comes: a server writing to a pipe nobody reads blocks once it is full
         self._output: collections.deque[str] = collections.deque(maxlen=500)
         self._reader = threading.Thread(target=lambda: self._output.extend(self.proc.stdout), daemon=True)
@@ -93,7 +94,11 @@ class ServerProcess:
             with urllib.request.urlopen(self.url + "/healthz", timeout=5) as resp:
                 return json.loads(resp.read())
         except urllib.error.HTTPError as exc:
-            return json.loads(exc.read())
+            body = exc.read()
+            try:
+                return json.loads(body)
+            except ValueError:  # the front's own 503 past max_connections: plain text, the probe was shed
+                return {"status": "shed", "http_status": exc.code, "body": body[:100].decode(errors="replace")}
 
     def close(self, timeout_s: float = 60.0) -> str:
         if self.proc.poll() is None:

@@ -68,16 +68,19 @@ UVICORN_SHED_MESSAGE = "Exceeded concurrency limit."  # what uvicorn logs for ea
 
 
 class ShedCounter(logging.Filter):
-    """Counts the requests uvicorn sheds past ``max_connections`` and drops its log line for each: a
-    warning per shed request flooded the log exactly when the server could least afford it (and a
-    server whose output nobody read blocked on a full pipe)."""
+    """Counts the requests uvicorn sheds past ``max_connections`` on one front's thread and drops its log
+    line for each: a warning per shed request flooded the log exactly when the server could least afford
+    it (and a server whose output nobody read blocked on a full pipe). Records from other threads (another
+    front in the same process) pass through untouched. The logger must let WARNING through: the count
+    rides on uvicorn's log record (uvicorn has no other hook for its 503s)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.count = 0
+        self.thread_id: int | None = None  # the front's thread, set when it starts
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.msg == UVICORN_SHED_MESSAGE:
+        if record.msg == UVICORN_SHED_MESSAGE and record.thread == self.thread_id:
             self.count += 1
             return False
         return True
@@ -261,15 +264,28 @@ def listen_socket(host: str, port: int, backlog: int) -> socket.socket:
     return sock
 
 
+def open_files_limit() -> int | None:
+    """This process's soft limit on open files (sockets included), or None where unknown."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return None if soft == resource.RLIM_INFINITY else int(soft)
+    except (ImportError, OSError, ValueError):
+        return None
+
+
 class HttpFront:
     """uvicorn serving :func:`build_app` for a :class:`Server`, on a thread of this process; loopback by default.
 
     ``backlog``: the listen queue of connections not yet accepted (the standard library's server used 5,
     so a burst of new connections was reset or waited for a SYN retransmit).
 
-    ``max_connections``: open connections or requests in flight the front holds (uvicorn's
-    ``limit_concurrency``); beyond it a request is answered 503 at once (plain text, connection closed)
-    without reaching the server. ``max_queue`` bounds what the server holds; this bounds the front,
+    ``max_connections``: open connections the front serves (uvicorn's ``limit_concurrency``, which also
+    caps requests in flight; a request whose client left stays in flight until its answer or the
+    ``answer_timeout_s`` bound); a request on a connection past it is answered 503 (plain text,
+    connection closed) when its headers arrive, without reaching the server. Every connection is still
+    accepted first, and probes (``/healthz``, ``/metrics``) are shed like any request. ``max_queue`` bounds what the server holds; this bounds the front,
     which otherwise kept accepting connections under an overload beyond its own ceiling until the
     process ran out of file descriptors (answers took 10-20 s, clients saw resets). Those 503s are not
     in the server's outcome counts (the server never saw them): ``/healthz`` reports them as
@@ -290,6 +306,11 @@ class HttpFront:
             warnings.warn(f"listen backlog {backlog} is capped by the kernel at net.core.somaxconn={cap}; raise it "
                           f"(sysctl -w net.core.somaxconn={backlog}) for bursts of that many new connections",
                           RuntimeWarning, stacklevel=2)
+        files = open_files_limit()
+        if files is not None and files < max_connections + 64:
+            warnings.warn(f"max_connections={max_connections} is above this process's open-file limit ({files}, "
+                          f"ulimit -n) less a margin: past it accept() fails instead of a 503; raise the limit "
+                          f"(ulimit -n {max_connections + 1024}) or lower max_connections", RuntimeWarning, stacklevel=2)
         self.backend = backend
         self.backlog = backlog
         self.max_connections = max_connections
@@ -308,14 +329,17 @@ class HttpFront:
         return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
     def start(self, timeout_s: float = 30.0) -> "HttpFront":
-        logging.getLogger("uvicorn.error").addFilter(self.shed)
         self.backend.start()
         self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, name="http-front",
                                         daemon=True)
+        logger = logging.getLogger("uvicorn.error")
+        logger.addFilter(self.shed)
         self._thread.start()
+        self.shed.thread_id = self._thread.ident
         deadline = time.monotonic() + timeout_s
         while not self.server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
+                logger.removeFilter(self.shed)
                 self.backend.close(drain=False)
                 raise RuntimeError(f"the HTTP front did not start on {self.url}")
             time.sleep(0.005)
