@@ -31,6 +31,7 @@ from tuning.sim import embedded_model_profile
 from tuning.sim.calibrate import Point, calibrate, describe, prediction_error
 from tuning.sim.costmodel import ModelProfile, predict
 from tuning.sim.profiles import DeviceProfile
+from tuning.sim.standin import IntraOpBurner
 from tuning.sweep import run_batch_sweep
 
 TARGET = (0.85, 1.15)
@@ -94,6 +95,9 @@ def main() -> None:
     print(f"   fitted {describe(fitted)}; fit error {fit_error:.1%}, holdout error {holdout_error:.1%}")
 
     print("2. baseline and tuned, real CPU vs simulated CPU, interleaved")
+    # the stand-in's unit of work, measured once here on the quiet machine (not during a pipeline's warm-up)
+    units = IntraOpBurner().measure_all()
+    print("   stand-in work units (rows: idle us): " + ", ".join(f"{r}: {s * 1e6:.0f}" for r, s in units.items()))
     inputs = [raw for _, raw in read_lines(limit=600)]
     sim = {"device": "sim", "sim_profile": str(profile_path)}
     configs = {"baseline": preset("baseline", device="cpu"), "tuned": preset("tuned", device="cpu")}

@@ -445,21 +445,28 @@ def test_a_thread_waiting_for_a_cpu_is_working_not_blocked():
 
 def test_a_synchronous_device_burns_fixed_work_on_the_intra_op_pool(monkeypatch):
     """On a CPU-like profile the call is real matrix work on torch's intra-op threads (GIL released inside
-    each op, every core the real model would take, stretched by contention), a fixed amount of it: units of
-    work = predicted seconds / one unit's idle time. It used to spin one Python thread on the wall clock."""
+    each op, every core the real model would take, stretched by contention), a fixed amount of it, in about
+    as many products as the model has kernels (the GIL changes hands as often as in the real forward). It
+    used to spin one Python thread on the wall clock."""
     from tuning.sim.standin import IntraOpBurner
 
-    model = ModelProfile(name="one", ops=["k"], launches=[True], flops=[[0.012 * 1e12, 0, 0, 0]],
-                         float_bytes=[[0, 0, 0, 0]], other_bytes=[[0, 0, 0, 0]], param_bytes_fp32=0, output_dim=3)
+    model = ModelProfile(name="four", ops=["k"] * 4, launches=[True] * 4, flops=[[0.003 * 1e12, 0, 0, 0]] * 4,
+                         float_bytes=[[0, 0, 0, 0]] * 4, other_bytes=[[0, 0, 0, 0]] * 4, param_bytes_fp32=0,
+                         output_dim=3)
     device = SimulatedDevice(_device(launch_s=0.0, min_kernel_s=0.0, mem_bytes=1e12, synchronous=True), model)
-    assert isinstance(device.burner, IntraOpBurner)
-    device.burner._unit_s = 0.001  # as if one unit took 1 ms on the idle machine
+    burner = device.burner
+    assert isinstance(burner, IntraOpBurner) and burner.ops == 4
+    threads = torch.get_num_threads()
+    # as if a product of r rows took r microseconds on the idle machine
+    monkeypatch.setattr(burner, "_unit_s", {(r, threads): r * 1e-6 for r in IntraOpBurner.ROWS})
     mms = []
     real_mm = torch.mm
-    monkeypatch.setattr(torch, "mm", lambda *a, **k: mms.append(1) or real_mm(*a, **k))
+    monkeypatch.setattr(torch, "mm", lambda a, *rest, **k: mms.append(a.shape[0]) or real_mm(a, *rest, **k))
     monkeypatch.setattr("tuning.sim.standin.spin_cpu", lambda s: pytest.fail("a CPU profile spun a Python thread"))
     cost = device.run(1, 1, "fp32", "eager")
-    assert cost.call_s == pytest.approx(0.012) and len(mms) == 12
-    assert device.burner.burn(0.0) == 0 and device.burner.burn(0.0026) == 3
+    # 12 ms in about 4 products: 3 ms each, the closest size 4096 rows (4.1 ms): 3 products of 4096
+    assert cost.call_s == pytest.approx(0.012) and mms == [4096] * 3
+    assert burner.plan(0.0) == (16, 0) and burner.plan(1e-9)[1] == 1  # a call always does some work
+    assert burner.plan(0.000256) == (64, 4)  # 4 products of 64 rows = 256 us
     gpu_like = SimulatedDevice(_device(mem_bytes=1e12), model)
     assert gpu_like.burner is None  # an asynchronous device's compute is a sleep: the host is free

@@ -21,6 +21,7 @@ way the real path reports it.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable, Sequence
 
@@ -49,42 +50,68 @@ def spin_cpu(seconds: float, wall_cap: float = 0.25) -> None:
 
 
 class IntraOpBurner:
-    """CPU work shaped like a CPU model's forward: fixed-size ``torch.mm`` calls on the intra-op pool.
+    """CPU work shaped like a CPU model's forward: ``torch.mm`` calls on the intra-op pool.
 
     A real forward on a CPU runs its kernels on every intra-op thread, releases the GIL inside each op
-    and takes longer when preprocessing threads want the same cores. Burning a *fixed amount of work*
-    (``seconds`` over the unit's idle time, measured once as the fastest of a few tries) reproduces all
-    three; spinning one Python thread for a wall-clock time took one core (the real model took two here),
-    held the GIL throughout, and did not stretch under contention."""
+    (and takes it back between ops) and takes longer when preprocessing threads want the same cores.
+    Burning a *fixed amount of work* reproduces all three: about ``ops`` matrix products per call (the
+    model's kernel count, so the GIL changes hands as often as in the real forward), each sized so the
+    call's work takes the predicted seconds on an idle machine. A unit's idle time is measured once per
+    size and intra-op thread count (the fastest of a few tries). Spinning one Python thread for a
+    wall-clock time took one core (the real model took two here), held the GIL throughout, and did not
+    stretch under contention."""
 
-    def __init__(self, rows: int = 64, dim: int = 384):
-        self._a = torch.randn(rows, dim)
-        self._b = torch.randn(dim, dim)
-        self._out = torch.empty(rows, dim)
-        self._unit_s: float | None = None
+    DIM = 384
+    ROWS = tuple(16 << k for k in range(9))  # 16 ... 4096 rows per product
+    # (rows, intra-op threads) -> idle seconds, shared by every burner of the process: measured once, so a
+    # later burner (a new pipeline, a server's warm-up next to busy workers) does not re-measure under load
+    _UNIT_S: dict[tuple[int, int], float] = {}
 
-    @property
-    def unit_s(self) -> float:
-        """Seconds one unit takes on an idle machine at the current intra-op thread count."""
-        if self._unit_s is None:
+    def __init__(self, ops: int = 1):
+        self.ops = max(int(ops), 1)
+        self._b = torch.ones(self.DIM, self.DIM) / self.DIM  # no draw from torch's global generator
+        self._unit_s = IntraOpBurner._UNIT_S
+
+    def unit_s(self, rows: int) -> float:
+        """Seconds one product of ``rows`` rows takes on an idle machine at the current thread count
+        (the fastest of 7 tries of 3, after a warm-up; the machine's load at that moment only slows tries)."""
+        key = (rows, torch.get_num_threads())
+        if key not in self._unit_s:
+            a, out = torch.ones(rows, self.DIM), torch.empty(rows, self.DIM)
             with torch.inference_mode():
-                for _ in range(20):  # warm: the thread pool and the kernel's first-call set-up
-                    torch.mm(self._a, self._b, out=self._out)
+                for _ in range(3):  # warm: the thread pool and the kernel's first-call set-up
+                    torch.mm(a, self._b, out=out)
                 tries = []
                 for _ in range(7):
                     t0 = time.perf_counter()
-                    for _ in range(20):
-                        torch.mm(self._a, self._b, out=self._out)
-                    tries.append((time.perf_counter() - t0) / 20)
-            self._unit_s = min(tries)
-        return self._unit_s
+                    for _ in range(3):
+                        torch.mm(a, self._b, out=out)
+                    tries.append((time.perf_counter() - t0) / 3)
+            self._unit_s[key] = min(tries)
+        return self._unit_s[key]
+
+    def measure_all(self) -> dict[int, float]:
+        """Measure every unit size now (e.g. on a quiet machine before a benchmark); returns rows -> seconds."""
+        return {rows: self.unit_s(rows) for rows in self.ROWS}
+
+    def plan(self, seconds: float) -> tuple[int, int]:
+        """(rows per product, products) for ``seconds`` of idle-machine work in about ``ops`` products."""
+        if seconds <= 0:
+            return self.ROWS[0], 0
+        per_op = seconds / self.ops
+        smallest = self.unit_s(self.ROWS[0])
+        # time grows about linearly with rows: start from that estimate, then use the measured unit
+        rows = min(self.ROWS, key=lambda r: abs(math.log(smallest * r / self.ROWS[0] / per_op)))
+        return rows, max(1, int(round(seconds / self.unit_s(rows))))
 
     def burn(self, seconds: float) -> int:
-        """Run the work an idle machine does in ``seconds``; returns the units run."""
-        units = int(round(seconds / self.unit_s)) if seconds > 0 else 0
-        with torch.inference_mode():
-            for _ in range(units):
-                torch.mm(self._a, self._b, out=self._out)
+        """Run the work an idle machine does in ``seconds``; returns the products run."""
+        rows, units = self.plan(seconds)
+        if units:
+            a, out = torch.ones(rows, self.DIM), torch.empty(rows, self.DIM)
+            with torch.inference_mode():
+                for _ in range(units):
+                    torch.mm(a, self._b, out=out)
         return units
 
 
@@ -98,7 +125,7 @@ class SimulatedDevice:
         self.timeline = DeviceTimeline()
         self._costs: dict[tuple[int, int, str, str], CallCost] = {}
         self._overshoot = 60e-6  # learnt: how late time.sleep wakes up here
-        self.burner = IntraOpBurner() if device.synchronous else None
+        self.burner = IntraOpBurner(ops=model.kernels) if device.synchronous else None
         rng = np.random.default_rng(0)
         table = rng.standard_normal((1024, model.output_dim)).astype(np.float32)
         self._table = table / np.linalg.norm(table, axis=1, keepdims=True)
