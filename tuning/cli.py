@@ -635,9 +635,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--port", type=_port, default=8000, help="port (0: any free port)")
             p.add_argument("--backlog", type=_positive_int, default=4096,
                            help="listen backlog: new connections the kernel queues before they are accepted")
-            # 1024 = httpfront.DEFAULT_MAX_CONNECTIONS (not imported here: uvicorn is slow to import)
-            p.add_argument("--max-connections", type=_positive_int, default=1024,
-                           help="open connections the front holds; beyond it a request gets 503 at once (an "
+            p.add_argument("--max-connections", type=_positive_int, default=None,
+                           help="open connections the front serves (default 1024, or the open-file limit less 64 "
+                                "where lower); a request on one past it gets 503 when its headers arrive (an "
                                 "overload past the front's own ceiling is shed here, before the server's queue)")
             p.add_argument("--duration", type=_positive_float, default=None, help="stop after S seconds")
         if name == "sweep":

@@ -60,7 +60,8 @@ REQUEST_ID_HEADER = "x-request-id"  # echoed on every /embed answer, so a client
 DEFAULT_BACKLOG = 4096
 # open connections (and requests in flight) the front holds at once; beyond it uvicorn answers 503 at once and
 # closes the connection, before any body is read (well above max_queue and any keep-alive client pool)
-DEFAULT_MAX_CONNECTIONS = 1024
+DEFAULT_MAX_CONNECTIONS = 1024  # or the open-file limit less FILES_MARGIN, where that is lower
+FILES_MARGIN = 64  # descriptors kept for the process's own files, pipes and the listening socket
 ROUTES = "POST /embed, GET /healthz or GET /metrics"
 
 
@@ -294,10 +295,18 @@ class HttpFront:
 
     def __init__(self, backend: Server, host: str = "127.0.0.1", port: int = 0, backlog: int = DEFAULT_BACKLOG,
                  graceful_timeout_s: float = 30.0, body_timeout_s: float = BODY_TIMEOUT_S,
-                 answer_timeout_s: float = ANSWER_TIMEOUT_S, max_connections: int = DEFAULT_MAX_CONNECTIONS):
-        if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
+                 answer_timeout_s: float = ANSWER_TIMEOUT_S, max_connections: int | None = None):
+        files = open_files_limit()
+        if max_connections is None:  # the default, kept under the open-file limit where that is lower
+            max_connections = DEFAULT_MAX_CONNECTIONS if files is None else max(
+                1, min(DEFAULT_MAX_CONNECTIONS, files - FILES_MARGIN))
+        elif isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
             raise ValueError(f"max_connections={max_connections!r} must be an integer >= 1 (default "
                              f"{DEFAULT_MAX_CONNECTIONS})")
+        elif files is not None and files < max_connections + FILES_MARGIN:
+            warnings.warn(f"max_connections={max_connections} is above this process's open-file limit ({files}, "
+                          f"ulimit -n) less a margin: past it accept() fails instead of a 503; raise the limit "
+                          f"(ulimit -n {max_connections + 1024}) or lower max_connections", RuntimeWarning, stacklevel=2)
         if not is_loopback(host):
             warnings.warn(f"binding {host}: the server is reachable from other machines and has no authentication; "
                           "bind 127.0.0.1 unless that is what you want", RuntimeWarning, stacklevel=2)
@@ -306,11 +315,6 @@ class HttpFront:
             warnings.warn(f"listen backlog {backlog} is capped by the kernel at net.core.somaxconn={cap}; raise it "
                           f"(sysctl -w net.core.somaxconn={backlog}) for bursts of that many new connections",
                           RuntimeWarning, stacklevel=2)
-        files = open_files_limit()
-        if files is not None and files < max_connections + 64:
-            warnings.warn(f"max_connections={max_connections} is above this process's open-file limit ({files}, "
-                          f"ulimit -n) less a margin: past it accept() fails instead of a 503; raise the limit "
-                          f"(ulimit -n {max_connections + 1024}) or lower max_connections", RuntimeWarning, stacklevel=2)
         self.backend = backend
         self.backlog = backlog
         self.max_connections = max_connections
