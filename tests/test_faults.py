@@ -434,3 +434,25 @@ def test_connections_past_max_connections_are_shed_at_once_with_503(caplog):
     assert "Exceeded concurrency limit" not in caplog.text  # counted, not logged once per shed request
     assert shed.split(b" ", 2)[1] == b"503" and shed_s < 0.8, (shed[:120], shed_s)  # before the held answers
     assert [a.split(b" ", 2)[1] for a in answers] == [b"200", b"200"]
+
+
+def test_a_dead_fronts_shed_counter_does_not_take_a_new_fronts_sheds():
+    """A front never closed leaves its filter on uvicorn's logger; once its thread is gone a new front's thread
+    may get the same id. The old filter took (and hid) the new front's count: the full suite read 0 for 1."""
+    import logging
+
+    from tuning.httpfront import UVICORN_SHED_MESSAGE, ShedCounter
+
+    dead = threading.Thread(target=lambda: None)
+    dead.start()
+    dead.join()
+    old, new = ShedCounter(), ShedCounter()
+    old.thread, new.thread = dead, threading.current_thread()
+    record = logging.LogRecord("uvicorn.error", logging.WARNING, __file__, 1, UVICORN_SHED_MESSAGE, None, None)
+    record.thread = dead.ident  # the id reused by the live thread
+    new.thread = type("Alive", (), {"ident": dead.ident, "is_alive": lambda self: True})()
+    assert old.filter(record) and not new.filter(record)
+    assert (old.count, new.count) == (0, 1)
+    other = logging.LogRecord("uvicorn.error", logging.WARNING, __file__, 1, "something else", None, None)
+    other.thread = dead.ident
+    assert new.filter(other) and new.count == 1  # only the shed line is counted and dropped

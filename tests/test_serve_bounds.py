@@ -228,7 +228,7 @@ def test_healthz_is_503_unless_healthy(health, status, state):
     got, _, body = _call(build_app(StubBackend(health=health)), "GET", "/healthz")
     assert got == status
     assert body == {"status": state, "reason": health[1], "queue_depth": 3, "max_queue": 64,
-                    "counts": {"ok": 5, "error": 0, "timeout": 1, "rejected": 2}}
+                    "counts": {"ok": 5, "error": 0, "timeout": 1, "rejected": 2}, "shed_by_front": 0}
 
 
 def test_healthz_of_a_real_server_while_it_stops(lines):

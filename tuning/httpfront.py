@@ -78,10 +78,13 @@ class ShedCounter(logging.Filter):
     def __init__(self) -> None:
         super().__init__()
         self.count = 0
-        self.thread_id: int | None = None  # the front's thread, set when it starts
+        self.thread: threading.Thread | None = None  # the front's thread, set when it starts
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.msg == UVICORN_SHED_MESSAGE and record.thread == self.thread_id:
+        thread = self.thread
+        # alive: a front never closed leaves its filter behind, and a new thread may reuse its dead thread's id
+        if (record.msg == UVICORN_SHED_MESSAGE and thread is not None and record.thread == thread.ident
+                and thread.is_alive()):
             self.count += 1
             return False
         return True
@@ -339,7 +342,7 @@ class HttpFront:
         logger = logging.getLogger("uvicorn.error")
         logger.addFilter(self.shed)
         self._thread.start()
-        self.shed.thread_id = self._thread.ident
+        self.shed.thread = self._thread
         deadline = time.monotonic() + timeout_s
         while not self.server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
