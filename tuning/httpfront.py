@@ -58,8 +58,8 @@ BODY_TIMEOUT_S = 30.0  # a body that does not arrive in full by then is a 408 (a
 ANSWER_TIMEOUT_S = 120.0  # a request with no answer from the server by then is a 504 (no unbounded wait)
 REQUEST_ID_HEADER = "x-request-id"  # echoed on every /embed answer, so a client can match answers to requests
 DEFAULT_BACKLOG = 4096
-# open connections (and requests in flight) the front holds at once; beyond it uvicorn answers 503 at once and
-# closes the connection, before any body is read (well above max_queue and any keep-alive client pool)
+# connections the front serves; a request on one past it gets uvicorn's 503 (connection closed) before its body
+# is read (well above max_queue and any keep-alive client pool)
 DEFAULT_MAX_CONNECTIONS = 1024  # or the open-file limit less FILES_MARGIN, where that is lower
 FILES_MARGIN = 64  # descriptors kept for the process's own files, pipes and the listening socket
 ROUTES = "POST /embed, GET /healthz or GET /metrics"
@@ -289,9 +289,9 @@ class HttpFront:
     caps requests in flight; a request whose client left stays in flight until its answer or the
     ``answer_timeout_s`` bound); a request on a connection past it is answered 503 (plain text,
     connection closed) when its headers arrive, without reaching the server. Every connection is still
-    accepted first, and probes (``/healthz``, ``/metrics``) are shed like any request. ``max_queue`` bounds what the server holds; this bounds the front,
-    which otherwise kept accepting connections under an overload beyond its own ceiling until the
-    process ran out of file descriptors (answers took 10-20 s, clients saw resets). Those 503s are not
+    accepted first, and probes (``/healthz``, ``/metrics``) are shed like any request. ``max_queue``
+    bounds what the server holds; this bounds the front, which otherwise kept accepting connections
+    under an overload beyond its own ceiling until the process ran out of file descriptors (answers took 10-20 s, clients saw resets). Those 503s are not
     in the server's outcome counts (the server never saw them): ``/healthz`` reports them as
     ``shed_by_front``.
     """
@@ -340,9 +340,9 @@ class HttpFront:
         self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, name="http-front",
                                         daemon=True)
         logger = logging.getLogger("uvicorn.error")
+        self.shed.thread = self._thread  # its ident is read when a record comes, so set before it starts
         logger.addFilter(self.shed)
         self._thread.start()
-        self.shed.thread = self._thread
         deadline = time.monotonic() + timeout_s
         while not self.server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
