@@ -71,13 +71,19 @@ class IntraOpBurner:
         self.ops = max(int(ops), 1)
         self._b = torch.ones(self.DIM, self.DIM) / self.DIM  # no draw from torch's global generator
         self._unit_s = IntraOpBurner._UNIT_S
+        self._operands: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # rows -> (input, output), reused
+
+    def _pair(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if rows not in self._operands:  # allocated once: a call's time is the products, not allocation
+            self._operands[rows] = (torch.ones(rows, self.DIM), torch.empty(rows, self.DIM))
+        return self._operands[rows]
 
     def unit_s(self, rows: int) -> float:
         """Seconds one product of ``rows`` rows takes on an idle machine at the current thread count
         (the fastest of 7 tries of 3, after a warm-up; the machine's load at that moment only slows tries)."""
         key = (rows, torch.get_num_threads())
         if key not in self._unit_s:
-            a, out = torch.ones(rows, self.DIM), torch.empty(rows, self.DIM)
+            a, out = self._pair(rows)
             with torch.inference_mode():
                 for _ in range(3):  # warm: the thread pool and the kernel's first-call set-up
                     torch.mm(a, self._b, out=out)
@@ -108,7 +114,7 @@ class IntraOpBurner:
         """Run the work an idle machine does in ``seconds``; returns the products run."""
         rows, units = self.plan(seconds)
         if units:
-            a, out = torch.ones(rows, self.DIM), torch.empty(rows, self.DIM)
+            a, out = self._pair(rows)
             with torch.inference_mode():
                 for _ in range(units):
                     torch.mm(a, self._b, out=out)
