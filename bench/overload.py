@@ -43,7 +43,7 @@ from collections import Counter
 import numpy as np
 
 from common import write  # noqa: E402
-from soak import Ledger, ServerProcess, classify, closed_loop, one, request_bodies
+from soak import Ledger, ServerProcess, closed_loop, one, percentile, request_bodies
 
 
 async def open_loop(url: str, bodies: list[bytes], rate: float, seconds: float, ledger: Ledger, prefix: str,
@@ -68,10 +68,6 @@ async def open_loop(url: str, bodies: list[bytes], rate: float, seconds: float, 
             n += 1
             t += rng.expovariate(rate)
         await asyncio.gather(*tasks)
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    return round(float(np.percentile(values, q)), 2) if values else None
 
 
 def main() -> int:
@@ -142,7 +138,7 @@ def main() -> int:
         if window and base_p99 and np.percentile(window, 99) <= 1.5 * base_p99:
             recovery_s = round(t0 + k + 1 - t_end, 2)
             break
-    counts = burst.frame()
+    counts, after_counts = burst.frame(), after.frame()
     max_depth = max((d for t, d in depths if t_burst <= t <= t_end + 0.5), default=None)
     figures = {
         "capacity_rps": round(capacity, 1), "offered_rps": round(2 * capacity, 1), "burst_s": burst_s,
@@ -166,7 +162,7 @@ def main() -> int:
         "baseline": {"rate_rps": round(capacity / 2, 1), "p50_ms": percentile([r[3] for r in base.rows], 50),
                      "p99_ms": base_p99},
         "after": {"p50_ms": percentile([r[3] for r in after.rows], 50),
-                  "p99_ms": percentile([r[3] for r in after.rows], 99), **after.frame()},
+                  "p99_ms": percentile([r[3] for r in after.rows], 99), **after_counts},
         "latency_bound_ms": round(bound_ms, 1), "recovery_s": recovery_s, "server_health_at_end": health,
         # the front's own count of what it shed past max_connections (never reaching the server's queue)
         "shed_by_front_server_count": health.get("shed_by_front"),
@@ -180,7 +176,7 @@ def main() -> int:
         "rejections_at_once": (percentile(rej_lat + shed_lat, 99) or 0) < 100,
         "accepted_within_bound": (percentile(ok_lat, 99) or 0) <= bound_ms,
         "recovered_within_5s": recovery_s is not None and recovery_s <= 5,
-        "nothing_lost": counts["lost"] == 0 and after.frame()["lost"] == 0,
+        "nothing_lost": counts["lost"] == 0 and after_counts["lost"] == 0,
         "counts_add_up": counts["submitted"] == counts["ok"] + counts["errors"] + counts["timeouts"] + counts["rejected"],
         "healthy_at_end": health.get("status") == "ok",
     }

@@ -78,10 +78,11 @@ def main() -> None:
     holdout_shapes = ((3, 32), (12, 96)) if not q else ((3, 32),)
     rounds = 1 if q else 2
     t_start = time.time()
+    model = embedded_model_profile()
 
     print("1. calibrating a device profile for this CPU from a batch sweep of the real model")
     points = sweep_points(sizes, lengths, ("fp32", "bf16"), repeats=2 if q else 3, rounds=1 if q else 2)
-    fitted, fit_error = calibrate(points, embedded_model_profile(), "cpu", "this-cpu-fitted")
+    fitted, fit_error = calibrate(points, model, "cpu", "this-cpu-fitted")
     folder = QUICK_RESULTS if q else RESULTS
     profile_path = folder / "this-cpu-fitted.json"
     folder.mkdir(parents=True, exist_ok=True)
@@ -91,7 +92,7 @@ def main() -> None:
         for batch, length in holdout_shapes:
             r = run_batch_sweep(preset("baseline", device="cpu", dtype=dtype), [batch], length, 3, rounds=1)
             holdout += [Point(batch, length, dtype, "eager", float(row["per_batch_ms"])) for row in r.rows if row.get("status") == "ok"]
-    holdout_error = prediction_error(embedded_model_profile(), fitted, holdout)
+    holdout_error = prediction_error(model, fitted, holdout)
     print(f"   fitted {describe(fitted)}; fit error {fit_error:.1%}, holdout error {holdout_error:.1%}")
 
     print("2. baseline and tuned, real CPU vs simulated CPU, interleaved")
@@ -108,7 +109,7 @@ def main() -> None:
         for name, knobs in configs.items():
             for mode in (("real", "sim", "sim", "real") if not q else ("real", "sim")):
                 k = knobs if mode == "real" else knobs.replace(**sim)
-                rps, over = offline(k, limits[name], embedded_model_profile(), fitted)
+                rps, over = offline(k, limits[name], model, fitted)
                 rows.setdefault(f"offline_{name}", {}).setdefault(mode, []).append(rps)
                 calls.setdefault(name, {}).setdefault(mode, []).append(over)
                 rows.setdefault(f"serving_{name}", {}).setdefault(mode, []).append(

@@ -50,6 +50,11 @@ def rss_mb(pid: int) -> float:
     return int(re.search(r"VmRSS:\s+(\d+) kB", text).group(1)) / 1024
 
 
+def percentile(values, q: float) -> float | None:
+    """The q-th percentile of ``values`` (ms), rounded to 0.01; None for no values."""
+    return round(float(np.percentile(values, q)), 2) if len(values) else None
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -222,9 +227,7 @@ def main() -> int:
     failures = Counter((r[5] or "")[:100] for r in ledger.rows if r[5])
     figures.update({
         "memory_drift": round((mem_end - mem_warm) / mem_warm, 4),
-        "p99_ms": round(float(np.percentile(lat, 99)), 2) if len(lat) else None,
-        "p50_ms": round(float(np.percentile(lat, 50)), 2) if len(lat) else None,
-        "ok_p99_ms": round(float(np.percentile(ok_lat, 99)), 2) if len(ok_lat) else None,
+        "p99_ms": percentile(lat, 99), "p50_ms": percentile(lat, 50), "ok_p99_ms": percentile(ok_lat, 99),
         "memory_warm_mb": round(mem_warm, 1), "memory_end_mb": round(mem_end, 1),
         "duration_s": round(wall, 2), "concurrency": args.concurrency, "malformed_share": 0.05,
         "rps": round(len(ledger.rows) / wall, 1), "statuses": dict(statuses), "transport_failures": dict(failures),
