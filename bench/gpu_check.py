@@ -22,7 +22,7 @@ checking the time budget inside long steps, not only between them. In order:
 7. torch.compile on two shapes (default mode, then mode='reduce-overhead'), skipped after
    its first failure, and the compile sweep last.
 
-Random weights (``tuning.model.random_minilm``) and random token ids: the tokenizer and the
+Random weights (``tuning.runtime.model.random_minilm``) and random token ids: the tokenizer and the
 weights package are not on the GPU image, and timing and equality need neither. Without
 CUDA it runs a reduced form on the CPU (small shapes; cuda_graph refused, the padded graph
 runner exercised with a stand-in capture that re-runs the model: logic only, no timing).
@@ -49,14 +49,14 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from tuning.engine import Engine, Item, PreparedBatch  # noqa: E402
-from tuning.graphs import CompiledRunner, CudaGraphRunner  # noqa: E402
+from tuning.experiments.sweeps import run_batch_sweep
 from tuning.knobs import Knobs  # noqa: E402
-from tuning.model import check_dtype, random_minilm  # noqa: E402
+from tuning.present.tables import table
 from tuning.profile.gpu import GpuSampler  # noqa: E402
 from tuning.profile.ops import op_stats  # noqa: E402
-from tuning.report import table  # noqa: E402
-from tuning.sweep import run_batch_sweep  # noqa: E402
+from tuning.runtime.engine import Engine, Item, PreparedBatch
+from tuning.runtime.graphs import CompiledRunner, CudaGraphRunner
+from tuning.runtime.model import check_dtype, random_minilm
 
 FULL = {"batches": (1, 8, 32), "lengths": (64, 128), "repeats": 20, "sweep_sizes": (1, 4, 16, 64),
         "sweep_length": 128, "compile_shapes": ((1, 64), (8, 128)), "fidelity_limits": {"baseline": 600, "tuned": 2400}}
@@ -426,7 +426,7 @@ class Check:
     def sim_fidelity(self) -> None:
         """baseline and tuned offline on this device under the recorder, then on sim with the profile just fitted."""
         from tuning import preset
-        from tuning.pipeline import Pipeline
+        from tuning.offline.pipeline import Pipeline
         from tuning.profile import Recorder
 
         path = self.report.path.parent / "device_profile.json"
@@ -496,7 +496,9 @@ def run_check(out: Path, budget_s: float, device_name: str | None = None, dtype_
         report.write()
         print(f"device {device} ({report.data['env']['name']}), dtype {dtype_name}, torch {torch.__version__}, "
               f"{report.data['env']['form']} form, budget {budget_s:.0f} s; writing {report.path}", flush=True)
-        print(f"NVML: {'on: ' + ', '.join(sampler.series.devices) if sampler.series.available else 'off: ' + str(sampler.series.reason)}",
+        nvml = ('on: ' + ', '.join(sampler.series.devices) if sampler.series.available
+                else 'off: ' + str(sampler.series.reason))
+        print(f"NVML: {nvml}",
               flush=True)
         check = Check(report, device, dtype_name, sizes)
         plan = [("points", check.points), ("launch_budget", check.launch_budget), ("tf32", check.tf32),
@@ -546,9 +548,12 @@ def main(argv: list[str] | None = None) -> None:
     rows = [r for r in data["rows"]]
     print(table(rows, ["mode", "batch", "length", "status", "median_ms", "per_sample_ms", "first_call_s",
                        "speedup_vs_eager", "min_cosine_vs_fp32"]))
-    failed = [f"{k}: {v['status']}" for k, v in data["steps"].items() if not str(v.get("status", "ok")).startswith(("ok", "n/a", "refused"))]
+    failed = [f"{k}: {v['status']}" for k, v in data["steps"].items()
+              if not str(v.get("status", "ok")).startswith(("ok", "n/a", "refused"))]
     g = data.get("nvml", {})
-    print(f"NVML: {'on, ' + str(g.get('samples')) + ' samples, SM util mean ' + str(g.get('sm_util_mean')) + '%' if g.get('available') else 'off: ' + str(g.get('reason'))}")
+    nvml = (f"on, {g.get('samples')} samples, SM util mean {g.get('sm_util_mean')}%" if g.get('available')
+            else f"off: {g.get('reason')}")
+    print(f"NVML: {nvml}")
     print("steps not ok: " + ("; ".join(failed) if failed else "none"))
     print(f"elapsed {data['elapsed_s']:.0f} s; wrote {args.out / 'gpu_check.json'}")
 

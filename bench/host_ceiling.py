@@ -58,10 +58,10 @@ def _serve(kind: str, conn) -> None:
     import uvicorn
 
     if kind == "ours":
-        from tuning.engine import Engine
-        from tuning.httpfront import HttpFront
         from tuning.knobs import preset
-        from tuning.serve import Server
+        from tuning.online.httpfront import HttpFront
+        from tuning.online.serve import Server
+        from tuning.runtime.engine import Engine
 
         knobs = preset("tuned", device="cpu")
         front = HttpFront(Server(knobs, engine=Engine(knobs, ZeroModel()))).start()
@@ -73,7 +73,7 @@ def _serve(kind: str, conn) -> None:
     from starlette.responses import Response
     from starlette.routing import Route
 
-    from tuning.httpfront import listen_socket
+    from tuning.online.httpfront import listen_socket
 
     body = _echo_body()
 
@@ -97,9 +97,9 @@ def _serve(kind: str, conn) -> None:
 
 def offline_arms(limit: int | None):
     """The two offline arms (each returns requests or texts per second) sharing one pipeline."""
-    from tuning.data import read_lines
+    from tuning.inputs.readers import read_lines
     from tuning.knobs import preset
-    from tuning.pipeline import Pipeline
+    from tuning.offline.pipeline import Pipeline
 
     knobs = preset("tuned", device="cpu")
     pipeline = Pipeline(knobs, model=ZeroModel())
@@ -123,11 +123,11 @@ def offline_arms(limit: int | None):
 
 def http_arm(url: str, inputs, args) -> dict:
     if args.engine == "locust":
-        from tuning.locust_engine import run_locust
+        from tuning.load.locust_engine import run_locust
 
         result = run_locust(url, inputs, args.concurrency, args.duration, workers=args.workers, warmup_s=args.warmup)
     else:
-        from tuning.loadgen import run_load
+        from tuning.load.generator import run_load
 
         result = run_load(url, inputs, concurrency=args.concurrency, duration_s=args.duration, warmup_s=args.warmup)
     s = result.summary()
@@ -154,7 +154,7 @@ def main() -> None:
     check_rounds(args.rounds, args.quick)
     t_start = time.perf_counter()
 
-    from tuning.data import read_lines
+    from tuning.inputs.readers import read_lines
 
     # offline: the tuned pipeline against the tokenizer alone
     offline = interleave(offline_arms(args.limit), args.rounds,

@@ -50,9 +50,9 @@ def main() -> None:
         args.rounds, args.duration, args.warmup = 1, 4.0, 1.0
     check_rounds(args.rounds, args.quick)
 
-    from tuning.data import read_lines
-    from tuning.locust_engine import run_locust
-    from tuning.loadgen import run_load
+    from tuning.inputs.readers import read_lines
+    from tuning.load.generator import run_load
+    from tuning.load.locust_engine import run_locust
 
     port = _free_port()
     sets = [flag for knob in args.set for flag in ("--set", knob)]

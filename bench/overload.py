@@ -41,7 +41,6 @@ import time
 from collections import Counter
 
 import numpy as np
-
 from common import write  # noqa: E402
 from soak import Ledger, ServerProcess, closed_loop, one, percentile, request_bodies
 

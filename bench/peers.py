@@ -26,15 +26,14 @@ from __future__ import annotations
 import argparse
 import time
 
+import torch
 from common import check_rounds, fmt_spread, interleave, paired_ratio, spread, write
 
-import torch
-
-from tuning.data import load_texts
+from tuning.base.assets import embedded_model_dir
+from tuning.inputs.readers import load_texts
 from tuning.knobs import preset
-from tuning.model import embedded_model_dir
-from tuning.pipeline import LineDataset, Pipeline
-from tuning.report import table
+from tuning.offline.pipeline import LineDataset, Pipeline
+from tuning.present.tables import table
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

@@ -24,13 +24,12 @@ from __future__ import annotations
 import argparse
 import time
 
+import torch
 from common import check_rounds, fmt_spread, interleave, paired_ratio, spread, write
 
-import torch
-
 from tuning.knobs import preset
-from tuning.pipeline import LineDataset, Pipeline, PipelineResult
-from tuning.report import table
+from tuning.offline.pipeline import LineDataset, Pipeline, PipelineResult
+from tuning.present.tables import table
 
 
 def forward_rps_in_run(result: PipelineResult) -> float:

@@ -20,8 +20,8 @@ from typing import Any
 from common import check_rounds, fmt_spread, interleave, paired_ratio, spread, write
 
 from tuning.knobs import preset
-from tuning.pipeline import Pipeline
-from tuning.report import table
+from tuning.offline.pipeline import Pipeline
+from tuning.present.tables import table
 
 # (factor, label, changes to ``tuned``)
 VARIANTS: list[tuple[str, str, dict[str, Any]]] = [

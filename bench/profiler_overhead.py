@@ -21,9 +21,9 @@ import warnings
 from common import fmt_spread, pairs_needed, spread, write
 
 from tuning.knobs import preset
-from tuning.pipeline import Pipeline
+from tuning.offline.pipeline import Pipeline
+from tuning.present.tables import table
 from tuning.profile import Recorder
-from tuning.report import table
 
 Z95 = 1.96
 

@@ -10,8 +10,8 @@ by length bucket), on the shipped records. Two figures, each measured the way it
   with a bootstrap 95% interval, the per-run p99s and the sample counts.
 
 Where the load comes from: a separate process. A generator process (multiprocessing, spawn) runs
-``run_load`` against a :class:`~tuning.loadgen.PipeTarget`; this process runs the server behind
-:func:`~tuning.loadgen.serve_pipe` (one reader and one writer thread, no client threads). The client
+``run_load`` against a :class:`~tuning.load.generator.PipeTarget`; this process runs the server behind
+:func:`~tuning.load.generator.serve_pipe` (one reader and one writer thread, no client threads). The client
 threads and their GIL stay out of the server's process; the two processes still share this machine's
 cores, as any client on the same host would. Latency is timed in the generator process on
 ``perf_counter`` (CLOCK_MONOTONIC, system wide) and includes the pipe's round trip (tens of
@@ -62,8 +62,8 @@ COMPARES = {
 
 def _generator(ctrl, data, limit) -> None:
     """The load generator's process: one ``run_load`` per job received on ``ctrl``, over ``data``."""
-    from tuning.data import read_lines
-    from tuning.loadgen import PipeTarget, run_load
+    from tuning.inputs.readers import read_lines
+    from tuning.load.generator import PipeTarget, run_load
 
     inputs = [raw for _, raw in read_lines(limit=limit)]
     while (job := ctrl.recv()) is not None:
@@ -113,8 +113,8 @@ def main() -> None:
         args.requests, args.closed_rounds, args.rounds, args.duration = 60, 1, 1, 4.0
     warmup_requests, warmup_s = (16, 1.0) if args.quick else (64, 2.0)
 
-    from tuning.engine import Engine
     from tuning.knobs import preset
+    from tuning.runtime.engine import Engine
 
     arms = COMPARES[args.compare]
     names = tuple(arms)
@@ -125,9 +125,9 @@ def main() -> None:
     knobs = {name: preset(arm[0], **{**{k: v for k, v in arm[1].items() if not (on_cpu and k == "pin_memory")},
                                     **device})
              for name, arm in arms.items()}  # pinned copies need CUDA or the simulated device
-    from tuning.loadgen import serve_pipe
-    from tuning.report import table
-    from tuning.serve import Server
+    from tuning.load.generator import serve_pipe
+    from tuning.online.serve import Server
+    from tuning.present.tables import table
 
     ctx = mp.get_context("spawn")
     ctrl, ctrl_child = ctx.Pipe()

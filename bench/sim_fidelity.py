@@ -15,24 +15,22 @@
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 
 from common import QUICK_RESULTS, RESULTS, write
 
 from tuning import preset
-from tuning.data import read_lines
-from tuning.loadgen import run_load
-from tuning.pipeline import Pipeline
-from tuning.serve import Server
+from tuning.experiments.sweeps import run_batch_sweep
+from tuning.inputs.readers import read_lines
+from tuning.load.generator import run_load
+from tuning.offline.pipeline import Pipeline
+from tuning.online.serve import Server
 from tuning.sim import embedded_model_profile
 from tuning.sim.calibrate import Point, calibrate, describe, prediction_error
 from tuning.sim.costmodel import ModelProfile, predict
 from tuning.sim.profiles import DeviceProfile
 from tuning.sim.standin import IntraOpBurner
-from tuning.sweep import run_batch_sweep
 
 TARGET = (0.85, 1.15)
 
@@ -91,7 +89,8 @@ def main() -> None:
     for dtype in ("fp32", "bf16"):
         for batch, length in holdout_shapes:
             r = run_batch_sweep(preset("baseline", device="cpu", dtype=dtype), [batch], length, 3, rounds=1)
-            holdout += [Point(batch, length, dtype, "eager", float(row["per_batch_ms"])) for row in r.rows if row.get("status") == "ok"]
+            holdout += [Point(batch, length, dtype, "eager", float(row["per_batch_ms"]))
+                        for row in r.rows if row.get("status") == "ok"]
     holdout_error = prediction_error(model, fitted, holdout)
     print(f"   fitted {describe(fitted)}; fit error {fit_error:.1%}, holdout error {holdout_error:.1%}")
 

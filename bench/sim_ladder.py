@@ -2,7 +2,7 @@
 
 Everything on the host is real (reading, tokenizing, loader workers, batcher, copies); the model call
 is the simulated accelerator's stand-in (``device=sim``, profile ``h200-sxm-estimate``, a datasheet
-estimate). The ladder is the package's own (:func:`tuning.ladder.run_ladder`, shared with
+estimate). The ladder is the package's own (:func:`tuning.experiments.ladder.run_ladder`, shared with
 ``investigate`` and notebook 06): each rung load-tested under the same fixed-concurrency closed loop,
 kept only if it beats the rung before by more than the run-to-run spread. Per rung this script
 adds the recorder's diagnosis of that load test and an offline replay of the rung's knobs
@@ -23,8 +23,8 @@ import time
 
 from common import write
 
-from tuning.ladder import LadderSettings, LoadMeasure, load_inputs, run_ladder
-from tuning.profile.recorder import profile_pipeline
+from tuning.experiments.ladder import LadderSettings, LoadMeasure, load_inputs, run_ladder
+from tuning.experiments.profiled import profile_pipeline
 
 
 def main() -> None:

@@ -24,7 +24,6 @@ import asyncio
 import collections
 import itertools
 import json
-import os
 import re
 import socket
 import subprocess
@@ -36,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from common import write  # noqa: E402  (bench/common.py puts the repository on sys.path)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -190,7 +188,7 @@ async def closed_loop(url: str, bodies: list[bytes], concurrency: int, seconds: 
 
 
 def request_bodies(n: int = 500) -> list[bytes]:
-    from tuning.data import read_lines
+    from tuning.inputs.readers import read_lines
 
     return [raw for _, raw in read_lines(limit=n)]
 

@@ -126,7 +126,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=2400, help="number of records")
     parser.add_argument("--seed", type=int, default=20261130)
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "tuning" / "assets" / "records.jsonl")
+    default_out = Path(__file__).resolve().parent.parent / "tuning" / "assets" / "records.jsonl"
+    parser.add_argument("--out", type=Path, default=default_out)
     args = parser.parse_args(argv)
     with args.out.open("w", encoding="utf-8", newline="\n") as fh:
         for record in make_records(args.n, args.seed):

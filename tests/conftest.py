@@ -1,9 +1,15 @@
 import json
+import os
 from pathlib import Path
 
 import pytest
 
-from tuning.data import DEFAULT_DATA
+from tuning.base.assets import DEFAULT_DATA
+
+# As notebooks/conftest.py does for the whole run: the Rust tokenizer stays single-threaded in this process, so a
+# DataLoader worker forked later cannot inherit its thread pool mid-use (HF tokenizers' fork deadlock). Without it,
+# `pytest tests` alone hung in test_tokenizer_threads_are_turned_off_in_workers_only[true].
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 @pytest.fixture(scope="session")

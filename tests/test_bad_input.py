@@ -11,12 +11,12 @@ import socket
 import pytest
 
 from tests.helpers import TinyModel
-from tuning.cli import build_parser, main
-from tuning.engine import Engine
-from tuning.httpfront import MAX_BODY_BYTES, HttpFront
+from tuning.cli.commands import build_parser, main
 from tuning.knobs import Knobs
-from tuning.pipeline import Pipeline
-from tuning.serve import Server
+from tuning.offline.pipeline import Pipeline
+from tuning.online.httpfront import HttpFront
+from tuning.online.serve import Server
+from tuning.runtime.engine import Engine
 
 KNOBS = Knobs(num_workers=1, batch_size=4, tokenizer="fast", padding="bucket", max_wait_ms=2.0, max_length=64)
 

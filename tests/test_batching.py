@@ -1,7 +1,7 @@
 import pytest
 
-from tuning.batching import BatchFormer
-from tuning.clock import FakeClock
+from tuning.base.clock import FakeClock
+from tuning.online.batching import BatchFormer
 
 
 def test_full_batch_leaves_at_once():

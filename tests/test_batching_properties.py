@@ -21,8 +21,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tuning.batching import BatchFormer
-from tuning.clock import FakeClock
+from tuning.base.clock import FakeClock
+from tuning.online.batching import BatchFormer
 
 LENGTHS = (16, 32, 64, 128)
 

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from tuning import preset
-from tuning.bring_your_own import load_callable, resolve_model
-from tuning.model import tokenizer_files
-from tuning.pipeline import Pipeline
+from tuning.base.assets import tokenizer_files
+from tuning.offline.pipeline import Pipeline
+from tuning.runtime.custom import load_callable, resolve_model
 
 TEXTS = ["a red kettle that whistles", "refund for order 1234, please", "café crème", "router drops wifi at night"]
 
@@ -46,7 +46,8 @@ def tiny_bert(tmp_path_factory) -> Path:
 def _reference(folder: Path, texts: list[str]) -> np.ndarray:
     """transformers' own BERT on the same token ids, mean-pooled over real tokens and normalised."""
     import transformers
-    from tuning.preprocess import FastTokenizer
+
+    from tuning.inputs.tokenize import FastTokenizer
 
     model = transformers.BertModel.from_pretrained(folder).eval()
     tok = FastTokenizer(folder / "tokenizer.json", 128)
@@ -130,8 +131,8 @@ def build():
     return Counter()
 
 def build_with_tokenizer():
-    from tuning.model import tokenizer_files
-    from tuning.preprocess import FastTokenizer
+    from tuning.base.assets import tokenizer_files
+    from tuning.inputs.tokenize import FastTokenizer
     return Counter(), FastTokenizer(tokenizer_files()[1], 64)
 
 def title_only(record):
@@ -191,7 +192,7 @@ def test_bad_model_specs_exit_2_with_one_line_naming_the_fix(user_module, spec, 
 
 
 def test_the_tiny_stand_in_is_a_model_folder_transformers_reads_alike(tmp_path):
-    from tuning.bring_your_own import save_tiny_bert
+    from tuning.runtime.custom import save_tiny_bert
 
     folder = save_tiny_bert(tmp_path / "tiny")
     pytest.importorskip("transformers")

@@ -101,7 +101,8 @@ def browser():
     before = {p.pid for p in me.children(recursive=True)}
     pw = sync_playwright().start()
     try:
-        chromium = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS, timeout=180_000)  # generous: a loaded 2-core machine
+        # generous: a loaded 2-core machine
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS, timeout=180_000)
     except Exception as exc:
         pw.stop()
         _unavailable(f"Chromium at {CHROMIUM} did not start: {str(exc).splitlines()[0]}")
@@ -281,7 +282,8 @@ def _open_and_run(page, lab: Lab, name: str) -> dict:
     (or one failed); returns the notebook's state (see NOTEBOOK_JS)."""
     page.goto(f"{lab.url}/lab/tree/{name}.ipynb?reset&token={lab.token}")
     page.wait_for_selector('.jp-Notebook-ExecutionIndicator[data-status="idle"]', timeout=120_000)
-    page.locator("#jp-main-statusbar").get_by_text("Idle").first.wait_for(timeout=180_000)  # generous: a loaded 2-core machine  # "Python 3 | Idle"
+    # "Python 3 | Idle"; generous: a loaded 2-core machine
+    page.locator("#jp-main-statusbar").get_by_text("Idle").first.wait_for(timeout=180_000)
     page.wait_for_function("() => { const s = (" + NOTEBOOK_JS + ")(); return s && s.kernel === 'idle'; }",
                            timeout=180_000)  # generous: a loaded 2-core machine
     page.locator(".lm-MenuBar-item", has_text="Run").first.click()
@@ -400,7 +402,7 @@ def test_notebooks_draw_their_charts_and_a_slider_drives_the_knob_panel(browser,
 def report(tmp_path_factory) -> Path:
     """``investigate --quick`` on 16 short records with tiny ladder settings (a few seconds)."""
     from tuning import cli
-    from tuning.ladder import LadderSettings
+    from tuning.experiments.ladder import LadderSettings
 
     # 1.2 s per load test: long enough for the recorder (0.5 s interval) to sample the threads
     tiny = LadderSettings(concurrency=4, duration_s=1.2, warmup_s=0.1, repeats=0, sweep_sizes=(1, 2),

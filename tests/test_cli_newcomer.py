@@ -190,7 +190,7 @@ def test_help_shows_defaults_and_defines_the_terms():
 
 
 def test_quiet_filter_drops_native_profiler_lines_and_keeps_the_rest():
-    code = ("import os, sys\nfrom tuning.cliguard import filter_native_stderr\n"
+    code = ("import os, sys\nfrom tuning.cli.guard import filter_native_stderr\n"
             "with filter_native_stderr():\n"
             "    os.write(2, b'USDT:2026 x SyncActivityProfilerHandler.cpp:52] profiler_start\\n')\n"
             "    os.write(2, b'kept line\\n')\n"
@@ -205,16 +205,16 @@ def test_quiet_filter_drops_native_profiler_lines_and_keeps_the_rest():
 def test_a_knob_fallback_is_one_note_line_and_third_party_deprecations_are_hidden():
     import warnings
 
-    from tuning.cliguard import warning_policy
+    from tuning.cli.guard import warning_policy
 
     lines = []
     with warning_policy(verbose=False):
         import sys as _sys
         saved, _sys.stderr = _sys.stderr, type("W", (), {"write": lambda s, t: lines.append(t), "flush": lambda s: None})()
         try:
-            warnings.warn("pin_memory=True has no effect without CUDA; running with pin_memory=False", UserWarning)
-            warnings.warn("pin_memory=True has no effect without CUDA; running with pin_memory=False", UserWarning)
-            warnings.warn("torch.foo is deprecated", DeprecationWarning)
+            warnings.warn("pin_memory=True has no effect without CUDA; running with pin_memory=False", UserWarning, stacklevel=1)
+            warnings.warn("pin_memory=True has no effect without CUDA; running with pin_memory=False", UserWarning, stacklevel=1)
+            warnings.warn("torch.foo is deprecated", DeprecationWarning, stacklevel=1)
         finally:
             _sys.stderr = saved
     text = "".join(lines)
@@ -222,7 +222,7 @@ def test_a_knob_fallback_is_one_note_line_and_third_party_deprecations_are_hidde
 
 
 def test_verdicts_are_computed_from_the_numbers():
-    from tuning.cliguard import batch_sweep_verdict, load_sweep_verdict, precision_verdict
+    from tuning.present.verdicts import batch_sweep_verdict, load_sweep_verdict, precision_verdict
 
     rows = [{"dtype": "bf16", "min_cosine": 0.9995, "status": "ok"}, {"dtype": "fp16", "min_cosine": 0.9999,
                                                                        "status": "ok"}]

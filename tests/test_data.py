@@ -4,7 +4,8 @@ import re
 import numpy as np
 import pytest
 
-from tuning.data import Record, RecordError, parse_line, read_records
+from tuning.inputs.readers import parse_line, read_records
+from tuning.inputs.records import Record, RecordError
 
 
 def test_shipped_records_are_long_tailed_and_varied(shipped_lines):
@@ -65,7 +66,7 @@ def test_missing_file_and_bad_limit(tmp_path):
 def test_demo_records_are_one_file_shipped_in_the_package():
     from pathlib import Path
 
-    from tuning.data import DEFAULT_DATA
+    from tuning.base.assets import DEFAULT_DATA
 
     root = Path(__file__).resolve().parent.parent
     assert DEFAULT_DATA.parent == root / "tuning" / "assets", "package data, found from any directory"

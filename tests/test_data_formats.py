@@ -12,8 +12,9 @@ import pandas as pd
 import pytest
 
 from tuning import preset
-from tuning.data import RecordError, detect_format, load_texts, parse_line, read_inputs
-from tuning.pipeline import Pipeline
+from tuning.inputs.readers import detect_format, load_texts, parse_line, read_inputs
+from tuning.inputs.records import RecordError
+from tuning.offline.pipeline import Pipeline
 
 from .helpers import TinyModel
 
@@ -81,7 +82,7 @@ def test_every_format_gives_one_outcome_per_row_with_numbered_errors(name, tmp_p
 def test_every_format_feeds_the_load_inputs_and_texts(name, tmp_path):
     filename, write, kwargs = FORMATS[name]
     path = tmp_path / filename
-    bad = write(path)
+    write(path)
     inputs = read_inputs(path, **kwargs)
     assert [i for i, _ in inputs] == list(range(1, len(inputs) + 1))
     assert len(load_texts(path, **kwargs)) == 4
@@ -104,7 +105,7 @@ def test_a_text_line_without_the_record_schema_is_a_text():
 
 
 def test_demo_records_still_parse_as_records(shipped_lines):
-    from tuning.data import Record
+    from tuning.inputs.records import Record
 
     assert all(isinstance(parse_line(raw, i), Record) for i, raw in enumerate(shipped_lines[:50], 1))
 

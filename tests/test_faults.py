@@ -4,7 +4,6 @@ Every test is bounded in time (every wait has a timeout), loopback only, and inj
 deterministically (a tokenizer, a model or a formatter that fails on a chosen input or call).
 """
 
-import asyncio
 import json
 import os
 import signal
@@ -19,13 +18,14 @@ import pytest
 
 from tests.fake_nvml import FakeNvml, NVMLError
 from tests.helpers import TinyModel
-from tuning.data import read_lines
-from tuning.engine import Engine, make_tokenizer
-from tuning.httpfront import HttpFront
+from tuning.inputs.readers import read_lines
+from tuning.inputs.records import format_record
+from tuning.inputs.tokenize import Tokenized
 from tuning.knobs import Knobs
-from tuning.pipeline import Pipeline
-from tuning.preprocess import Tokenized, format_record
-from tuning.serve import Server
+from tuning.offline.pipeline import Pipeline
+from tuning.online.httpfront import HttpFront
+from tuning.online.serve import Server
+from tuning.runtime.engine import Engine, make_tokenizer
 
 KNOBS = Knobs(num_workers=1, batch_size=4, tokenizer="fast", padding="bucket", max_wait_ms=2.0)
 
@@ -361,7 +361,7 @@ def test_data_file_truncated_while_the_run_reads_it(tmp_path, lines):
     data = tmp_path / "shrinks.jsonl"
     data.write_bytes(b"\n".join(lines[:12]) + b"\n")
     pipe = Pipeline(Knobs(num_workers=0, batch_size=4, tokenizer="fast"), model=TinyModel())
-    from tuning.pipeline import LineDataset
+    from tuning.offline.pipeline import LineDataset
 
     dataset = LineDataset(data)
     cut = sum(dataset.sizes[:6]) + dataset.sizes[6] // 2
@@ -373,7 +373,6 @@ def test_data_file_truncated_while_the_run_reads_it(tmp_path, lines):
 
 @pytest.mark.parametrize("kind", ["directory", "unreadable"])
 def test_unreadable_data_file_is_a_clear_error(tmp_path, kind, monkeypatch):
-    from tuning.cli import main
 
     path = tmp_path / "data.jsonl"
     if kind == "directory":
@@ -441,7 +440,7 @@ def test_a_dead_fronts_shed_counter_does_not_take_a_new_fronts_sheds():
     may get the same id. The old filter took (and hid) the new front's count: the full suite read 0 for 1."""
     import logging
 
-    from tuning.httpfront import UVICORN_SHED_MESSAGE, ShedCounter
+    from tuning.online.httpfront import UVICORN_SHED_MESSAGE, ShedCounter
 
     dead = threading.Thread(target=lambda: None)
     dead.start()

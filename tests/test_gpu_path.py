@@ -2,17 +2,16 @@
 
 import dataclasses
 import functools
-import math
 
 import pytest
 import torch
 
 from tests.helpers import TinyModel
-from tuning import graphs
-from tuning.engine import Engine
-from tuning.graphs import CudaGraphRunner
+from tuning.experiments.sweeps import batch_sweep, run_batch_sweep
 from tuning.knobs import Knobs
-from tuning.sweep import batch_sweep, run_batch_sweep
+from tuning.runtime import graphs
+from tuning.runtime.engine import Engine
+from tuning.runtime.graphs import CudaGraphRunner
 
 
 def _replaying_capture(log):
@@ -222,8 +221,9 @@ def test_a_graph_runner_refuses_to_capture_inside_the_measured_window(monkeypatc
 
 def test_torch_floor_covers_the_apis_the_gpu_path_uses():
     import re
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     root = Path(__file__).resolve().parent.parent
     deps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
@@ -232,7 +232,7 @@ def test_torch_floor_covers_the_apis_the_gpu_path_uses():
 
 
 def test_cublas_allocation_failure_is_an_out_of_memory_outcome():
-    from tuning.engine import PreparedBatch, Item
+    from tuning.runtime.engine import Item, PreparedBatch
 
     class CublasFails(torch.nn.Module):
         def forward(self, ids, mask):
@@ -325,8 +325,8 @@ def test_utilization_not_supported_on_mig_is_nan_and_sampling_goes_on(recwarn):
 
 # -- issue 15 item 8: the profiler is initialised before capture, or the eager model is profiled -------------------
 
+from tuning.experiments import profiled as profiled_mod  # noqa: E402
 from tuning.profile import ops as ops_mod  # noqa: E402
-from tuning.profile import recorder as recorder_mod  # noqa: E402
 
 
 @pytest.mark.parametrize("ready_before_capture", [False, True])
@@ -337,7 +337,7 @@ def test_ops_profile_graph_replays_only_when_the_profiler_was_ready_before_captu
     profiled = []
     monkeypatch.setattr(ops_mod, "op_stats", lambda runner, ids, mask, batches=5: profiled.append(runner) or "stats")
     result = SimpleNamespace(batches=[SimpleNamespace(ok=2, padded_length=8)])
-    assert recorder_mod._ops_for(SimpleNamespace(engine=engine), result) == "stats"
+    assert profiled_mod._ops_for(SimpleNamespace(engine=engine), result) == "stats"
     assert profiled == [engine.runner if ready_before_capture else engine.model]
 
 
@@ -345,7 +345,7 @@ def test_ops_profile_graph_replays_only_when_the_profiler_was_ready_before_captu
 
 
 def test_padding_waste_counts_rows_padded_up_to_the_compiled_batch(monkeypatch):
-    from tuning.pipeline import Pipeline
+    from tuning.offline.pipeline import Pipeline
 
     monkeypatch.setattr(torch, "compile", lambda model, dynamic=None, mode=None, **kw: model)
     knobs = Knobs(num_workers=0, batch_size=4, tokenizer="fast", padding="bucket", buckets=(16,), max_length=32,

@@ -16,12 +16,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers import TinyModel
-from tuning.data import read_lines
-from tuning.engine import Engine
-from tuning.httpfront import HttpFront, is_loopback
+from tuning.inputs.readers import read_lines
 from tuning.knobs import Knobs
-from tuning.loadgen import run_load
-from tuning.serve import Server
+from tuning.load.generator import run_load
+from tuning.online.httpfront import HttpFront, is_loopback
+from tuning.online.serve import Server
+from tuning.runtime.engine import Engine
 
 KNOBS = Knobs(num_workers=2, batch_size=8, tokenizer="fast", padding="bucket", max_wait_ms=2.0)
 
@@ -185,7 +185,7 @@ def test_graceful_shutdown_answers_requests_in_flight(lines):
 
 
 def test_loopback_by_default_and_a_warning_elsewhere(monkeypatch):
-    import tuning.httpfront as httpfront
+    import tuning.online.httpfront as httpfront
 
     assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.0.2.1")

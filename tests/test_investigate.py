@@ -12,7 +12,7 @@ import re
 import pytest
 
 from tuning import cli
-from tuning.ladder import MIN_COSINE, NOISE_FLOOR, LadderSettings, Trial, run_ladder
+from tuning.experiments.ladder import MIN_COSINE, NOISE_FLOOR, LadderSettings, Trial, run_ladder
 
 
 class Sweep:

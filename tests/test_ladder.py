@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from tests.helpers import TinyModel
-from tuning.buckets import padded_to_buckets, padding_waste, plan_buckets
-from tuning.engine import Engine
-from tuning.graphs import CudaGraphRunner
+from tuning.experiments.precision import precision_report
+from tuning.experiments.sweeps import batch_sweep
+from tuning.inputs.buckets import padded_to_buckets, padding_waste, plan_buckets
 from tuning.knobs import Knobs
-from tuning.model import random_minilm
-from tuning.precision import precision_report
-from tuning.sweep import batch_sweep
+from tuning.runtime.engine import Engine
+from tuning.runtime.graphs import CudaGraphRunner
+from tuning.runtime.model import random_minilm
 
 
 def _brute_force(lengths, k):
@@ -126,7 +126,7 @@ def test_compile_mode_matches_eager_and_reports_compile_time():
 def test_batch_sweep_knee_and_oom_point():
     """Durations are injected (a fake timer the runner advances), so the knee is exact: the margin between
     8 and 16 is 0.0 ms, which real sleeps on a busy machine could not keep."""
-    from tuning.clock import FakeClock
+    from tuning.base.clock import FakeClock
 
     cost = {1: 10.0, 2: 12.0, 4: 16.0, 8: 30.0, 16: 60.0}
     timer = FakeClock()

@@ -15,11 +15,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import tuning.loadgen as loadgen
-from tuning.clock import FakeClock
-from tuning.loadgen import LoadResult, run_load
-from tuning.serve import SERVE_STAGES, Response
-from tuning.stats import PERCENTILES, clean, ledger_dict, stage_ledger, summarize
+import tuning.load.generator as loadgen
+from tuning.base.clock import FakeClock
+from tuning.base.stats import PERCENTILES, clean, ledger_dict, stage_ledger, summarize
+from tuning.load.generator import LoadResult, run_load
+from tuning.online.response import SERVE_STAGES, Response
 
 U = 1 / 64  # seconds
 

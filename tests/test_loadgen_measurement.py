@@ -14,15 +14,16 @@ from contextlib import redirect_stdout
 import numpy as np
 import pytest
 
-import tuning.loadgen as loadgen
-import tuning.serve as serve
+import tuning.load.generator as loadgen
+import tuning.online.serve as serve
 from tests.helpers import TinyModel
-from tuning.clock import FakeClock
-from tuning.data import read_lines
-from tuning.engine import Engine
+from tuning.base.clock import FakeClock
+from tuning.inputs.readers import read_lines
 from tuning.knobs import Knobs
-from tuning.loadgen import run_load
-from tuning.serve import Response, Server
+from tuning.load.generator import run_load
+from tuning.online.response import Response
+from tuning.online.serve import Server
+from tuning.runtime.engine import Engine
 
 KNOBS = Knobs(num_workers=1, batch_size=1, tokenizer="fast", padding="dynamic", max_wait_ms=0.0)
 
@@ -108,7 +109,7 @@ def test_server_latency_histogram_counts_every_outcome(lines):
         outcomes = [f.result(timeout=30).outcome for f in futures]
     assert "rejected" in outcomes and "timeout" in outcomes
     assert server.metrics.count() == len(outcomes)
-    from tuning.metrics import prometheus_text
+    from tuning.online.metrics import prometheus_text
 
     text = prometheus_text(server)
     assert f'tuning_request_duration_seconds_count{{outcome="rejected"}} {outcomes.count("rejected")}.0' in text
@@ -145,8 +146,8 @@ def test_busy_comes_from_the_running_total_not_the_capped_batch_log(lines, monke
 
 
 def test_url_loadtest_busy_excludes_warm_up(lines):
-    from tuning.cli import main
-    from tuning.httpfront import HttpFront
+    from tuning.cli.commands import main
+    from tuning.online.httpfront import HttpFront
 
     knobs = KNOBS
     with HttpFront(Server(knobs, engine=Engine(knobs, TinyModel(delay_s=0.01))), port=0) as front:
@@ -185,7 +186,7 @@ def test_load_test_keeps_embeddings_only_when_asked(lines):
 def test_pipe_target_round_trip(lines):
     import multiprocessing
 
-    from tuning.loadgen import PipeTarget, serve_pipe
+    from tuning.load.generator import PipeTarget, serve_pipe
 
     here, there = multiprocessing.Pipe()
     with Server(KNOBS, engine=Engine(KNOBS, TinyModel())) as server:

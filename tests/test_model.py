@@ -1,9 +1,10 @@
 import pytest
 import torch
 
-from tuning.data import load_texts
-from tuning.model import check_dtype, embedded_model_dir, load_minilm, random_minilm, tokenizer_files
-from tuning.preprocess import FastTokenizer
+from tuning.base.assets import embedded_model_dir, tokenizer_files
+from tuning.inputs.readers import load_texts
+from tuning.inputs.tokenize import FastTokenizer
+from tuning.runtime.model import check_dtype, load_minilm, random_minilm
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tuning.buckets import padding_waste, plan_buckets
-from tuning.data import DEFAULT_DATA
+from tuning.base.assets import DEFAULT_DATA
+from tuning.inputs.buckets import padding_waste, plan_buckets
+from tuning.inputs.records import format_record
 from tuning.knobs import Knobs
-from tuning.pipeline import BatchRecord, LineDataset, Pipeline, PipelineResult, run_pipeline
-from tuning.preprocess import format_record
+from tuning.offline.pipeline import BatchRecord, LineDataset, Pipeline, PipelineResult, run_pipeline
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
@@ -167,12 +167,13 @@ def _run_lengths(result):
 def test_simulated_batches_match_the_pipelines_padding(changes):
     knobs = Knobs(num_workers=0, batch_size=8, tokenizer="fast", bucket_window=40, **changes)
     result = run_pipeline(knobs, limit=80, keep_embeddings=False)
-    from tuning.buckets import simulate_padding
+    from tuning.inputs.buckets import simulate_padding
 
     sizes = LineDataset(DEFAULT_DATA, 80).sizes
     sim = simulate_padding(_run_lengths(result), knobs, sizes)
     assert sim.padding_waste == pytest.approx(result.padding_waste)
-    assert [sorted(b) for b in sim.batches] == [[r.index - 1 for r in result.requests if r.batch == b.batch] for b in result.batches]
+    expected = [[r.index - 1 for r in result.requests if r.batch == b.batch] for b in result.batches]
+    assert [sorted(b) for b in sim.batches] == expected
 
 
 def test_length_grouping_with_dynamic_padding_pads_less_than_arrival_order():

@@ -1,6 +1,7 @@
 import re
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,6 +34,6 @@ def test_package_imports_without_plotly_or_widgets():
     import subprocess
     import sys
 
-    code = ("import sys, tuning, tuning.pipeline, tuning.model, tuning.engine; "
+    code = ("import sys, tuning, tuning.offline.pipeline, tuning.runtime.model, tuning.runtime.engine; "
             "bad = [m for m in ('plotly', 'ipywidgets') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tuning.knobs import Knobs, preset
-from tuning.pipeline import STAGES, Pipeline, run_pipeline
+from tuning.offline.pipeline import STAGES, Pipeline, run_pipeline
 
 
 @pytest.mark.parametrize("knobs", [
@@ -141,7 +141,7 @@ def test_token_grouping_tokenizes_each_text_once_with_identical_batches():
     """Offline grouping by token length (group_by='tokens') used to tokenize every text twice: once for the
     lengths, once to build its batch. In the main process the pass's encodings are reused."""
     from tuning import preset
-    from tuning.pipeline import Pipeline
+    from tuning.offline.pipeline import Pipeline
 
     def counted(pipeline):
         tok = pipeline.preparer.tokenizer

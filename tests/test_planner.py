@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tuning.buckets import padded_to_buckets, padding_waste, plan_buckets, simulate_padding
+from tuning.inputs.buckets import padded_to_buckets, padding_waste, plan_buckets, simulate_padding
 from tuning.knobs import Knobs
 
 

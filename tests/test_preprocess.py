@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from tuning.data import load_texts
-from tuning.model import tokenizer_files
-from tuning.preprocess import FastTokenizer, NaiveWordPiece, group_by_length, pad_length
+from tuning.base.assets import tokenizer_files
+from tuning.inputs.readers import load_texts
+from tuning.inputs.tokenize import FastTokenizer, NaiveWordPiece, group_by_length, pad_length
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,10 @@ import warnings
 import pytest
 
 from tests.helpers import TinyModel
-from tuning.engine import Engine
-from tuning.httpfront import MAX_BODY_BYTES, HttpFront
 from tuning.knobs import Knobs
-from tuning.serve import Server
+from tuning.online.httpfront import MAX_BODY_BYTES, HttpFront
+from tuning.online.serve import Server
+from tuning.runtime.engine import Engine
 
 KNOBS = Knobs(num_workers=1, batch_size=4, tokenizer="fast", padding="bucket", max_wait_ms=2.0)
 
@@ -28,7 +28,7 @@ class _Bomb:
 
 
 def test_cli_serve_binds_loopback_by_default():
-    from tuning.cli import build_parser
+    from tuning.cli.commands import build_parser
 
     args = build_parser().parse_args(["serve"])
     assert args.host == "127.0.0.1"
@@ -52,7 +52,7 @@ def test_body_size_limit_is_one_mebibyte_and_enforced():
 
 
 def test_pickled_weights_are_refused_and_never_unpickled(tmp_path):
-    from tuning.model import load_bert_dir
+    from tuning.runtime.model import load_bert_dir
 
     marker = tmp_path / "unpickled"
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
@@ -65,7 +65,7 @@ def test_pickled_weights_are_refused_and_never_unpickled(tmp_path):
 
 
 def test_a_pickle_given_as_data_is_read_as_text_never_unpickled(tmp_path):
-    from tuning.pipeline import Pipeline
+    from tuning.offline.pipeline import Pipeline
 
     marker = tmp_path / "unpickled"
     data = tmp_path / "data.jsonl"
@@ -91,7 +91,7 @@ def test_nothing_is_fetched_from_the_network(monkeypatch):
     monkeypatch.setattr(socket, "getaddrinfo", lambda host, *a, **k: (_ for _ in ()).throw(
         OSError(f"test: DNS lookup of {host} refused")) if host not in ("127.0.0.1", "::1", "localhost") else
         socket._real_getaddrinfo(host, *a, **k) if hasattr(socket, "_real_getaddrinfo") else [])
-    from tuning.model import load_minilm
+    from tuning.runtime.model import load_minilm
 
     model = load_minilm()
     with Server(KNOBS, engine=Engine(KNOBS, model)) as server:

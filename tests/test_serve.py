@@ -8,15 +8,16 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import tuning.online.serve as serve
 from tests.helpers import TinyModel
-from tuning.data import read_lines
-from tuning.engine import Engine
-from tuning.httpfront import HttpFront
+from tuning.experiments.sweeps import load_sweep
+from tuning.inputs.readers import read_lines
 from tuning.knobs import Knobs
-from tuning.loadgen import run_load, sweep
+from tuning.load.generator import run_load
+from tuning.online.httpfront import HttpFront
+from tuning.online.serve import Server
 from tuning.profile import diagnose
-import tuning.serve as serve
-from tuning.serve import Server
+from tuning.runtime.engine import Engine
 
 KNOBS = Knobs(num_workers=2, batch_size=8, tokenizer="fast", padding="bucket", max_wait_ms=2.0)
 
@@ -126,9 +127,9 @@ def test_open_loop_and_sweep(lines):
     s = result.summary()
     assert s["mode"] == "open" and s["submitted"] == s["ok"] > 20 and s["warmup_requests"] == 5
     engine = Engine(KNOBS, TinyModel())
-    frame = sweep(KNOBS, lines, "max_wait_ms", [0.0, 5.0], requests=40, concurrency=8, engine=engine)
+    frame = load_sweep(KNOBS, lines, "max_wait_ms", [0.0, 5.0], requests=40, concurrency=8, engine=engine)
     assert list(frame["max_wait_ms"]) == [0.0, 5.0] and {"qps", "p99_ms"} <= set(frame.columns)
-    frame = sweep(KNOBS, lines, "concurrency", [1, 4], requests=20, engine=engine)
+    frame = load_sweep(KNOBS, lines, "concurrency", [1, 4], requests=20, engine=engine)
     assert list(frame["concurrency"]) == [1, 4] and (frame.ok == 20).all()
 
 

@@ -25,11 +25,12 @@ from types import SimpleNamespace
 import pytest
 
 from tests.helpers import TinyModel
-from tuning.data import read_lines
-from tuning.engine import Engine
-from tuning.httpfront import build_app
+from tuning.inputs.readers import read_lines
 from tuning.knobs import Knobs
-from tuning.serve import IN_FLIGHT_BATCHES, Response, Server
+from tuning.online.httpfront import build_app
+from tuning.online.response import Response
+from tuning.online.serve import IN_FLIGHT_BATCHES, Server
+from tuning.runtime.engine import Engine
 
 
 def _until(condition, what, limit_s=30.0):

@@ -12,12 +12,20 @@ import pytest
 import torch
 
 from tuning import preset
-from tuning.sim import (DeviceChoice, ModelProfile, SimulatedDevice, SimulatedModel, device_for, embedded_model_profile,
-                        load_profile, predict, shipped_profiles)
+from tuning.sim import (
+    DeviceChoice,
+    ModelProfile,
+    SimulatedDevice,
+    SimulatedModel,
+    device_for,
+    embedded_model_profile,
+    load_profile,
+    predict,
+    shipped_profiles,
+)
 from tuning.sim.calibrate import Point, calibrate, prediction_error, read_sweeps
 from tuning.sim.costmodel import fused_groups, measure_model_profile
 from tuning.sim.profiles import DeviceProfile
-
 
 
 def run_cli(argv: list[str]) -> tuple[int, str, str]:
@@ -25,7 +33,7 @@ def run_cli(argv: list[str]) -> tuple[int, str, str]:
     import contextlib
     import io
 
-    from tuning.cli import main
+    from tuning.cli.commands import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -111,7 +119,7 @@ def test_measured_model_profile_matches_flop_counter_and_fits_exactly():
 
 
 def test_shipped_minilm_profile_agrees_with_a_fresh_measurement():
-    from tuning.model import random_minilm
+    from tuning.runtime.model import random_minilm
 
     shipped = embedded_model_profile()
     fresh = measure_model_profile(random_minilm(), "fresh", grid=((1, 8), (2, 8), (1, 16), (2, 16), (3, 12)))
@@ -294,7 +302,7 @@ def test_stand_in_host_part_occupies_its_thread_and_device_part_frees_it():
 
 
 def test_stand_in_out_of_memory_is_reported_like_the_real_path():
-    from tuning.engine import is_out_of_memory
+    from tuning.runtime.engine import is_out_of_memory
 
     tiny = SimulatedDevice(_device(mem_bytes=1e9), _two_op_model())  # the CUDA context alone takes 0.5 GB
     small = torch.ones((4, 4), dtype=torch.long)
@@ -331,8 +339,8 @@ def test_sim_knobs_allow_what_the_device_can_do():
 
 
 def test_results_on_sim_are_labelled_in_json_and_tables():
-    from tuning.pipeline import Pipeline
-    from tuning.report import format_run
+    from tuning.offline.pipeline import Pipeline
+    from tuning.present.tables import format_run
 
     result = Pipeline(preset("tuned", device="sim")).run(limit=48)
     summary = result.summary()
@@ -349,8 +357,8 @@ def test_results_on_sim_are_labelled_in_json_and_tables():
 
 
 def test_real_cpu_results_say_measured():
-    from tuning.pipeline import Pipeline
-    from tuning.model import random_minilm
+    from tuning.offline.pipeline import Pipeline
+    from tuning.runtime.model import random_minilm
 
     result = Pipeline(preset("tuned", device="cpu"), model=random_minilm()).run(limit=16)
     assert result.summary()["device"]["kind"] == "cpu"
@@ -358,7 +366,7 @@ def test_real_cpu_results_say_measured():
 
 
 def test_sim_baseline_is_starved_or_fragmented_with_the_device_mostly_idle():
-    from tuning.profile.recorder import profile_pipeline
+    from tuning.experiments.profiled import profile_pipeline
 
     # 1,000 records (~2.5 s here): at 400 (~1 s, 4 samples) the loader workers' start-up could fill a CI run's
     # window (model busy 20%, no thread at 50% yet: read as blocked)
@@ -372,7 +380,7 @@ def test_sim_baseline_is_starved_or_fragmented_with_the_device_mostly_idle():
 
 
 def test_tokenizer_files_fall_back_to_the_repository_copies(monkeypatch):
-    import tuning.model as model_mod
+    import tuning.base.assets as model_mod
 
     installed = model_mod.tokenizer_files()
 

@@ -2,16 +2,16 @@
 thread, CPU no live thread holds is an ``unattributed`` row, and the probe does not measure itself."""
 
 import json
+import math
 import os
 import threading
-import math
 import time
 
 import psutil
 import pytest
 
+from tuning.base.threads import name_this_thread
 from tuning.profile.host import HostSampler
-from tuning.profile.threads import name_this_thread
 
 
 def test_new_threads_count_from_zero_and_a_reused_id_is_a_new_thread():
@@ -96,7 +96,7 @@ def test_python_names_are_matched_by_thread_id_and_start_time():
 
 
 def test_thread_start_reads_this_threads_start_time():
-    from tuning.profile.threads import thread_start
+    from tuning.base.threads import thread_start
 
     if not os.path.exists(f"/proc/{os.getpid()}/task"):
         pytest.skip("no /proc")

@@ -1,6 +1,6 @@
 """The naive and the fast tokenizer agree on generated Unicode text, except for one documented class.
 
-The class (see ``tuning.preprocess``): characters that Python's Unicode tables (14.0 on 3.11)
+The class (see ``tuning.inputs.tokenize``): characters that Python's Unicode tables (14.0 on 3.11)
 see as marks, punctuation or format characters but the Rust tokenizer's older tables do not
 know, or categorise differently. Removing them, the two must agree on any text.
 """
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tuning.model import tokenizer_files
-from tuning.preprocess import FastTokenizer, NaiveWordPiece, UNICODE_SKEW_CATEGORIES
+from tuning.base.assets import tokenizer_files
+from tuning.inputs.tokenize import UNICODE_SKEW_CATEGORIES, FastTokenizer, NaiveWordPiece
 
 MAX = 512
 
@@ -90,7 +90,7 @@ def test_fixed_classes_agree(cp):
 @pytest.mark.parametrize("cp", [0x061D, 0x07FD, 0x0890, 0x2E55, 0x166D, 0x1734, 0x111C9])
 def test_the_documented_class_is_real_and_rare(cp):
     """Known members of the class (Unicode 14.0 tables in Python 3.11); if the Rust tables catch up
-    this test says so, and the class in tuning.preprocess's docstring can go."""
+    this test says so, and the class in tuning.inputs.tokenize's docstring can go."""
     if unicodedata.unidata_version != "14.0.0":
         pytest.skip(f"members listed for Unicode 14.0.0; this Python has {unicodedata.unidata_version}")
     assert _skewed(chr(cp)) and unicodedata.category(chr(cp)) in UNICODE_SKEW_CATEGORIES

@@ -14,11 +14,11 @@ import torch
 
 from tests.helpers import TinyModel
 from tuning import viz
-from tuning.buckets import padding_waste
+from tuning.experiments.sweeps import batch_sweep
+from tuning.inputs.buckets import padding_waste
 from tuning.knobs import Knobs
-from tuning.pipeline import Pipeline
+from tuning.offline.pipeline import Pipeline
 from tuning.profile import Recorder
-from tuning.sweep import batch_sweep
 
 SIMULATED = {"kind": "simulated", "profile": "h200-sxm-estimate", "source": "datasheet estimate (NVIDIA H200 SXM)"}
 

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
+from tuning.experiments.watch import ServiceProcess
 from tuning.profile.gpu import GpuSampler
 from tuning.profile.outside import OutsideSignals, cannot_see, diagnose_outside
-from tuning.watch import ServiceProcess
 
 from .fake_nvml import FakeNvml
 

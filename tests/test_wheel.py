@@ -53,7 +53,7 @@ def test_installed_wheel_runs_from_any_directory(wheel, tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     where = subprocess.run(
-        [str(python), "-c", "import tuning, tuning.profile, tuning.sim, tuning.data as d; "
+        [str(python), "-c", "import tuning, tuning.profile, tuning.sim, tuning.inputs.readers as d; "
                             "print(tuning.__file__); print(d.DEFAULT_DATA.is_file())"],
         cwd=elsewhere, check=True, capture_output=True, text=True, timeout=120, env=env).stdout.split()
     assert where[0].startswith(str(env_dir)), f"tuning imported from {where[0]}, not from the venv"

@@ -1,10 +1,11 @@
 """tuning: a workbook for inference services that miss QPS and p99 while the accelerator idles.
 
-Importing this package loads neither plotly nor ipywidgets (``tuning.charts`` and
-``tuning.widgets`` do), so it runs on machines that only have torch and friends.
+Importing this package loads neither plotly nor ipywidgets (``tuning.viz`` and
+``tuning.widgets`` do), so it runs on machines that only have torch and friends. The rooms
+(subpackages) and the direction of their imports are in README's "Layout" section.
 """
 
-from .knobs import PRESETS, Knobs, preset
+from tuning.knobs import PRESETS, Knobs, preset
 
 __all__ = ["Knobs", "PRESETS", "preset"]
 __version__ = "0.1.0"
@@ -12,18 +13,21 @@ __version__ = "0.1.0"
 # The public face notebooks and scripts call, loaded on first use (``tuning.Pipeline``), so that
 # importing ``tuning`` stays light and internal modules can move without breaking callers.
 _LAZY = {
-    "Pipeline": "pipeline", "PipelineResult": "pipeline", "run_pipeline": "pipeline",
-    "Server": "serve", "run_load": "loadgen", "load_sweep": ("loadgen", "sweep"), "LoadResult": "loadgen",
-    "Recorder": "profile", "Profile": "profile", "profile_pipeline": "profile",
-    "batch_sweep": "sweep", "run_batch_sweep": "sweep",
-    "plan_buckets": "buckets", "padding_waste": "buckets", "observed_lengths": "buckets",
-    "precision_report": "precision", "compare_outputs": "precision", "compare_tokenizers": "preprocess",
-    "read_lines": "data", "load_texts": "data", "DEFAULT_DATA": "data",
-    "device_for": "sim", "run_ladder": "ladder", "LadderSettings": "ladder",
+    "Pipeline": "offline.pipeline", "PipelineResult": "offline.pipeline", "run_pipeline": "offline.pipeline",
+    "Server": "online.serve", "run_load": "load.generator", "LoadResult": "load.generator",
+    "Recorder": "profile", "Profile": "profile", "profile_pipeline": "experiments.profiled",
+    "batch_sweep": "experiments.sweeps", "run_batch_sweep": "experiments.sweeps", "load_sweep": "experiments.sweeps",
+    "plan_buckets": "inputs.buckets", "padding_waste": "inputs.buckets", "observed_lengths": "inputs.buckets",
+    "precision_report": "experiments.precision", "compare_outputs": "experiments.precision",
+    "compare_tokenizers": "inputs.tokenize",
+    "read_lines": "inputs.readers", "load_texts": "inputs.readers", "DEFAULT_DATA": "base.assets",
+    "device_for": "sim.device", "run_ladder": "experiments.ladder", "LadderSettings": "experiments.ladder",
+    "investigate": "present.investigation", "Investigation": "experiments.investigate",
     # bring your own: data in any format, a model folder or factory, a service watched from outside, your device
-    "read_inputs": "data", "resolve_model": "bring_your_own", "save_tiny_bert": "bring_your_own",
-    "model_sweep": "bring_your_own", "calibrate_device": "bring_your_own",
-    "watch_service": ("watch", "watch"), "WatchResult": "watch", "ServiceProcess": "watch",
+    "read_inputs": "inputs.readers", "resolve_model": "runtime.custom", "save_tiny_bert": "runtime.custom",
+    "model_sweep": "experiments.sweeps", "calibrate_device": "sim.calibrate",
+    "watch_service": ("experiments.watch", "watch"), "WatchResult": "experiments.watch",
+    "ServiceProcess": "experiments.watch",
 }
 __all__ += sorted(_LAZY)
 

@@ -32,20 +32,24 @@ class Knobs:
 
     # offline loading (torch DataLoader)
     num_workers: int = _knob(2, "DataLoader worker processes preparing batches (0: in the main process)")
-    prefetch_factor: int | None = _knob(None, "batches each worker prepares ahead (needs num_workers > 0; None: torch's default of 2)")
+    prefetch_factor: int | None = _knob(None, "batches each worker prepares ahead (needs num_workers > 0; "
+                                              "None: torch's default of 2)")
     pin_memory: bool = _knob(False, "page-locked host batches for faster, asynchronous copies (needs CUDA)")
     batch_size: int = _knob(1, "requests per model call (offline batch; online: the batcher's max batch size)")
     # preprocessing
     tokenizer: str = _knob("naive", "'naive': pure-Python WordPiece per record; 'fast': the tokenizers library, batched")
-    padding: str = _knob("dynamic", "'dynamic': longest in batch; 'fixed': always max_length; 'bucket': group by length, pad to the bucket")
+    padding: str = _knob("dynamic", "'dynamic': longest in batch; 'fixed': always max_length; "
+                                    "'bucket': group by length, pad to the bucket")
     max_length: int = _knob(256, "token limit per request, [CLS] and [SEP] included (the model's max_seq_length is 256)")
-    buckets: tuple[int, ...] = _knob((32, 64, 128, 256), "bucket lengths for padding='bucket' (ascending; lengths >= max_length are replaced by max_length)")
+    buckets: tuple[int, ...] = _knob((32, 64, 128, 256), "bucket lengths for padding='bucket' (ascending; "
+                                                         "lengths >= max_length are replaced by max_length)")
     bucket_window: int = _knob(256, "requests looked at together when grouping by length (bounds reordering and delay)")
     group_by: str = _knob("bytes", "offline length grouping key: 'bytes' (line size, free) or 'tokens' "
                           "(exact, a batched tokenizer pass per window, its time counted in the run)")
     # model
     dtype: str = _knob("fp32", "model precision: fp32, bf16 or fp16 (fp16 needs CUDA)")
-    graph: str = _knob("eager", "'eager'; 'compile' (torch.compile); 'cuda_graph' (capture and replay, needs CUDA and fixed shapes)")
+    graph: str = _knob("eager", "'eager'; 'compile' (torch.compile); "
+                                "'cuda_graph' (capture and replay, needs CUDA and fixed shapes)")
     compile_mode: str = _knob("default", "graph='compile' only: torch.compile mode; 'default' still launches every "
                               "(fused) kernel; 'reduce-overhead' adds CUDA graphs (one replay per call, needs CUDA)")
     tf32: bool = _knob(False, "CUDA only: fp32 matmuls on TF32 tensor cores (faster, ~1e-3 relative error); off, "
@@ -138,9 +142,9 @@ class Knobs:
         """
         device = self.device if self.device != "auto" else ("cuda" if cuda_available else "cpu")
         if device == "sim":
-            from .sim import load_profile
+            from tuning.base.assets import device_profile_path
 
-            load_profile(self.sim_profile)  # a clear error now, not in the middle of a run
+            device_profile_path(self.sim_profile)  # a clear error now, not in the middle of a run
             return self
         if device == "cuda" and not cuda_available:
             raise ValueError("device='cuda' but no CUDA device is available here; set device='cpu' or 'auto'")

@@ -23,6 +23,8 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
 
+from tuning.base.format import pct
+
 RENDERER = "tuning_offline"
 DEFAULT_RENDERER = f"plotly_mimetype+{RENDERER}"
 TEMPLATE = "plotly_white"
@@ -192,12 +194,6 @@ def _throughput(result: Any) -> float:
     return math.nan
 
 
-def pct(x: float | None) -> str:
-    """A share as a percentage for printed interpretations; ``n/a`` when unknown (NaN or None)."""
-    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.0f}%"
-
-
-_pct = pct
 
 
 # --- 01: trends -----------------------------------------------------------------------------
@@ -425,7 +421,7 @@ def launch_budget_chart(ops: Any, device: Any = None) -> go.Figure:
     shape = s.get("batch_shape")
     what = (f" at batch x length = {shape[0]} x {shape[1]}" if shape else
             f" at mean batch {s['mean_batch']:.1f}" if s.get("mean_batch") else "")
-    return _finish(fig, _title(f"Launch-overhead budget{what}: {_pct(s.get('launch_share'))} of busy time",
+    return _finish(fig, _title(f"Launch-overhead budget{what}: {pct(s.get('launch_share'))} of busy time",
                                ops, device), 300)
 
 
@@ -549,5 +545,5 @@ def panel_chart(result: Any, history: Sequence[Mapping[str, Any]] = (), device: 
     fig.update_xaxes(title_text="run", dtick=1, range=[0.5, len(runs) + 0.5], row=1, col=2)
     fig.update_yaxes(title_text="req/s", rangemode="tozero", row=1, col=2)
     s = result.summary()
-    busy = f"model busy {_pct(s.get('model_busy'))}"
+    busy = f"model busy {pct(s.get('model_busy'))}"
     return _finish(fig, _title(f"{_throughput(result):.1f} req/s, {busy}", result, device), 400)

@@ -21,8 +21,8 @@ from typing import Any, Callable, Sequence
 import ipywidgets as w
 import plotly.graph_objects as go
 
-from . import viz
-from .knobs import Knobs
+from tuning import viz
+from tuning.knobs import Knobs
 
 OFFLINE_CONTROLS = ("batch_size", "num_workers", "prefetch_factor", "tokenizer", "padding", "dtype", "graph")
 ONLINE_CONTROLS = ("batch_size", "max_wait_ms", "concurrency", "num_workers", "tokenizer", "padding", "dtype", "graph")
@@ -153,8 +153,8 @@ class KnobPanel(w.VBox):
 
 def offline_measure(data: Any = None, limit: int | None = 200, model: Any = None) -> Callable[[Knobs], Any]:
     """``knobs -> PipelineResult``: a short offline replay of ``data`` (default: the shipped records)."""
-    from .data import DEFAULT_DATA
-    from .pipeline import Pipeline
+    from tuning.base.assets import DEFAULT_DATA
+    from tuning.offline.pipeline import Pipeline
 
     def measure(knobs: Knobs) -> Any:
         return Pipeline(knobs, model=model).run(data if data is not None else DEFAULT_DATA, limit,
@@ -165,9 +165,9 @@ def offline_measure(data: Any = None, limit: int | None = 200, model: Any = None
 def online_measure(inputs: Sequence[Any] | None = None, duration_s: float = 3.0, warmup_requests: int = 8,
                    model: Any = None) -> Callable[[Knobs], Any]:
     """``knobs -> LoadResult``: ``duration_s`` of closed-loop load at ``knobs.concurrency`` on a fresh server."""
-    from .data import read_lines
-    from .loadgen import run_load
-    from .serve import Server
+    from tuning.inputs.readers import read_lines
+    from tuning.load.generator import run_load
+    from tuning.online.serve import Server
 
     bodies = list(inputs) if inputs is not None else [raw for _, raw in read_lines(limit=500)]
 

@@ -23,8 +23,8 @@ from typing import Any
 import pandas as pd
 import psutil
 
-from .sampler import MIN_INTERVAL_S
-from .threads import name_this_thread, python_thread_keys
+from tuning.base.threads import name_this_thread, python_thread_keys
+from tuning.profile.sampler import MIN_INTERVAL_S
 
 
 @dataclass
@@ -110,7 +110,7 @@ class HostSampler:
 
     A context manager: the probe starts on enter and stops on exit. Python thread names of
     this process are attached on exit; other threads show their OS name (``/proc/.../comm``),
-    which :func:`tuning.profile.threads.name_this_thread` sets.
+    which :func:`tuning.base.threads.name_this_thread` sets.
     """
 
     thread_name = "host-sampler"

@@ -23,7 +23,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from ..stats import clean, summarize
+from tuning.base.stats import clean, summarize
 
 # CUDA runtime/driver calls that launch work from the host (one each, whatever they run)
 HOST_LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
@@ -142,7 +142,7 @@ def op_stats(runner: Callable, input_ids: torch.Tensor, attention_mask: torch.Te
     """Profile ``batches`` forwards of ``runner`` on one batch already on its device.
 
     Wall time per batch is measured first, without the profiler. A CUDA-graph runner must have
-    been built after :func:`tuning.graphs.init_profiler_for_graphs` (its capture calls it).
+    been built after :func:`tuning.runtime.graphs.init_profiler_for_graphs` (its capture calls it).
     """
     device = input_ids.device
     cuda = device.type == "cuda"

@@ -37,9 +37,9 @@ from typing import Any
 
 import pandas as pd
 
-from .diagnose import DISK_BUSY_MB_S, PEGGED_THREAD_CPU, SATURATED_BUSY, WORKING_CPU
-from .gpu import GpuSeries
-from .host import HostSeries
+from tuning.profile.diagnose import DISK_BUSY_MB_S, PEGGED_THREAD_CPU, SATURATED_BUSY, WORKING_CPU
+from tuning.profile.gpu import GpuSeries
+from tuning.profile.host import HostSeries
 
 LOW_POWER_FRAC = 0.35  # power under 35% of the limit while "busy": the chip is not really working
 HEARTBEAT_LOW_UTIL = 5.0  # a sample under 5% utilization is a gap...

@@ -9,8 +9,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from .. import clock as _clock
-from .threads import name_this_thread
+from tuning.base import clock as _clock
+from tuning.base.threads import name_this_thread
 
 MIN_INTERVAL_S = 0.1
 

@@ -7,15 +7,14 @@ path; default ``h200-sxm-estimate``). Everything made on it is labelled simulate
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
+from tuning.base.assets import ASSETS, shipped_profiles
+from tuning.sim.costmodel import CallCost, ModelProfile, measure_model_profile, predict
+from tuning.sim.device import DeviceChoice, device_for
+from tuning.sim.profiles import DEFAULT_PROFILE, DeviceProfile, load_profile
+from tuning.sim.standin import SimulatedDevice, SimulatedModel
+from tuning.sim.timeline import DeviceTimeline
 
-from .costmodel import CallCost, ModelProfile, measure_model_profile, predict
-from .profiles import DEFAULT_PROFILE, DeviceProfile, load_profile, shipped_profiles
-from .standin import SimulatedDevice, SimulatedModel
-from .timeline import DeviceTimeline
-
-MINILM_PROFILE = Path(__file__).resolve().parent.parent / "assets" / "minilm_model_profile.json"
+MINILM_PROFILE = ASSETS / "minilm_model_profile.json"
 
 __all__ = ["CallCost", "DeviceProfile", "ModelProfile", "SimulatedDevice", "SimulatedModel", "DeviceChoice",
            "device_for", "DeviceTimeline", "load_profile", "shipped_profiles", "measure_model_profile", "predict",
@@ -23,7 +22,7 @@ __all__ = ["CallCost", "DeviceProfile", "ModelProfile", "SimulatedDevice", "Simu
 
 
 def embedded_model_profile() -> ModelProfile:
-    """The shipped model profile of all-MiniLM-L6-v2 (regenerate: ``python -m tuning.sim.regenerate``)."""
+    """The shipped model profile of all-MiniLM-L6-v2 (regenerate: ``python -m tuning.runtime.regenerate``)."""
     return ModelProfile.from_json(MINILM_PROFILE)
 
 
@@ -47,32 +46,3 @@ def model_profile_for(model) -> ModelProfile:
     return profile
 
 
-@dataclass(frozen=True)
-class DeviceChoice:
-    """What a notebook's ``DEVICE`` parameter resolves to on this machine."""
-
-    knob: str  # the ``device`` knob value: "cuda", "sim" or "cpu"
-    simulated: bool
-    label: str
-    banner: str
-
-
-def device_for(choice: str = "auto", profile: str = DEFAULT_PROFILE) -> DeviceChoice:
-    """``"auto"``: CUDA when present, else the simulated ``profile``; ``"cpu"``, ``"cuda"``, ``"sim"``: that one."""
-    import torch
-
-    if choice not in ("auto", "cpu", "cuda", "sim"):
-        raise ValueError(f"DEVICE={choice!r} is not allowed; allowed: auto | cpu | cuda | sim")
-    if choice == "cuda" and not torch.cuda.is_available():
-        raise ValueError("DEVICE='cuda' but no CUDA device is available here; use 'auto' (simulated) or 'cpu'")
-    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
-        name = torch.cuda.get_device_name(0)
-        return DeviceChoice("cuda", False, f"cuda ({name}, measured)", f"Running on {name}: every figure is measured.")
-    if choice == "cpu":
-        return DeviceChoice("cpu", False, "cpu (measured)", "Running on the CPU: every figure is measured; "
-                            "the CPU model is the bottleneck here, so a starved accelerator cannot show.")
-    p = load_profile(profile)
-    why = "no CUDA device here, so " if choice == "auto" else ""
-    return DeviceChoice("sim", True, p.label(),
-                        f"SIMULATED DEVICE: {why}the model call runs on a stand-in for {p.name} ({p.source}); the host "
-                        "pipeline is real, device times come from a cost model. Accuracy checks use the real model.")

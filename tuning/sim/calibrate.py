@@ -21,8 +21,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from .costmodel import DTYPE_BYTES, ModelProfile, fused_groups
-from .profiles import DeviceProfile, load_profile
+from tuning.sim.costmodel import ModelProfile, fused_groups
+from tuning.sim.profiles import DeviceProfile, load_profile
 
 LAST_DEVICE_MEMORY: float | None = None  # total memory of the device the last sweeps read were measured on
 UNIDENTIFIED = "unidentified"  # the start of a source that says a figure could not be fitted from the points
@@ -163,7 +163,7 @@ def fit_parameters(model: ModelProfile, points: Sequence[Point], synchronous: bo
 
 def prediction_error(model: ModelProfile, profile: DeviceProfile, points: Sequence[Point]) -> float:
     """Worst relative error of a profile's predictions on measured points (e.g. shapes left out of the fit)."""
-    from .costmodel import predict
+    from tuning.sim.costmodel import predict
 
     errors = [abs(predict(model, profile, p.batch, p.length, p.dtype, p.graph).call_s / (p.ms / 1000) - 1) for p in points]
     return float(max(errors)) if errors else math.nan
@@ -229,7 +229,7 @@ def calibrate(points: Sequence[Point], model: ModelProfile, device_kind: str, na
 
 def calibrate_files(paths: Iterable[str | Path], name: str, model: ModelProfile | None = None,
                     base: str | None = None) -> tuple[DeviceProfile, float, list[Point]]:
-    from . import embedded_model_profile
+    from tuning.sim import embedded_model_profile
 
     points, kind = read_sweeps(list(paths))
     profile, worst = calibrate(points, model or embedded_model_profile(), kind, name, base)
@@ -248,3 +248,34 @@ def describe(profile: DeviceProfile) -> dict[str, Any]:
             "bandwidth_gb_s": round(profile.mem_bandwidth * profile.bandwidth_efficiency / 1e9, 2),
             "launch_us": round(profile.launch_s * 1e6, 2), "min_kernel_us": round(profile.min_kernel_s * 1e6, 2),
             "graph_replay_us": round(profile.graph_replay_s * 1e6, 2)}
+
+
+
+
+def calibrate_device(sweeps: Any, out: str | Path | None = None, name: str | None = None, model: Any = None,
+                     base: str | None = None) -> tuple[Any, float, Path]:
+    """Fit a simulated-device profile (``python -m tuning calibrate``) to batch sweeps measured on a real
+    device, write it to ``out`` (None: a temporary file) and return ``(profile, worst fit error, path)``;
+    use it with ``device='sim', sim_profile=str(path)``.
+
+    ``sweeps``: sweep results or ``sweep batch --json`` files (one per length, dtype and graph mode).
+    ``model``: the model the sweeps ran (None: the embedded one); its profile is measured here."""
+    import json
+    import tempfile
+
+    from tuning.sim import embedded_model_profile, model_profile_for
+
+    out = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="device-profile-")) / "my-device.json"
+    items = list(sweeps) if isinstance(sweeps, (list, tuple)) else [sweeps]
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = []
+        for i, item in enumerate(items):
+            if isinstance(item, (str, Path)):
+                paths.append(Path(item))
+            else:
+                paths.append(Path(tmp) / f"sweep{i}.json")
+                paths[-1].write_text(json.dumps(item.summary()))
+        profile_of_model = embedded_model_profile() if model is None else model_profile_for(model)
+        profile, worst, _ = calibrate_files(paths, name or out.stem, model=profile_of_model, base=base)
+    profile.to_json(out)
+    return profile, worst, out

@@ -41,7 +41,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
-from .profiles import DeviceProfile
+from tuning.sim.profiles import DeviceProfile
 
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}  # tf32: fp32 storage, matmuls on TF32 tensor cores
 FEATURES = ("1", "B", "B*T", "B*T^2")

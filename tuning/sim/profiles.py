@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-SHIPPED_DIR = Path(__file__).resolve().parent / "devices"
+from tuning.base.assets import device_profile_path
+
 DEFAULT_PROFILE = "h200-sxm-estimate"
 
 
@@ -92,22 +93,12 @@ class DeviceProfile:
         return DeviceProfile(**data)
 
 
-def shipped_profiles() -> list[str]:
-    """Names of the profiles shipped with the package."""
-    return sorted(p.stem for p in SHIPPED_DIR.glob("*.json"))
-
-
 def load_profile(name_or_path: str | Path | DeviceProfile = DEFAULT_PROFILE) -> DeviceProfile:
     """A shipped profile by name, or a profile JSON file by path; a clear error naming both otherwise."""
     if isinstance(name_or_path, DeviceProfile):
         return name_or_path
     text = str(name_or_path)
-    path = Path(text)
-    if not path.suffix == ".json":
-        path = SHIPPED_DIR / f"{text}.json"
-    if not path.is_file():
-        raise ValueError(f"sim_profile={text!r} is neither a shipped profile nor a JSON file; shipped: "
-                         f"{', '.join(shipped_profiles())}; or give a path from `python -m tuning calibrate`")
+    path = device_profile_path(text)
     try:
         raw = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:

@@ -28,9 +28,9 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from .costmodel import CallCost, ModelProfile, copy_seconds, predict
-from .profiles import DeviceProfile
-from .timeline import DeviceTimeline
+from tuning.sim.costmodel import CallCost, ModelProfile, copy_seconds, predict
+from tuning.sim.profiles import DeviceProfile
+from tuning.sim.timeline import DeviceTimeline
 
 MEMORY_USABLE = 0.92  # share of device memory a process can allocate (context, fragmentation)
 

@@ -1,0 +1,25 @@
+"""One set of number formatters for every renderer: rounding for JSON, percentages and numbers for text."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def rounded(x: Any, digits: int = 6) -> Any:
+    """A figure for JSON and CSV: rounded to ``digits`` places, None where unknown or not finite."""
+    return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else round(float(x), digits)
+
+
+def number(value: Any, digits: int = 2) -> str:
+    """A table cell: ``-`` for None, a float to ``digits`` places, anything else as text."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def pct(x: Any, digits: int = 0) -> str:
+    """A share (0.42) as a percentage (``42%``); ``n/a`` when unknown (None, NaN) or not finite."""
+    return "n/a" if x is None or not math.isfinite(float(x)) else f"{100 * float(x):.{digits}f}%"

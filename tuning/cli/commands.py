@@ -1,0 +1,850 @@
+"""Command line: ``python -m tuning {run,...} --preset NAME [--set knob=value ...]``.
+
+Bad flags or knob values exit with code 2 and one clear line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from tuning.knobs import PRESETS, Knobs, parse_knob_value, preset
+from tuning.load.generator import metrics_busy_total
+
+
+class UsageError(Exception):
+    """A bad flag or value: exit 2 with one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def knobs_from_args(args: argparse.Namespace) -> Knobs:
+    overrides: dict[str, Any] = {}
+    for assignment in args.set or []:
+        name, sep, text = assignment.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--set {assignment!r}: expected knob=value, e.g. --set batch_size=8")
+        overrides[name.strip()] = parse_knob_value(name.strip(), text)
+    return preset(args.preset, **overrides)
+
+
+def _add_knob_flags(p: argparse.ArgumentParser, default_preset: str = "baseline") -> None:
+    p.add_argument("--preset", default=default_preset, choices=sorted(PRESETS), help="named knob preset")
+    p.add_argument("--set", action="append", metavar="KNOB=VALUE",
+                   help="change one knob (repeatable), e.g. --set batch_size=8 --set dtype=bf16")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+
+def _add_data_flags(p: argparse.ArgumentParser) -> None:
+    from tuning.base.assets import DEFAULT_DATA
+
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA,
+                   help="requests: record JSONL (default: the shipped demo), JSONL with a text field, CSV/TSV, Parquet, "
+                        "or plain text with one request per line (format by extension, or --format)")
+    p.add_argument("--limit", type=_positive_int, default=None, help="read only the first N lines (rows)")
+    p.add_argument("--text-field", default=None, metavar="NAME",
+                   help="JSONL: the field holding the text (default: 'text' for a line without the record schema)")
+    p.add_argument("--text-column", default=None, metavar="NAME",
+                   help="CSV/TSV/Parquet: the column holding the text (default: 'text', or the only column)")
+    p.add_argument("--format", default=None, choices=["jsonl", "csv", "tsv", "parquet", "text"],
+                   help="the data format when the extension does not say it")
+
+
+def _add_model_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, metavar="DIR|MODULE:FACTORY",
+                   help="your model: a sentence-transformers style folder (config.json, *.safetensors, tokenizer.json; "
+                        "BERT-family), or module:factory returning the model or (model, tokenizer)")
+    p.add_argument("--formatter", default=None, metavar="MODULE:FUNCTION",
+                   help="your record -> text step (default: title, category, attributes, body)")
+
+
+def _custom(args: argparse.Namespace, knobs: Knobs) -> tuple[dict[str, Any], str]:
+    """The model, tokenizer and formatter ``--model``/``--formatter`` name (keyword arguments for
+    Pipeline and Server), and a label for the model."""
+    from tuning.inputs.records import format_record
+    from tuning.runtime.custom import resolve_formatter, resolve_model
+
+    model, tokenizer, label = resolve_model(getattr(args, "model", None), knobs)
+    formatter = resolve_formatter(getattr(args, "formatter", None)) or format_record
+    return {"model": model, "tokenizer": tokenizer, "formatter": formatter}, label
+
+
+def _data_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The data flags as the readers' keyword arguments."""
+    return {"text_field": args.text_field, "text_column": args.text_column, "format": args.format}
+
+
+def _inputs(args: argparse.Namespace) -> list[Any]:
+    """The requests of ``--data`` in any format, as the server and the load generator take them."""
+    from tuning.inputs.readers import read_inputs
+
+    return [raw for _, raw in read_inputs(args.data, args.limit, **_data_kwargs(args))]
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+    return value
+
+
+def _bounded_int(lo: int, hi: int, what: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{text!r}: {what}")
+        return value
+    return parse
+
+
+_port = _bounded_int(0, 65535, "a port is 0-65535 (0: any free port)")
+_count = _bounded_int(0, 10**9, "give 0 or more")
+_length = _bounded_int(3, 512, "give 3-512 tokens (the model's position limit is 512; [CLS] and [SEP] included)")
+
+
+def _seconds(minimum: float, what: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not value >= minimum or value != value or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"{text!r}: {what}")
+        return value
+    return parse
+
+
+_interval = _seconds(0.1, "the sampling interval is >= 0.1 seconds")
+_nonneg_seconds = _seconds(0.0, "give 0 or more seconds")
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Shows each option's default (where it has one) and keeps the terms epilog's layout."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "%(default)" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+            return text
+        return text + " (default: %(default)s)"
+
+
+def _print_json(obj: Any) -> None:
+    print(json.dumps(obj, indent=2, default=str))
+
+
+def _announce_knobs(args: argparse.Namespace) -> None:
+    """Every command with --preset names the knobs it runs with (``run`` prints its own line, ``serve`` names
+    the preset in its first line, the one that gives the URL)."""
+    if getattr(args, "preset", None) is None or args.json or args.command in ("run", "serve") \
+            or getattr(args, "url", None):
+        return
+    changes = f" with --set {' --set '.join(args.set)}" if args.set else ""
+    print(f"knobs: preset {args.preset}{changes} (python -m tuning knobs lists them)", flush=True)
+
+
+def _emit(args: argparse.Namespace, summary: Any, render: Callable[[], str]) -> int:
+    """Print ``summary`` as JSON with ``--json``, else the readable rendering."""
+    if args.json:
+        _print_json(summary)
+    else:
+        print(render())
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from tuning.offline.pipeline import Pipeline
+    from tuning.present.tables import format_run
+
+    knobs = knobs_from_args(args)
+    custom, label = _custom(args, knobs)
+    _compile_note(knobs)
+    result = Pipeline(knobs, **custom).run(args.data, args.limit, keep_embeddings=False, **_data_kwargs(args))
+    summary = {**result.summary(), "model": label}
+    code = _emit(args, summary, lambda: f"model: {label}\n" + format_run(result))
+    _nothing_done(summary["ok"], summary["requests"], summary["error_reasons"])
+    return code
+
+
+def _compile_note(knobs: Knobs) -> None:
+    """graph=compile on a CPU: say plainly what it costs."""
+    if knobs.graph == "compile" and knobs.device != "cuda":
+        import torch
+
+        if knobs.device == "cpu" or not torch.cuda.is_available():
+            warnings.warn("graph=compile on a CPU: torch.compile takes tens of seconds per shape (outside the "
+                          "measured window) and measured no faster than eager here; it pays on a GPU. On a CPU "
+                          "keep graph=eager", RuntimeWarning, stacklevel=2)
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from tuning.experiments.profiled import profile_pipeline
+    from tuning.offline.pipeline import Pipeline
+    from tuning.present.tables import format_profile
+
+    knobs = knobs_from_args(args)
+    custom, _ = _custom(args, knobs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the GPU section reports the reason instead
+        profile = profile_pipeline(knobs, args.data, args.limit, interval=args.interval, pipeline=Pipeline(knobs, **custom),
+                                   **_data_kwargs(args))
+    return _emit(args, profile.summary(), lambda: format_profile(profile))
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from tuning.online.httpfront import HttpFront
+    from tuning.online.serve import Server
+
+    knobs = knobs_from_args(args)
+    custom, _ = _custom(args, knobs)
+    server = Server(knobs, **custom)
+    front = HttpFront(server, args.host, args.port, backlog=args.backlog, max_connections=args.max_connections)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    talk = sys.stderr if args.json else sys.stdout  # with --json, stdout holds only the summary
+    with front:
+        t0, url = time.perf_counter(), front.url
+        print(f"serving {args.preset} on {front.url}  (uvicorn + starlette; POST /embed, GET /healthz, GET /metrics; "
+              "Ctrl-C stops)", file=talk, flush=True)
+        try:
+            stop.wait(args.duration)
+        except KeyboardInterrupt:
+            pass
+        print("shutting down: answering requests in flight, then draining the queue", file=talk, flush=True)
+    up = time.perf_counter() - t0
+    counts = dict(server.counts)
+    answered = sum(counts.values())
+    summary = {"url": url, "preset": args.preset, "uptime_s": round(up, 3), "requests": answered,
+               "outcomes": counts, "qps": round(counts.get("ok", 0) / up, 3) if up > 0 else None,
+               "knobs": server.knobs.as_dict()}
+    return _emit(args, summary, lambda: (f"served {answered} requests in {up:.1f} s: "
+                                         + ", ".join(f"{k} {v}" for k, v in counts.items())
+                                         + f"; {summary['qps'] or 0:.1f} ok/s"))
+
+
+def cmd_loadtest_any(args: argparse.Namespace) -> int:
+    """``loadtest``: our own load generator, or ``--engine locust``."""
+    if args.engine == "tuning":
+        if args.workers is not None or args.remote_workers:
+            raise UsageError("loadtest: --workers and --remote-workers go with --engine locust")
+        return cmd_loadtest(args)
+    return cmd_loadtest_locust(args)
+
+
+def cmd_loadtest_locust(args: argparse.Namespace) -> int:
+    """locust headless, a master and --workers local worker processes, mapped into the loadtest summary."""
+    from contextlib import nullcontext
+
+    from tuning.load.locust_engine import run_locust
+    from tuning.present.tables import format_load
+
+    if args.duration is None or args.requests is not None:
+        raise UsageError("loadtest --engine locust: give --duration S (locust runs for a time, not a count)")
+    if args.rate is not None or args.profile:
+        raise UsageError("loadtest --engine locust: a closed loop at --concurrency users; --rate and --profile "
+                         "go with our own engine")
+    inputs = _inputs(args)
+    front = None
+    if not args.url:  # no server given: serve the preset here, on a free loopback port
+        from tuning.online.httpfront import HttpFront
+        from tuning.online.serve import Server
+
+        knobs = knobs_from_args(args)
+        front = HttpFront(Server(knobs, **_custom(args, knobs)[0]))
+    with front or nullcontext():
+        url = args.url or front.url + "/embed"
+        result = run_locust(url, inputs, args.concurrency, args.duration, workers=args.workers or 1,
+                            warmup_s=args.warmup_s if args.warmup_s is not None else 2.0,
+                            remote_workers=args.remote_workers, master_host=args.master_host)
+    summary = result.summary()
+    summary["target"] = url
+    _nothing_done(summary["ok"], summary["submitted"], summary["error_reasons"], args.url)
+    return _emit(args, summary, lambda: format_load(summary))
+
+
+def cmd_loadtest(args: argparse.Namespace) -> int:
+    from tuning.load.generator import run_load
+    from tuning.present.tables import format_load
+
+    if (args.requests is None) == (args.duration is None):
+        raise UsageError("loadtest: give exactly one of --requests N or --duration S")
+    if args.profile and args.url:
+        raise UsageError("loadtest: --profile records this process; with --url run `profile` where the server runs")
+    inputs = _inputs(args)
+    load = dict(concurrency=args.concurrency, requests=args.requests, duration_s=args.duration, rate=args.rate,
+                warmup_requests=args.warmup, warmup_s=args.warmup_s or 0.0)
+    if args.url:  # the async keep-alive client (a bad row is its own error outcome, not sent); the server's
+        # busy total is read when the measured window opens and when it closes
+        result = run_load(args.url, inputs, busy_probe=lambda: metrics_busy_total(args.url), **load)
+    else:
+        from tuning.online.serve import Server
+
+        knobs = knobs_from_args(args)
+        with Server(knobs, **_custom(args, knobs)[0]) as server:
+            if args.profile:
+                from tuning.profile import Recorder
+
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)  # the GPU section reports the reason
+                    with Recorder() as recorder:
+                        result = run_load(server, inputs, **load)
+            else:
+                result = run_load(server, inputs, **load)
+    summary = result.summary()
+    summary["target"] = args.url or "in-process"
+    _nothing_done(summary["ok"], summary["submitted"], summary["error_reasons"], args.url)
+    if args.profile and not args.url:
+        profile = recorder.join(result).summary()
+        summary.update({key: profile[key] for key in ("diagnosis", "threads", "gpu")})
+    return _emit(args, summary, lambda: format_load(summary))
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    from tuning.experiments.watch import watch
+    from tuning.present.tables import format_watch
+
+    if args.url is None and args.concurrency is not None:
+        raise UsageError("watch: --concurrency drives load at --url; give --url too")
+    inputs = _inputs(args) if args.url else None
+    result = watch(args.pid, args.url, inputs, concurrency=args.concurrency or 8, duration_s=args.duration,
+                   interval=args.interval)
+    return _emit(args, result.summary(), lambda: format_watch(result))
+
+
+def _number_list(kind: type, minimum: float, what: str, example: str, rule: str) -> Callable[[str], list]:
+    """An argparse type for comma-separated numbers of ``kind`` that are all >= ``minimum``."""
+    def parse(text: str) -> list:
+        try:
+            values = [kind(part) for part in text.split(",") if part.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of {what}, e.g. {example}") from None
+        if not values or min(values) < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r}: give {rule}, e.g. {example}")
+        return values
+    return parse
+
+
+_int_list = _number_list(int, 1, "integers", "1,2,4,8", "positive integers")
+_float_list = _number_list(float, 0, "numbers", "0,5,20", "numbers >= 0")
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from tuning.present.tables import table
+    from tuning.present.verdicts import batch_sweep_verdict, load_sweep_verdict
+    from tuning.runtime.engine import Engine
+
+    knobs = knobs_from_args(args)
+    custom, _ = _custom(args, knobs)
+    engine = Engine(knobs, custom.pop("model"))
+    if args.variable == "batch":
+        from tuning.experiments.sweeps import run_batch_sweep
+
+        result = run_batch_sweep(knobs, args.sizes or [1, 2, 4, 8, 16, 32], args.length, args.repeats, engine=engine)
+        summary = result.summary()
+        if args.json:
+            _print_json(summary)
+        else:
+            print(f"batch sweep at {args.length} tokens, {summary['device']} {summary['dtype']} {summary['graph']}")
+            print(table(summary["points"], ["batch_size", "status", "per_batch_ms", "per_sample_ms", "throughput",
+                                            "memory_mb"]))
+            print(f"knee (smallest batch within 5% of the best per-sample cost): {summary['knee']}; "
+                  f"marginal gain under 5% from batch {summary['diminishing_returns_at']}")
+            print(batch_sweep_verdict(summary))
+        return 0
+    from tuning.experiments.sweeps import load_sweep
+
+    inputs = _inputs(args)
+    variable = {"concurrency": "concurrency", "wait": "max_wait_ms"}[args.variable]
+    values = args.values or ([1, 4, 16, 32, 64] if variable == "concurrency" else [0.0, 5.0, 20.0, 50.0])
+    if variable == "concurrency":
+        if any(v != int(v) or v < 1 for v in values):
+            raise UsageError(f"sweep concurrency --values {','.join(f'{v:g}' for v in values)}: concurrency is a "
+                             "whole number of clients >= 1, e.g. --values 1,8,32")
+        values = [int(v) for v in values]
+    from tuning.online.serve import Server
+
+    frame = load_sweep(knobs, inputs, variable, values, requests=args.requests,
+                  concurrency=None if variable == "concurrency" else args.concurrency,
+                  server_factory=lambda k: Server(k, engine=engine, **custom))
+    points = frame.astype(object).where(frame.notna(), None).to_dict("records")
+    if args.json:
+        _print_json({"variable": variable, "points": points, "verdict": load_sweep_verdict(variable, points)})
+    else:
+        print(frame.round(2).to_string(index=False))
+        print(load_sweep_verdict(variable, points))
+    _nothing_done(int(frame["ok"].sum()), int(frame[["ok", "errors", "timeouts", "rejected"]].sum().sum()), [])
+    return 0
+
+
+def _record_jsonl(args: argparse.Namespace) -> bool:
+    """Whether ``--data`` is JSONL read line by line as it comes (records or lines with a ``text`` field)."""
+    from tuning.inputs.readers import detect_format
+
+    return detect_format(args.data, args.format) == "jsonl" and args.text_field is None
+
+
+def _observed(args: argparse.Namespace, max_length: int) -> tuple[list[int], list[int]]:
+    """Per input of ``--data`` in any format: token length (0 for a bad row) and size in bytes."""
+    from tuning.base.assets import tokenizer_files
+    from tuning.inputs.tokenize import FastTokenizer
+
+    inputs = _inputs(args)
+    slots = [i for i, x in enumerate(inputs) if isinstance(x, str)]
+    lengths, sizes = [0] * len(inputs), [len(x.encode()) if isinstance(x, str) else 0 for x in inputs]
+    encoded = FastTokenizer(tokenizer_files()[1], max_length).encode_batch([inputs[i] for i in slots])
+    for i, enc in zip(slots, encoded):
+        lengths[i] = len(enc.ids)
+    return lengths, sizes
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from tuning.inputs.buckets import observed_inputs, padding_waste
+    from tuning.present.tables import table
+
+    knobs = knobs_from_args(args)
+    import numpy as np
+
+    if _record_jsonl(args):
+        lengths, sizes = observed_inputs(args.data, args.limit, knobs.max_length)
+    else:
+        lengths, sizes = _observed(args, knobs.max_length)
+    report = padding_waste(lengths, k=args.k, sizes=sizes, knobs=knobs)
+    rows = report.table.to_dict("records")
+    valid = [n for n in lengths if n]
+    if args.json:
+        _print_json({"k": args.k, "planned_buckets": list(report.planned), "requests": len(lengths),
+                     "batch_size": knobs.batch_size, "window": knobs.bucket_window, "strategies": rows})
+    else:
+        print(f"{len(lengths)} requests, token lengths p50 {int(np.median(valid))}, max {max(valid)}; "
+              f"every row simulates the pipeline's batches (batch_size {knobs.batch_size}, "
+              f"window {knobs.bucket_window})")
+        print(table(rows, ["strategy", "shapes", "padded_tokens", "real_tokens", "padded_over_real", "waste"]))
+        best = min(rows, key=lambda r: r["waste"])
+        print(f"least padding: {best['strategy']}: {best['settings']}")
+        now = next((r for r in rows if r.get("strategy") == "current"), None)
+        print(f"verdict: {best['strategy']} pads {best['waste']:.0%} of the model's tokens"
+              + (f" against {now['waste']:.0%} with the current knobs" if now else "")
+              + f"; to use it: {best['settings']}.")
+    return 0
+
+
+def cmd_precision(args: argparse.Namespace) -> int:
+    from tuning.experiments.precision import precision_report
+    from tuning.inputs.readers import load_texts
+    from tuning.present.tables import table
+    from tuning.present.verdicts import precision_verdict
+
+    knobs_from_args(args)  # its knobs are checked like every command's (a typo is an error, not ignored)
+    report = precision_report(load_texts(args.data, args.limit, **_data_kwargs(args)))
+
+    def render() -> str:
+        rows = [{**r, "min_cosine": f"{r['min_cosine']:.6f}", "mean_cosine": f"{r['mean_cosine']:.6f}"}
+                if r["status"] == "ok" else r for r in report.to_frame().to_dict("records")]
+        return (f"embeddings against fp32 on {report.texts} texts ({report.device})\n"
+                + table(rows, ["dtype", "texts", "min_cosine", "mean_cosine", "status"]) + "\n" + verdict)
+    verdict = precision_verdict(report.to_frame().to_dict("records"))
+    return _emit(args, {**report.summary(), "verdict": verdict}, render)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    return value
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from tuning.present.tables import table
+    from tuning.sim.calibrate import calibrate_files, describe, unidentified
+
+    for source in args.sources:
+        if not source.is_file():
+            raise UsageError(f"--from {str(source)!r}: no such file; write one with `python -m tuning sweep batch --json > FILE`")
+    profile, worst, points = calibrate_files(args.sources, args.name or args.out.stem, base=args.base)
+    profile.to_json(args.out)
+    summary = {"profile": str(args.out), "points": len(points), "worst_fit_error": worst, "fitted": describe(profile)}
+
+    summary["unidentified"] = {k: profile.sources[k] for k in unidentified(profile)}
+
+    def render() -> str:
+        notes = "".join(f"\nnote: {k} {v}" for k, v in summary["unidentified"].items())
+        return (f"fitted {profile.name} from {len(points)} points (worst fit error {worst:.1%}); wrote {args.out}\n"
+                + table([describe(profile)], list(describe(profile))) + notes
+                + f"\nuse it: --set device=sim --set sim_profile={args.out}")
+
+    return _emit(args, summary, render)
+
+
+def cmd_investigate(args: argparse.Namespace) -> int:
+    from tuning.present.investigation import investigate
+    from tuning.present.tables import format_investigation
+
+    what_if = None if args.what_if.lower() == "none" else args.what_if
+    data = args.data if _record_jsonl(args) else _inputs(args)
+    inv = investigate(data, args.device, args.quick, what_if, args.out, args.target_p99_ms,
+                      progress=not args.json, limit=args.limit)
+    return _emit(args, inv.summary(), lambda: format_investigation(inv))
+
+
+def _add_investigate_flags(p: argparse.ArgumentParser) -> None:
+    from tuning.experiments.investigate import DEFAULT_OUT
+    from tuning.experiments.ladder import DEFAULT_TARGET_P99_MS
+
+    _add_data_flags(p)
+    p.add_argument("--quick", action="store_true", help="short load tests and fewer points (about 3 minutes on 2 cores)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "sim"],
+                   help="auto: CUDA when present, else the real CPU (plus the what-if on the simulated device)")
+    p.add_argument("--what-if", default="h200-sxm-estimate", metavar="PROFILE",
+                   help="simulated device profile for the what-if section (a shipped name or a JSON path; none: skip)")
+    p.add_argument("--out", type=Path, default=Path(DEFAULT_OUT), help="output directory (report.html, "
+                   "experiments.csv, summary.json, environment.json)")
+    p.add_argument("--target-p99-ms", type=_positive_float, default=DEFAULT_TARGET_P99_MS,
+                   help="p99 latency target: the max wait is chosen under it, a step that breaks it is not kept")
+    p.add_argument("--json", action="store_true", help="print only the final JSON summary (no progress)")
+
+
+def cmd_knobs(args: argparse.Namespace) -> int:
+    from dataclasses import fields
+
+    from tuning.knobs import Knobs
+
+    rows = [{"knob": f.name, "default": Knobs().as_dict()[f.name],
+             **{f"preset {name}": k.as_dict()[f.name] for name, k in PRESETS.items()}, "help": f.metadata["help"]}
+            for f in fields(Knobs)]
+    if args.json:
+        _print_json(rows)
+        return 0
+    for r in rows:
+        presets = ", ".join(f"{name} {_short(r[f'preset {name}'])}" for name in PRESETS)
+        print(f"{r['knob']} = {_short(r['default'])}   ({presets})\n    {r['help']}")
+    print("\nchange one with --set KNOB=VALUE (repeatable), start from --preset NAME")
+    return 0
+
+
+def _short(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _terms() -> str:
+    from tuning.cli.guard import TERMS
+
+    return TERMS
+
+
+_TERMS = _terms()
+
+
+COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
+    "investigate": (cmd_investigate, "the main job: baseline under load, the ladder one change at a time, what-if, "
+                                     "HTML report"),
+    "run": (cmd_run, "replay the records through the offline pipeline and print throughput and the stage ledger"),
+    "profile": (cmd_profile, "run the offline pipeline under every profiler and print the diagnosis"),
+    "serve": (cmd_serve, "serve POST /embed, GET /healthz and GET /metrics over HTTP (loopback by default)"),
+    "loadtest": (cmd_loadtest_any, "load-test the in-process server (or --url) at fixed concurrency or rate; "
+                                   "--engine locust for locust with --workers N processes"),
+    "sweep": (cmd_sweep, "sweep one variable: batch size (model, fixed shapes), concurrency or wait (server)"),
+    "plan": (cmd_plan, "choose k bucket lengths from the token-length histogram; padding waste per strategy"),
+    "precision": (cmd_precision, "accuracy of bf16/fp16 embeddings against fp32 (min and mean cosine)"),
+    "watch": (cmd_watch, "watch a running service from outside (per-thread CPU, memory, GPU), optionally under load "
+                         "at its URL, with a diagnosis from what can be seen"),
+    "calibrate": (cmd_calibrate, "fit a simulated-device profile from batch sweeps measured on a real device"),
+    "knobs": (cmd_knobs, "list every knob with its help, its default and each preset's value"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m tuning", description="Tuning workbook for online inference services.",
+                     formatter_class=_HelpFormatter, epilog=_TERMS)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, (_, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=_HelpFormatter,
+                           epilog=_TERMS)
+        p.add_argument("--verbose", action="store_true",
+                       help="show every warning with its source, the profiler's own log lines, and tracebacks")
+        if name == "knobs":
+            p.add_argument("--json", action="store_true", help="print the knobs as JSON")
+            continue
+        if name == "investigate":
+            _add_investigate_flags(p)
+            continue
+        if name == "watch":
+            p.add_argument("--pid", type=_positive_int, required=True, help="process id of the running service")
+            p.add_argument("--url", default=None, help="drive load at this endpoint while watching, e.g. "
+                           "http://127.0.0.1:8000/embed (POST JSON {\"text\": ...} or a record)")
+            p.add_argument("--concurrency", type=_positive_int, default=None, help="clients in flight with --url (default 8)")
+            p.add_argument("--duration", type=_positive_float, default=10.0,
+                           help="seconds to watch (with --url: measured seconds of load)")
+            p.add_argument("--interval", type=_interval, default=0.5, help="sampling interval in seconds (>= 0.1)")
+            _add_data_flags(p)
+            p.add_argument("--json", action="store_true", help="print the tables as JSON frames and the diagnosis")
+            continue
+        if name == "calibrate":
+            p.add_argument("--from", dest="sources", action="append", required=True, type=Path, metavar="SWEEP.json",
+                           help="`sweep batch --json` output (repeat for more lengths, dtypes and graph modes)")
+            p.add_argument("-o", "--out", type=Path, required=True, help="where to write the device profile JSON")
+            p.add_argument("--name", default=None, help="profile name (default: the output file's stem)")
+            p.add_argument("--base", default=None, help="profile whose memory, copy and power figures are kept "
+                           "(default: h200-sxm-estimate on CUDA; this machine on a CPU)")
+            p.add_argument("--json", action="store_true", help="print the fitted profile as JSON")
+            continue
+        _add_knob_flags(p, "tuned" if name in ("serve", "loadtest") else "baseline")
+        if name in ("run", "profile", "serve", "loadtest", "sweep"):
+            _add_model_flags(p)
+        if name != "serve":
+            _add_data_flags(p)
+        if name == "profile":
+            p.add_argument("--interval", type=_interval, default=0.5, help="sampling interval in seconds (>= 0.1)")
+        if name == "serve":
+            p.add_argument("--host", default="127.0.0.1", help="address to bind (loopback by default)")
+            p.add_argument("--port", type=_port, default=8000, help="port (0: any free port)")
+            p.add_argument("--backlog", type=_positive_int, default=4096,
+                           help="listen backlog: new connections the kernel queues before they are accepted")
+            p.add_argument("--max-connections", type=_positive_int, default=None,
+                           help="open connections the front serves (default 1024, or the open-file limit less 64 "
+                                "where lower); a request on one past it gets 503 when its headers arrive (an "
+                                "overload past the front's own ceiling is shed here, before the server's queue)")
+            p.add_argument("--duration", type=_positive_float, default=None, help="stop after S seconds")
+        if name == "sweep":
+            p.add_argument("variable", choices=["batch", "concurrency", "wait"], help="what to sweep")
+            p.add_argument("--sizes", type=_int_list, default=None, help="batch sizes, e.g. 1,2,4,8,16,32")
+            p.add_argument("--length", type=_length, default=64, help="tokens per input for the batch sweep")
+            p.add_argument("--repeats", type=_positive_int, default=5, help="timed repeats per batch size")
+            p.add_argument("--values", type=_float_list, default=None, help="concurrency or max_wait_ms values")
+            p.add_argument("--requests", type=_positive_int, default=200, help="requests per point (server sweeps)")
+            p.add_argument("--concurrency", type=_positive_int, default=32, help="clients for the wait sweep")
+        if name == "plan":
+            p.add_argument("--k", type=_positive_int, default=4, help="number of bucket lengths (shapes)")
+        if name == "loadtest":
+            p.add_argument("--concurrency", type=_positive_int, default=8, help="requests in flight (closed loop)")
+            p.add_argument("--requests", type=_positive_int, default=None, help="measured requests")
+            p.add_argument("--duration", type=_positive_float, default=None, help="measured seconds")
+            p.add_argument("--rate", type=_positive_float, default=None, help="open loop: Poisson arrivals per second")
+            p.add_argument("--warmup", type=_count, default=16, help="warm-up requests excluded from the figures")
+            p.add_argument("--url", default=None, help="drive an HTTP endpoint instead, e.g. http://127.0.0.1:8000/embed")
+            p.add_argument("--profile", action="store_true",
+                           help="in-process only: run the load under the recorder and add the diagnosis")
+            p.add_argument("--warmup-s", type=_nonneg_seconds, default=None,
+                           help="warm-up seconds excluded from the figures (our engine: besides --warmup; "
+                                "locust: default 2)")
+            p.add_argument("--engine", choices=["tuning", "locust"], default="tuning",
+                           help="the load generator: ours (an asyncio keep-alive client for --url) or locust "
+                                "(headless master + --workers processes; closed loop, needs --duration)")
+            p.add_argument("--workers", type=_positive_int, default=None,
+                           help="--engine locust: local worker processes (default 1)")
+            p.add_argument("--remote-workers", type=_count, default=0,
+                           help="--engine locust: workers to wait for from other machines (run there: locust -f "
+                                "tuning/load/locustfile.py --worker --master-host THIS_HOST)")
+            p.add_argument("--master-host", default="127.0.0.1",
+                           help="--engine locust: address the master binds (loopback unless remote workers join)")
+    return parser
+
+
+def _check_data_path(path: Path) -> None:
+    """``--data`` names a readable file (a directory or a missing path is a usage error)."""
+    if path.is_dir():
+        raise UsageError(f"--data {str(path)!r} is a directory; pass a file in it, e.g. --data {path}/requests.jsonl")
+    if not path.is_file():
+        raise UsageError(f"--data {str(path)!r}: no such file; pass a JSONL, CSV/TSV, Parquet or text file")
+
+
+def _given(args: argparse.Namespace) -> set[str]:
+    """The long options written on the command line (so a flag that does not apply can be refused)."""
+    return {a.split("=", 1)[0] for a in getattr(args, "_argv", []) if a.startswith("--")}
+
+
+def _refuse(given: set[str], flags: Sequence[str], why: str) -> None:
+    used = [f for f in flags if f in given]
+    if used:
+        raise UsageError(f"{' and '.join(used)} {'does' if len(used) == 1 else 'do'} not apply: {why}")
+
+
+def _check_applies(args: argparse.Namespace) -> None:
+    """Refuse flags the command would silently ignore, with the reason."""
+    given = _given(args)
+    if args.command == "sweep" and args.variable == "batch":
+        _refuse(given, ["--values", "--requests", "--concurrency", "--data", "--limit"],
+                "sweep batch times the model on random tokens at --sizes and --length; they go with "
+                "sweep concurrency / sweep wait")
+    elif args.command == "sweep":
+        _refuse(given, ["--sizes", "--length", "--repeats"], "they go with sweep batch")
+        if args.variable == "concurrency":
+            _refuse(given, ["--concurrency"], "sweep concurrency sweeps it: give the values with --values 1,8,32")
+            if args.values and any(v != int(v) or v < 1 for v in args.values):
+                raise UsageError(f"sweep concurrency --values {','.join(f'{v:g}' for v in args.values)}: "
+                                 "concurrency is a whole number of clients >= 1, e.g. --values 1,8,32")
+    if args.command == "loadtest" and args.url:
+        _refuse(given, ["--set", "--preset", "--model", "--formatter"],
+                "with --url the server runs elsewhere with its own knobs; set them where it runs "
+                "(python -m tuning serve --set ...)")
+
+
+def _check_inputs(args: argparse.Namespace) -> None:
+    """A run on data without one valid request would measure nothing: say so now (exit 1), naming the first
+    reason and the formats accepted."""
+    from tuning.cli import guard as cliguard
+    from tuning.inputs.readers import parse_line, read_inputs
+    from tuning.inputs.records import RecordError
+
+    if getattr(args, "data", None) is None or (args.command == "watch" and not args.url):
+        return
+    if args.command == "sweep" and args.variable == "batch":
+        return
+    items = read_inputs(args.data, args.limit, **_data_kwargs(args))
+    if not items:
+        raise cliguard.NothingAchieved(f"--data {str(args.data)!r} has no requests (an empty file); "
+                                       f"{cliguard.DATA_FORMATS}")
+    first = None
+    for n, raw in items:
+        item = parse_line(raw, n, args.text_field) if isinstance(raw, bytes) else raw
+        if isinstance(item, RecordError):
+            first = first or f"line {item.line}: {item.reason}"
+        elif isinstance(item, str) and not item.strip():
+            first = first or f"line {n}: empty text"
+        else:
+            return
+    raise cliguard.NothingAchieved(f"--data {str(args.data)!r}: none of its {len(items)} lines is a valid request "
+                                   f"({first}); {cliguard.DATA_FORMATS}")
+
+
+def _nothing_done(ok: int, submitted: int, reasons: list[dict[str, Any]], url: str | None = None) -> None:
+    """Exit 1 (after the table) when not one request succeeded."""
+    from tuning.cli import guard as cliguard
+
+    if ok or not submitted:
+        return
+    reason = reasons[0]["reason"] if reasons else "unknown"
+    if url and ("connect" in reason.lower() or "refused" in reason.lower()):
+        raise cliguard.NothingAchieved(f"no answer from {url}: nothing listens there (start one with "
+                                       "`python -m tuning serve --port 8000`, or check the URL)")
+    raise cliguard.NothingAchieved(f"none of the {submitted} requests succeeded (first reason: {reason})")
+
+
+def _os_error(args: argparse.Namespace | None, exc: OSError) -> str:
+    import errno
+
+    port = getattr(args, "port", None)
+    if exc.errno == errno.EADDRINUSE:
+        return f"port {port} is in use; pass --port 0 (any free port) or another port"
+    if exc.errno == errno.EACCES and port is not None:
+        return f"port {port} needs privileges to bind; pass a port above 1023, or --port 0"
+    if exc.errno in (errno.EADDRNOTAVAIL, socket_gaierror_errno()) and port is not None:
+        return f"cannot bind --host {args.host!r}: not an address of this machine; use 127.0.0.1 or 0.0.0.0"
+    where = f": {exc.filename}" if exc.filename else ""
+    return f"{exc.strerror or exc}{where}"
+
+
+def socket_gaierror_errno() -> int:
+    import socket
+
+    return socket.EAI_NONAME
+
+
+def _interrupted(args: argparse.Namespace | None, exc: KeyboardInterrupt) -> int:
+    """Ctrl-C: one line saying how far it got, the partial table (or JSON), exit 130; no traceback."""
+    import signal
+
+    from tuning.cli import guard as cliguard
+
+    with contextlib.suppress(ValueError):  # a second Ctrl-C while printing is ignored
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    partial = getattr(exc, "partial", None)
+    as_json = bool(getattr(args, "json", False))
+    line, summary, render = "interrupted before anything was measured", {"interrupted": True}, None
+    try:
+        line, summary, render = _partial_view(args, partial) if partial is not None else (line, summary, None)
+    except Exception:  # the partial view is a courtesy: never a traceback on the way out
+        pass
+    print(line, file=sys.stderr, flush=True)
+    if as_json:
+        _print_json({**summary, "interrupted": True})
+    elif render is not None:
+        with contextlib.suppress(Exception):
+            print(render(), flush=True)
+    return cliguard.EXIT_INTERRUPTED
+
+
+def _partial_view(args: argparse.Namespace, partial: Any) -> tuple[str, dict[str, Any], Callable[[], str] | None]:
+    """(the line, the JSON summary, the rendering) of what an interrupted command measured."""
+    from tuning.present.tables import format_load, format_run, table
+
+    if hasattr(partial, "requests") and hasattr(partial, "batches"):  # an offline run
+        s = partial.summary()
+        return f"interrupted after {s['requests']} requests", s, lambda: format_run(partial)
+    if hasattr(partial, "timings"):  # a load test
+        s = partial.summary()
+        s["target"] = getattr(args, "url", None) or "in-process"
+        return f"interrupted after {s['submitted']} requests", s, lambda: format_load(s)
+    if hasattr(partial, "rows") and hasattr(partial, "knee"):  # sweep batch
+        s = partial.summary()
+        sizes = [p["batch_size"] for p in s["points"]]
+        return (f"interrupted after {len(sizes)} sweep points (batch sizes {sizes})", s,
+                lambda: table(s["points"], ["batch_size", "status", "per_batch_ms", "per_sample_ms", "throughput"]))
+    rows = partial.astype(object).where(partial.notna(), None).to_dict("records")  # sweep concurrency / wait
+    return (f"interrupted after {len(rows)} sweep points", {"points": rows},
+            lambda: partial.round(2).to_string(index=False) if rows else "")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from tuning.cli import guard as cliguard
+
+    parser = build_parser()
+    args = None
+    try:
+        args = parser.parse_args(argv)
+        args._argv = list(sys.argv[1:] if argv is None else argv)
+        if not args.command:
+            raise UsageError(f"{parser.prog}: choose a command: {', '.join(COMMANDS)} (see --help)")
+        if getattr(args, "data", None) is not None:
+            _check_data_path(args.data)
+        verbose = getattr(args, "verbose", False)
+        with cliguard.warning_policy(verbose), \
+                (contextlib.nullcontext() if verbose else cliguard.filter_native_stderr()):
+            _check_applies(args)
+            _check_inputs(args)
+            _announce_knobs(args)
+            return COMMANDS[args.command][0](args)
+    except KeyboardInterrupt as exc:  # Ctrl-C: what was measured so far, then exit 130
+        return _interrupted(args, exc)
+    except cliguard.NothingAchieved as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return cliguard.EXIT_NOTHING
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (ValueError, TypeError) as exc:  # knob validation: names field, value and what is allowed
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, ModuleNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # the environment, not the arguments: a port in use, a file that cannot be written
+        print(f"error: {_os_error(args, exc)}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # nothing a user can cause should get here: one line, the traceback with --verbose
+        if getattr(args, "verbose", False):
+            raise
+        first = (str(exc).splitlines() or [""])[0][:300]
+        print(f"error: {type(exc).__name__}: {first} (an internal error: rerun with --verbose for the traceback "
+              "and report it)", file=sys.stderr)
+        return 1

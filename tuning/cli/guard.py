@@ -1,0 +1,109 @@
+"""What every command of the CLI shares for a newcomer: quiet output, one-line errors, Ctrl-C that keeps
+what was measured, and a verdict sentence computed from each table's numbers.
+
+Kept apart from :mod:`tuning.cli` (which declares the commands) so the policies live in one place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import warnings
+from typing import Any, Iterator
+
+EXIT_OK, EXIT_NOTHING, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+DATA_FORMATS = ("accepted: record JSONL (one JSON object a line with id, title, category, attributes, body), "
+                "JSONL with a text field ({\"text\": ...}, or --text-field NAME), CSV/TSV/Parquet with a text column "
+                "(--text-column NAME), or plain text with one request per line (.txt, or --format text)")
+
+TERMS = """terms:
+  truncated          inputs longer than max_length tokens, cut to max_length (their tail is not embedded)
+  wait_for_input     a batch's wait for its inputs: the model idle, starved by reading/tokenizing
+  wait_for_model     a ready batch's wait for the model: the model is the bottleneck (back-pressure)
+  queue_wait         (server) time a request waits before a batch takes it
+  padding waste      share of the model's tokens that are padding: 1 - real tokens / padded tokens
+  mean batch         requests per model call; below batch_size when max_wait_ms expires before the batch
+                     fills (too few requests in flight): raise concurrency or max_wait_ms
+  model busy         share of the measured window the model was running
+  knee               the smallest batch within 5% of the best per-sample cost
+exit codes: 0 done, 1 nothing achieved (no valid input, no answer), 2 usage error, 130 interrupted (Ctrl-C)"""
+
+
+class NothingAchieved(Exception):
+    """A run that measured nothing (no valid input, no answer from the URL): exit 1 with one line."""
+
+
+# -- quiet by default ---------------------------------------------------------------------------------------
+
+NATIVE_NOISE = ("USDT:",)  # torch's profiler (kineto) prints profiler_start/stop lines on fd 2
+
+
+@contextlib.contextmanager
+def filter_native_stderr(prefixes: tuple[str, ...] = NATIVE_NOISE) -> Iterator[None]:
+    """Drop lines that native libraries write straight to file descriptor 2 and that start with one of
+    ``prefixes``; every other line (Python's included) passes through unchanged."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        read_fd, write_fd = os.pipe()
+    except OSError:  # no real fd 2 (embedded use): nothing to filter
+        yield
+        return
+    encoded = tuple(p.encode() for p in prefixes)
+
+    def pump() -> None:
+        with os.fdopen(read_fd, "rb", buffering=0) as src:
+            pending = b""
+            while chunk := src.read(65536):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                out = b"".join(line + b"\n" for line in lines if not line.startswith(encoded))
+                if out:
+                    os.write(saved, out)
+            if pending and not pending.startswith(encoded):
+                os.write(saved, pending)
+
+    thread = threading.Thread(target=pump, name="stderr-filter", daemon=True)
+    thread.start()
+    os.dup2(write_fd, 2)
+    os.close(write_fd)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        os.dup2(saved, 2)  # the pipe's last writer here closes; children that still hold it end it later
+        thread.join(timeout=1.0)
+        os.close(saved) if not thread.is_alive() else None
+
+
+@contextlib.contextmanager
+def warning_policy(verbose: bool) -> Iterator[None]:
+    """Quiet (default): third-party deprecation warnings hidden, every other warning as one ``note:`` line
+    (once per message). Verbose: Python's default filters and format, with file and line."""
+    with warnings.catch_warnings():
+        if verbose:
+            warnings.simplefilter("default")
+            yield
+            return
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", PendingDeprecationWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        seen: set[str] = set()
+
+        def note(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+            text = " ".join(str(message).split())
+            if text not in seen:
+                seen.add(text)
+                print(f"note: {text}", file=sys.stderr, flush=True)
+
+        warnings.showwarning = note
+        yield
+
+
+# -- verdicts -------------------------------------------------------------------------------------------------
+
+

@@ -1,0 +1,2 @@
+"""Experiments that drive the runtime and the load: sweeps, precision checks, profiled runs, the ladder,
+watching a service from outside, and the whole investigation."""

@@ -1,0 +1,297 @@
+"""``python -m tuning investigate``: symptom to shipped configuration in one command.
+
+Phases (a progress bar each, a line per finished ladder step):
+
+1. **baseline**: the ``baseline`` preset under fixed-concurrency load with the recorder (trends,
+   per-thread CPU, stage ledger, diagnosis);
+2. **ladder**: :func:`tuning.experiments.ladder.run_ladder`, one variable at a time, each kept only if it helps;
+3. **confirm**: the recommended configuration under the recorder again (trends and ledger after);
+4. **what-if** (unless on a GPU): baseline and recommended on the simulated accelerator
+   (``--what-if PROFILE``): would this host pipeline feed that device, and what starves it first;
+5. **report**: ``report.html`` (self-contained, offline), ``experiments.csv`` (one row per measured
+   configuration), ``summary.json`` (steps, recommended knobs, environment), ``environment.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from tuning.base.format import pct, rounded
+from tuning.base.progress import progress_bar
+from tuning.experiments.ladder import (
+    DEFAULT_TARGET_P99_MS,
+    LadderResult,
+    LadderSettings,
+    LoadMeasure,
+    Trial,
+    input_texts,
+    load_inputs,
+    run_ladder,
+)
+from tuning.knobs import preset
+from tuning.sim.device import device_for
+
+DEFAULT_OUT = "investigation"
+FED_DEVICE_BUSY = 0.70  # the what-if calls a device "fed" at or above this busy share (diagnose.SATURATED_BUSY)
+WORK_STAGES = ("read", "preprocess", "postprocess")  # host stages that do work (queue waits are their symptom)
+
+
+@dataclass
+class Investigation:
+    """Everything one ``investigate`` run measured, and where its files are."""
+
+    out: Path
+    quick: bool
+    device: dict[str, Any]
+    environment: dict[str, Any]
+    data: dict[str, Any]
+    before: Trial  # baseline under the recorder (trial.profile)
+    ladder: LadderResult
+    after: Trial | None = None  # recommended under the recorder
+    what_if: dict[str, Any] = field(default_factory=dict)
+    wall_s: float = math.nan
+    files: dict[str, str] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        ladder = self.ladder.summary()
+        ladder.pop("data", None)  # self.data says the same, with the path
+        return {
+            "command": "investigate", "quick": self.quick, "wall_s": rounded(self.wall_s, 2), "out": str(self.out),
+            "files": self.files, "device": self.device, "environment": self.environment, "data": self.data,
+            "target_p99_ms": ladder.pop("target_p99_ms"),
+            "diagnosis": _diagnosis(self.before),
+            "before": _trial_summary(self.before), "after": _trial_summary(self.after),
+            **ladder,
+            "what_if": {k: (v if k != "runs" else {n: _trial_summary(t) for n, t in v.items()})
+                        for k, v in self.what_if.items()},
+        }
+
+
+def _diagnosis(trial: Trial | None) -> dict[str, Any] | None:
+    profile = getattr(trial, "profile", None)
+    return profile.diagnosis.as_dict() if profile is not None else None
+
+
+def _trial_summary(trial: Trial | None) -> dict[str, Any] | None:
+    if trial is None:
+        return None
+    out = {k: rounded(getattr(trial, k)) for k in ("qps", "p50_ms", "p95_ms", "p99_ms", "model_busy", "device_busy",
+                                                    "mean_batch")}
+    out.update(ok=trial.ok, errors=trial.errors, timeouts=trial.timeouts, rejected=trial.rejected,
+               submitted=trial.submitted)
+    if trial.load is not None:
+        s = trial.load.summary()
+        out.update(stages=s.get("stages"), device=s.get("device"), error_reasons=s.get("error_reasons"))
+    if trial.profile is not None:
+        out["diagnosis"] = trial.profile.diagnosis.as_dict()
+        out["threads"] = trial.profile.top_threads(5)
+    return out
+
+
+def environment(device: Any, what_if: str | None) -> dict[str, Any]:
+    """Torch version, device, CPU model, thread counts, the simulated profile used, the machine's load."""
+    import psutil
+    import torch
+
+    from tuning import __version__
+
+    cpu_model = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            cpu_model = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), cpu_model)
+    except OSError:
+        pass
+    env = {
+        "python": platform.python_version(), "torch": torch.__version__, "tuning": __version__,
+        "platform": platform.platform(), "cpu_model": cpu_model, "cpus_logical": psutil.cpu_count(),
+        "cpus_physical": psutil.cpu_count(logical=False), "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "cuda_available": torch.cuda.is_available(), "cuda_version": torch.version.cuda,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "device": device.label, "simulated": bool(device.simulated),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
+    }
+    load = env["load_average_at_start"]
+    if load and load[0] > (env["cpus_logical"] or 1):
+        env["contended"] = (f"the machine was busy with other work (load average {load[0]:.1f} on "
+                            f"{env['cpus_logical']} CPUs): expect a wide run-to-run spread and fewer steps told from noise")
+    profile = what_if if (device.knob != "cuda" and what_if) else None
+    if profile:
+        from tuning.sim import load_profile
+
+        p = load_profile(profile)
+        env["sim_profile"] = {"name": p.name, "source": p.source, "label": p.label(),
+                              "used_for": "the whole run" if device.knob == "sim" else "the what-if section"}
+    return env
+
+
+def _host_starver(trial: Trial) -> tuple[str, float, float] | None:
+    """The working host stage with the largest share of a request's p50 time: (stage, p50 ms, share)."""
+    if trial.load is None:
+        return None
+    ledger = trial.load.ledger()
+    host = ledger.loc[[s for s in WORK_STAGES if s in ledger.index]]
+    host = host[host.p50_ms.notna()]
+    if host.empty:
+        return None
+    stage = str(host.p50_ms.idxmax())
+    return stage, float(host.loc[stage, "p50_ms"]), float(host.loc[stage, "share"])
+
+
+def what_if_verdict(name: str, trial: Trial, label: str) -> str:
+    """One sentence: is the simulated device fed, and what on the host starves it first."""
+    busy = trial.device_busy
+    queued = _stage_share(trial, "queue_wait")
+    head = f"{name} on the {label}: device busy {pct(busy)} (model busy {pct(trial.model_busy)}), QPS {trial.qps:.1f}"
+    if math.isfinite(busy) and busy >= FED_DEVICE_BUSY:
+        return f"{head}: fed (>= {FED_DEVICE_BUSY:.0%}); the device is now the bottleneck."
+    starver = _host_starver(trial)
+    threads = trial.profile.top_threads(1) if trial.profile is not None else []
+    where = (f"; first to starve it: {starver[0]} ({starver[1]:.1f} ms p50, {starver[2]:.0%} of a request's p50 time"
+             + (f", while requests spend {queued:.0%} of it queued for a worker or a model slot" if math.isfinite(queued) else "")
+             + ")" if starver else "")
+    thread = (f"; busiest thread '{threads[0]['name']}' at {threads[0]['cpu_mean']:.0f}% of a core" if threads else "")
+    host = trial.profile.host.summary() if trial.profile is not None else {}
+    if host.get("samples"):
+        thread += f", the process at {host['cpu_percent_mean']:.0f}% of one core (of {host['cpu_count']})"
+    diag = _diagnosis(trial)
+    verdict = f"; diagnosis {diag['kind']}: {diag['next_step']}" if diag else ""
+    return f"{head}: starved (< {FED_DEVICE_BUSY:.0%}){where}{thread}{verdict}"
+
+
+def _stage_share(trial: Trial, stage: str) -> float:
+    if trial.load is None:
+        return math.nan
+    ledger = trial.load.ledger()
+    return float(ledger.loc[stage, "share"]) if stage in ledger.index else math.nan
+
+
+def _writer(progress: bool | Callable[[str], None]) -> Callable[[str], None]:
+    if progress is True:
+        from tqdm.auto import tqdm
+
+        return tqdm.write
+    return progress if callable(progress) else (lambda line: None)
+
+
+def _line(name: str, trial: Trial) -> str:
+    d = _diagnosis(trial)
+    diag = f"  diagnosis: {d['kind'].upper()} ({'; '.join(d['reasons'])})" if d else ""
+    return (f"{name}: QPS {trial.qps:.1f}  p99 {trial.p99_ms:.0f} ms  model busy {pct(trial.model_busy)}  "
+            f"device busy {pct(trial.device_busy)}  errors {trial.errors}/{trial.submitted}{diag}")
+
+
+def run_investigation(data: Any = None, device: str = "auto", quick: bool = False,
+                      what_if: str | None = "h200-sxm-estimate", out: str | Path = DEFAULT_OUT,
+                      target_p99_ms: float = DEFAULT_TARGET_P99_MS, progress: bool | Callable[[str], None] = True,
+                      settings: LadderSettings | None = None, limit: int | None = None,
+                      render: Callable[[Investigation], str] | None = None) -> Investigation:
+    """Run the whole investigation and write its files under ``out``; returns the :class:`Investigation`.
+
+    ``render``: the report renderer (``report.html`` is written only with one); :func:`tuning.investigate`
+    passes the HTML report's, so that measuring here imports no presentation.
+
+    ``device``: ``auto`` (CUDA, else the real CPU), ``cpu``, ``cuda`` or ``sim`` (the whole run on the
+    simulated ``what_if`` profile). ``what_if``: the simulated profile of the what-if section (None: no
+    what-if); the section is left out on a GPU, where the device itself answers.
+    """
+    t_start = time.perf_counter()
+    settings = settings or (LadderSettings.quick() if quick else LadderSettings.full())
+    if limit is not None:
+        settings = dataclasses.replace(settings, limit=limit)
+    dev = device_for(device, what_if if device == "sim" else None, fallback="cpu")
+    env = environment(dev, what_if)  # checks the what-if profile before anything is written
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    say = _writer(progress)
+    say(dev.banner)
+    if env.get("contended"):
+        say(f"note: {env['contended']}")
+
+    bar, _, status = progress_bar(progress, total=2, desc="baseline")
+    status("reading the data")
+    inputs = load_inputs(data, settings.limit)
+    texts, bad = input_texts(inputs)
+    data_info = {"path": str(data) if data is None or isinstance(data, (str, os.PathLike)) else "(given inputs)",
+                 "lines": len(inputs), "valid": len(texts), "invalid": sum(bad.values()), "invalid_reasons": bad}
+    if data is None:
+        from tuning.base.assets import DEFAULT_DATA
+
+        data_info["path"] = str(DEFAULT_DATA)
+    bar.update(1)
+    measure = LoadMeasure(inputs, settings.concurrency, settings.duration_s, settings.warmup_s)
+    base = preset("baseline", device=dev.knob)
+    if dev.knob == "sim" and what_if:
+        base = base.replace(sim_profile=what_if)
+    status("load test under the recorder")
+    before = measure(base, record=True)
+    bar.update(1)
+    bar.close()
+    say(_line("baseline", before))
+    if bad:
+        say(f"input: {data_info['invalid']} of {len(inputs)} lines are invalid ({bad}); each becomes an error outcome")
+
+    ladder = run_ladder(inputs, dev, settings=settings, target_p99_ms=target_p99_ms, measure=measure,
+                        progress=progress, first=before, sim_profile=what_if if dev.knob == "sim" else None)
+
+    bar, _, status = progress_bar(progress, total=1, desc="confirm")
+    status("recommended configuration under the recorder")
+    after = measure(ladder.recommended, record=True)
+    bar.update(1)
+    bar.close()
+    say(_line("recommended", after))
+
+    inv = Investigation(out, quick, ladder.device, env, data_info, before, ladder, after)
+    if dev.knob == "cpu" and what_if:
+        bar, _, status = progress_bar(progress, total=2, desc="what-if")
+        from tuning.sim import load_profile
+
+        profile = load_profile(what_if)
+        label = f"simulated {profile.name}"
+        runs = {}
+        for name, knobs in (("baseline", base), ("recommended", ladder.recommended)):
+            status(f"{name} on the simulated {what_if}")
+            runs[name] = measure(knobs.replace(device="sim", sim_profile=what_if), record=True)
+            bar.update(1)
+        bar.close()
+        verdicts = [what_if_verdict(n, t, label) for n, t in runs.items()]
+        for v in verdicts:
+            say(f"what-if: {v}")
+        inv.what_if = {"profile": what_if, "label": label, "source": profile.source, "runs": runs,
+                       "verdicts": verdicts}
+    elif dev.knob == "cuda":
+        inv.what_if = {"skipped": "run on a real GPU: the device itself answers whether it is fed"}
+    elif dev.knob == "sim":
+        inv.what_if = {"skipped": "the whole run is on the simulated device"}
+    else:
+        inv.what_if = {"skipped": "no what-if profile given"}
+
+    bar, _, status = progress_bar(progress, total=4, desc="report")
+    names = (("report.html",) if render else ()) + ("experiments.csv", "summary.json", "environment.json")
+    inv.files = {name: str(out / name) for name in names}
+    env["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
+    ladder.experiments_frame().to_csv(out / "experiments.csv", index=False)
+    bar.update(1)
+    (out / "environment.json").write_text(json.dumps(env, indent=2, default=str))
+    bar.update(1)
+    inv.wall_s = time.perf_counter() - t_start
+    status("charts")
+    if render is not None:
+        (out / "report.html").write_text(render(inv), encoding="utf-8")
+    bar.update(1)
+    inv.wall_s = time.perf_counter() - t_start
+    (out / "summary.json").write_text(json.dumps(inv.summary(), indent=2, default=str))
+    bar.update(1)
+    bar.close()
+    return inv
+
+

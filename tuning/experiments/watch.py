@@ -1,0 +1,288 @@
+"""Watch a running service from outside: ``python -m tuning watch --pid PID [--url URL ...]``.
+
+The investigation's first step (``nvidia-smi -l`` and ``top -H -p PID`` during a load test) for any
+process: per-thread CPU with names, memory and disk of that process (and its children), the GPU's NVML
+series with that process's own utilization where NVML gives it, optionally while driving load at its
+URL from this process; then trend tables and a diagnosis from what can be seen from outside
+(:mod:`tuning.profile.outside`), which says what it could not see.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import warnings
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import pandas as pd
+import psutil
+
+from tuning.base import clock as _clock
+from tuning.load.generator import metrics_busy_total
+from tuning.profile.gpu import GpuSampler, GpuSeries
+from tuning.profile.host import HostSampler, HostSeries
+from tuning.profile.outside import OutsideDiagnosis, OutsideSignals, diagnose_outside, outside_signals
+
+MAX_TREND_ROWS = 20
+
+
+def url_target(url: str) -> Callable[[Any], Any]:
+    """POST each input to ``url``; an input that cannot be a request (a :class:`~tuning.inputs.readers.RecordError`,
+    a bad row of the data) is its own error outcome with its reason, without being sent."""
+    from tuning.inputs.records import RecordError
+    from tuning.load.generator import http_target
+    from tuning.online.response import Response
+
+    send = http_target(url)
+
+    def target(raw: Any) -> Any:
+        if isinstance(raw, RecordError):
+            now = _clock.now()
+            return Response(-1, "error", f"bad input: {raw.reason}", raw.id, t_submit=now, t_done=now)
+        return send(raw)
+    return target
+
+
+class ServiceProcess:
+    """``python -m tuning serve`` in a process of its own, on a free loopback port: a service to watch
+    from outside. A context manager (or :meth:`start` / :meth:`close`); stopped by its pid (SIGTERM: it
+    drains), and in any case after ``duration_s``.
+
+    ``model``: a model folder or ``module:factory`` (``--model``); ``sets``: knobs (``--set``)."""
+
+    def __init__(self, preset: str = "tuned", model: str | None = None, sets: dict[str, Any] | None = None,
+                 duration_s: float = 900.0, start_timeout_s: float = 300.0):
+        self.args = ["--preset", preset, "--port", "0", "--duration", str(duration_s)]
+        if model is not None:
+            self.args += ["--model", str(model)]
+        for knob, value in (sets or {}).items():
+            self.args += ["--set", f"{knob}={','.join(map(str, value)) if isinstance(value, (list, tuple)) else value}"]
+        self.start_timeout_s = start_timeout_s
+        self.proc: Any = None
+        self.url: str | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.url}/embed"
+
+    def start(self) -> "ServiceProcess":
+        import os
+        import queue
+        import re
+        import subprocess
+        import sys
+        from pathlib import Path
+
+        env = dict(os.environ)  # the same tuning as this process, wherever it is installed
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
+        self.proc = subprocess.Popen([sys.executable, "-m", "tuning", "serve", *self.args], stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, env=env)
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(line) for line in self.proc.stdout], daemon=True,
+                         name="service-output").start()
+        seen, deadline = [], _clock.now() + self.start_timeout_s
+        while _clock.now() < deadline:
+            try:
+                line = lines.get(timeout=0.5)
+            except queue.Empty:
+                if self.proc.poll() is not None:
+                    break
+                continue
+            seen.append(line)
+            match = re.search(r"serving .* on (http://[\w.\[\]:]+)", line)
+            if match:
+                self.url = match.group(1)
+                return self
+        self.close()
+        raise RuntimeError("the service did not start: " + "".join(seen[-20:]).strip())
+
+    def close(self) -> None:
+        import subprocess
+
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> "ServiceProcess":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def describe_process(pid: int) -> str:
+    """``name (command line)`` of a running process; a ValueError naming the pid if there is none."""
+    try:
+        proc = psutil.Process(pid)
+        return f"{proc.name()}: {' '.join(proc.cmdline())[:200]}"
+    except psutil.NoSuchProcess:
+        raise ValueError(f"--pid {pid}: no such process; give the pid of a running service "
+                         "(e.g. pgrep -f 'my_service')") from None
+    except psutil.AccessDenied:
+        raise ValueError(f"--pid {pid}: access denied; watch a process of your own user (or run as its owner)") from None
+
+
+@dataclass
+class WatchResult:
+    """Everything one watch saw, on the shared clock; statistics and tables on demand."""
+
+    pid: int
+    command: str
+    interval: float
+    host: HostSeries
+    gpu: GpuSeries
+    t_start: float
+    t_end: float
+    load: Any = None  # LoadResult when load was driven
+    target: str | None = None
+    process_gpu_mb: dict[int, float] = field(default_factory=dict)
+    signals: OutsideSignals | None = None
+    diagnosis: OutsideDiagnosis | None = None
+
+    @property
+    def window(self) -> tuple[float, float]:
+        """The load's measured window when load was driven, else the whole watch."""
+        if self.load is not None:
+            return self.load.t_window_start, self.load.t_end
+        return self.t_start, self.t_end
+
+    def to_frame(self, signal: str) -> pd.DataFrame:
+        """host, threads, gpu, trend or requests (times in seconds from the start of the watch)."""
+        frames = {"host": self.host.to_frame, "threads": self.host.threads_frame, "gpu": self.gpu.to_frame,
+                  "trend": self.trend_frame,
+                  "requests": self.load.to_frame if self.load is not None else pd.DataFrame}
+        if signal not in frames:
+            raise ValueError(f"signal={signal!r} is not recorded; choose one of {', '.join(frames)}")
+        frame = frames[signal]().copy()
+        if signal != "trend":
+            for col in ("t", "t_scheduled", "t_sent", "t_received", "t_submit", "t_done"):
+                if col in frame:
+                    frame[col] = frame[col] - self.t_start
+        return frame
+
+    def trend_frame(self, rows: int = MAX_TREND_ROWS) -> pd.DataFrame:
+        """The trend table: per time bin (at most ``rows``), process CPU, RSS, the busiest thread, the GPU's
+        utilization, power and memory, this process's GPU share and, under load, QPS."""
+        hf = self.host.to_frame()
+        gf = self.gpu.to_frame()
+        if hf.empty and gf.empty:
+            return pd.DataFrame()
+        span = max(self.t_end - self.t_start, 1e-9)
+        width = max(self.interval, span / rows)
+        edges = [self.t_start + i * width for i in range(int(math.ceil(span / width)) + 1)]
+        threads = self.host.threads_frame()
+        ok_times = []
+        if self.load is not None:
+            req = self.load.to_frame()
+            if "t_received" in req:
+                ok_times = req.loc[req.outcome == "ok", "t_received"].tolist()
+        out = []
+        for a, b in zip(edges[:-1], edges[1:]):
+            h = hf[(hf.t > a) & (hf.t <= b)]
+            g = gf[(gf.t > a) & (gf.t <= b)]
+            if h.empty and g.empty:
+                continue
+            th = threads[(threads.t > a) & (threads.t <= b)]
+            busiest = th.groupby("name")["cpu_percent"].sum().sort_values(ascending=False) / len(h) if len(th) else None
+            row = {"t_s": round(b - self.t_start, 2), "cpu_pct": h.cpu_percent.mean() if len(h) else None,
+                   "rss_mb": h.rss_mb.max() if len(h) else None,
+                   "busiest_thread": (f"{busiest.index[0]} {busiest.iloc[0]:.0f}%"
+                                      if busiest is not None and len(busiest) else "-"),
+                   "gpu_util_pct": g.sm_util.mean() if len(g) else None,
+                   "power_w": g.power_w.mean() if len(g) else None,
+                   "gpu_mem_mb": g.mem_used_mb.mean() if len(g) else None,
+                   "proc_gpu_pct": g.proc_sm_util.mean() if len(g) and g.proc_sm_util.notna().any() else None}
+            if self.load is not None:
+                row["qps"] = sum(a < t <= b for t in ok_times) / (b - a)
+            out.append(row)
+        return pd.DataFrame(out)
+
+    def summary(self) -> dict[str, Any]:
+        """Everything ``watch --json`` prints: the verdict, what could not be seen, the tables as records."""
+        from tuning.base.stats import clean
+
+        load = self.load.summary() if self.load is not None else None
+        host = self.host.summary()
+        t0, t1 = self.window
+
+        def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+            return frame.astype(object).where(frame.notna(), None).to_dict("records")
+
+        return {
+            "pid": self.pid, "command": self.command, "target": self.target, "interval_s": self.interval,
+            "window_s": clean(t1 - t0),
+            "diagnosis": self.diagnosis.as_dict() if self.diagnosis else None,
+            "threads": self.host.top_threads(8),
+            "host": host,
+            "gpu": {**self.gpu.summary(), "process_memory_mb": {str(k): v for k, v in self.process_gpu_mb.items()}},
+            "load": {k: load[k] for k in ("mode", "concurrency", "qps", "p50_ms", "p95_ms", "p99_ms", "error_rate",
+                                          "submitted", "ok", "errors", "timeouts", "rejected", "model_busy",
+                                          "error_reasons")} if load else None,
+            "frames": {"trend": records(self.trend_frame()), "host": records(self.to_frame("host")),
+                       "threads": records(self.to_frame("threads")), "gpu": records(self.to_frame("gpu"))},
+        }
+
+
+def watch(pid: int, url: str | None = None, inputs: Sequence[Any] | None = None, concurrency: int = 8,
+          duration_s: float = 10.0, interval: float = 0.5, warmup_requests: int = 16,
+          busy_probe: Callable[[], float | None] | None = None, nvml: Any = None,
+          gpu_device: int | str | None = None) -> WatchResult:
+    """Sample process ``pid`` (threads, memory, disk; the GPU through NVML) for ``duration_s`` seconds, or
+    while driving ``concurrency`` clients at ``url`` for ``duration_s`` measured seconds; diagnose it.
+
+    ``busy_probe``: the service's running model-busy seconds (default: tuning's own metric on its ``/metrics``,
+    None for other services, where model busy is reported as unseen)."""
+    from tuning.load.generator import run_load
+
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid < 1:
+        raise ValueError(f"--pid {pid!r}: give the process id of a running service")
+    if not isinstance(duration_s, (int, float)) or duration_s <= 0:
+        raise ValueError(f"--duration {duration_s!r}: give a number of seconds > 0")
+    command = describe_process(pid)
+    if url is not None and not str(url).startswith(("http://", "https://")):
+        raise ValueError(f"--url {url!r}: give an http:// URL of the service's endpoint, e.g. http://127.0.0.1:8000/embed")
+    gpu_sampler = GpuSampler(interval, nvml=nvml, device=gpu_device, pid=pid)
+    host_sampler = HostSampler(interval, pid=pid)
+    load = None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the GPU section says why it is empty
+        with ExitStack() as stack:
+            stack.enter_context(gpu_sampler)
+            stack.enter_context(host_sampler)
+            psutil.cpu_percent(None)  # the machine's CPU from here...
+            me = psutil.Process()
+            own0 = sum(me.cpu_times()[:2])
+            t_start = _clock.now()
+            if url is not None:
+                if not inputs:
+                    raise ValueError("watch with --url needs request bodies (--data)")
+                load = run_load(url_target(url), list(inputs), concurrency=concurrency, duration_s=duration_s,
+                                warmup_requests=warmup_requests,
+                                busy_probe=busy_probe or (lambda: metrics_busy_total(url)))
+            else:
+                threading.Event().wait(duration_s)
+            process_gpu_mb = gpu_sampler.process_memory()
+            t_end = _clock.now()
+            machine_cpu = psutil.cpu_percent(None) / 100  # ...to here: every process, all cores
+            watcher_cpu = (sum(me.cpu_times()[:2]) - own0) / max(t_end - t_start, 1e-9) * 100
+    result = WatchResult(pid, command, interval, host_sampler.series, gpu_sampler.series, t_start, t_end, load,
+                         url, process_gpu_mb)
+    t0, t1 = result.window
+    mb = sum(process_gpu_mb.values()) if process_gpu_mb else math.nan
+    result.signals = outside_signals(result.host, result.gpu, t0, t1, load.summary() if load else None, mb, machine_cpu,
+                                     watcher_cpu)
+    result.diagnosis = diagnose_outside(result.signals)
+    return result
+
+

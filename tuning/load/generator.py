@@ -1,0 +1,741 @@
+"""Load generator: closed loop at fixed concurrency, open loop at a fixed (Poisson) rate.
+
+Drives the in-process :class:`~tuning.online.serve.Server`, any HTTP endpoint that takes the same
+JSON as ``POST /embed``, or a server in another process over a pipe (:class:`PipeTarget`).
+An HTTP endpoint is driven by an asyncio client on one thread with a keep-alive connection
+pool (``aiohttp``; one connection per client slot, opened once): no connection set-up per
+request, an accurate open-loop schedule, and every transport failure (refused, reset, timed
+out) is that request's ``error`` outcome with the reason. The client's own CPU use is
+reported (``client_cpu``), with a warning when the client, not the server, is the bottleneck.
+The counts of the measured requests add up: ``submitted == ok + errors + timeouts + rejected``.
+
+How it measures (see the README, "How latency is measured"):
+
+- Latency is client side. In the open loop it runs from each request's *scheduled* arrival,
+  not from its send: when every client is busy the arrival waits, and that wait is part of
+  its latency (no coordinated omission, as wrk2 and HdrHistogram require). The send lag
+  (send - scheduled) and the achieved send rate are reported beside the offered rate, with
+  a warning when the generator fell short of it. In the closed loop it runs from the send.
+- Percentiles cover every outcome (a timeout or a rejection is a latency too), with the
+  error rate beside them; the ok-only percentiles are reported as ``ok_p99_ms`` and so on.
+- The measured window is steady: warm-up requests before it and a cool-down after it keep
+  the load constant, so no measured request is sent at a ramp or answered in a drain. The
+  measured requests are those sent (closed loop) or scheduled (open loop) in the window;
+  throughput counts the ok answers received in it.
+- Model busy is the server's running busy total read at the two edges of the window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import math
+import queue
+import random
+import threading
+import time
+import warnings
+import weakref
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from tuning.base import clock as _clock
+from tuning.base.stats import clean, ledger_dict, stage_ledger, summarize
+from tuning.inputs.records import RecordError
+from tuning.knobs import Knobs
+from tuning.online.response import SERVE_STAGES, Response
+from tuning.online.serve import Server
+
+Target = Callable[[Any], Response]
+
+
+def server_target(server: Server, keep_embeddings: bool = False) -> Target:
+    """Send to an in-process server and wait for the outcome (embeddings only if ``keep_embeddings``)."""
+    return lambda raw: server.submit(raw, embedding=keep_embeddings).result()
+
+
+CLIENT_BOTTLENECK = 0.8  # the client's loop thread busier than this share of a core: it may be the bottleneck
+
+
+def request_body(raw: Any) -> bytes:
+    if isinstance(raw, (bytes, bytearray)):
+        return bytes(raw)
+    return json.dumps({"text": raw} if isinstance(raw, str) else raw).encode()
+
+
+def http_response(rid: int, status: int | None, payload: Any, t0: float, t1: float,
+                   failure: str | None = None) -> Response:
+    """One HTTP exchange as a :class:`Response`: 200 ok, 503 rejected, 504 timeout, anything else (or no
+    answer at all) an error with the reason."""
+    payload = payload if isinstance(payload, dict) else {}
+    if failure is not None:
+        outcome, reason = "error", f"connection failed: {failure}"
+    elif status == 200:
+        outcome, reason = "ok", None
+    else:
+        outcome = {503: "rejected", 504: "timeout"}.get(status, "error")
+        reason = f"HTTP {status}: {payload.get('error', 'no error message')}"
+    stages = payload.get("timings_ms", {}) if outcome == "ok" else {}
+    return Response(rid, outcome, reason, payload.get("id"), None, int(payload.get("n_tokens", 0) or 0),
+                    bool(payload.get("truncated", False)), int(payload.get("batch_size", 0) or 0), t0, t1,
+                    **{f"{s}_ms": float(stages.get(s, 0.0)) for s in SERVE_STAGES})
+
+
+class AsyncHttpClient:
+    """``POST`` request bodies to ``url`` over a keep-alive pool of at most ``connections`` connections
+    (aiohttp). Use inside the event loop that runs it: ``async with AsyncHttpClient(...) as c: await c(raw)``.
+    Never raises for a request: a transport failure is that request's error outcome."""
+
+    def __init__(self, url: str, connections: int, timeout_s: float = 60.0, clock: _clock.Clock | None = None):
+        self.url, self.connections, self.timeout_s = url, connections, timeout_s
+        self.clock = clock or _clock.now
+        self._ids = itertools.count()
+        self.session = None
+
+    async def __aenter__(self) -> "AsyncHttpClient":
+        import aiohttp
+
+        connector = aiohttp.TCPConnector(limit=self.connections, limit_per_host=self.connections,
+                                         force_close=False, enable_cleanup_closed=True)
+        self.session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                                             headers={"Content-Type": "application/json"})
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.session.close()
+
+    async def __call__(self, raw: Any) -> Response:
+        rid = next(self._ids)
+        t0 = self.clock()
+        if isinstance(raw, RecordError):  # an input that cannot be a request: its own error, not sent
+            return Response(rid, "error", f"bad input: {raw.reason}", raw.id, t_submit=t0, t_done=t0)
+        body = request_body(raw)
+        try:
+            async with self.session.post(self.url, data=body) as resp:
+                data = await resp.read()
+                status = resp.status
+            return http_response(rid, status, _json_or_empty(data), t0, self.clock())
+        except Exception as exc:  # refused, reset, timed out, protocol error: this request's one outcome
+            text = str(exc) or type(exc).__name__
+            return http_response(rid, None, {}, t0, self.clock(), f"{type(exc).__name__}: {text}")
+
+
+class HttpTarget:
+    """A blocking, thread-safe target that POSTs to ``url`` over a keep-alive pool (an
+    :class:`AsyncHttpClient` on a background event loop of its own). :func:`run_load` given one (or a
+    URL) drives the URL with the async client directly; called from threads, it still reuses
+    connections. ``close()`` ends its loop (it is a daemon thread otherwise)."""
+
+    def __init__(self, url: str, timeout_s: float = 60.0, connections: int = 256):
+        self.url, self.timeout_s, self.connections = url, timeout_s, connections
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client: AsyncHttpClient | None = None
+        self._thread: threading.Thread | None = None
+
+    def _started(self) -> tuple[asyncio.AbstractEventLoop, AsyncHttpClient]:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                self._thread = threading.Thread(target=loop.run_forever, name="http-target", daemon=True)
+                self._thread.start()
+                client = AsyncHttpClient(self.url, self.connections, self.timeout_s)
+                asyncio.run_coroutine_threadsafe(client.__aenter__(), loop).result()
+                self._loop, self._client = loop, client
+                self._finalizer = weakref.finalize(self, _stop_loop, loop, client)  # when dropped, or at exit
+            return self._loop, self._client
+
+    def __call__(self, raw: Any) -> Response:
+        loop, client = self._started()
+        return asyncio.run_coroutine_threadsafe(client(raw), loop).result()
+
+    def close(self) -> None:
+        with self._lock:
+            loop, self._loop = self._loop, None
+        if loop is not None:
+            self._finalizer()
+            self._thread.join(timeout=10)
+            loop.close()
+
+
+def _stop_loop(loop: asyncio.AbstractEventLoop, client: AsyncHttpClient) -> None:
+    """Close the client's session on its loop, then stop the loop (never waits: safe from a finalizer)."""
+    async def close() -> None:
+        try:
+            await client.__aexit__(None, None, None)
+        finally:
+            loop.stop()
+
+    if loop.is_running():
+        asyncio.run_coroutine_threadsafe(close(), loop)
+
+
+def http_target(url: str, timeout_s: float = 60.0) -> HttpTarget:
+    """A blocking callable POSTing to ``url`` over a keep-alive pool (see :class:`HttpTarget`)."""
+    return HttpTarget(url, timeout_s)
+
+
+def metrics_busy_total(url: str) -> float | None:
+    """The model busy seconds a tuning service exports (``tuning_model_busy_seconds_total`` on ``/metrics``
+    beside ``url``); None for a service that does not export it."""
+    import urllib.request
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    try:
+        with urllib.request.urlopen(f"{parts.scheme}://{parts.netloc}/metrics", timeout=5) as resp:
+            for line in resp.read().decode(errors="replace").splitlines():
+                if line.startswith("tuning_model_busy_seconds_total "):
+                    return float(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _json_or_empty(raw: bytes) -> dict:
+    try:
+        obj = json.loads(raw)
+        return obj if isinstance(obj, dict) else {}
+    except (ValueError, TypeError):
+        return {}
+
+
+@dataclass
+class LoadResult:
+    """Raw responses of one load test's measured window ``[t_window_start, t_end)`` and what was seen.
+
+    ``timings`` holds, per response, the client's (scheduled, sent, received) times; latency is
+    received - scheduled (the open loop's schedule; the send in the closed loop).
+    """
+
+    mode: str  # "closed" or "open"
+    concurrency: int
+    rate: float | None
+    responses: list[Response]
+    t_window_start: float
+    t_end: float
+    inflight: list[tuple[float, int]] = field(default_factory=list)
+    batch_log: list[tuple[float, int]] = field(default_factory=list)
+    busy_s: float | None = None
+    wait_for_input_total_s: float = 0.0
+    warmup_requests: int = 0
+    knobs: Knobs | None = None
+    spans_: list[tuple[float, float]] = field(default_factory=list)
+    timings: list[tuple[float, float, float]] = field(default_factory=list, repr=False)
+    ok_in_window: int | None = None  # ok answers received in the window, whichever phase sent them
+    cooldown_requests: int = 0
+    busy_window: tuple[float, float] | None = None  # when the busy total was read
+    device: dict[str, Any] = field(default_factory=dict)  # kind (simulated | cpu | cuda), name/profile, source
+    device_timeline: Any = field(default=None, repr=False)  # the simulated device's DeviceTimeline (None: real)
+    client_cpu: float | None = None  # HTTP client: CPU of its loop thread / wall time of the run (1.0 = a core)
+    engine: str = "tuning"  # the load generator: "tuning" (ours) or "locust"
+    engine_stats: dict[str, Any] = field(default_factory=dict)  # the load generator's own figures (locust's)
+
+    @property
+    def window_s(self) -> float:
+        return max(self.t_end - self.t_window_start, 1e-9)
+
+    def count(self, outcome: str) -> int:
+        return sum(r.outcome == outcome for r in self.responses)
+
+    @property
+    def submitted(self) -> int:
+        return len(self.responses)
+
+    @property
+    def qps(self) -> float:
+        """Successful responses received per second in the measured window."""
+        ok = self.ok_in_window if self.ok_in_window is not None else self.count("ok")
+        return ok / self.window_s
+
+    @property
+    def error_rate(self) -> float:
+        """Share of the measured requests whose outcome is not ok."""
+        return (self.submitted - self.count("ok")) / self.submitted if self.submitted else math.nan
+
+    @property
+    def offered_rate(self) -> float | None:
+        """Open loop: arrivals scheduled in the window per second (the Poisson draw of ``rate``)."""
+        return self.submitted / self.window_s if self.mode == "open" else None
+
+    @property
+    def achieved_rate(self) -> float | None:
+        """Open loop: measured requests actually sent in the window per second."""
+        if self.mode != "open":
+            return None
+        return sum(sent < self.t_end for _, sent, _ in self.timings) / self.window_s
+
+    @property
+    def model_busy(self) -> float:
+        if self.busy_s is None:
+            return math.nan
+        span = self.busy_window[1] - self.busy_window[0] if self.busy_window else self.window_s
+        return min(self.busy_s / max(span, 1e-9), 1.0)
+
+    def latencies_ms(self, ok_only: bool = False) -> list[float]:
+        """Client-side latency of each measured request (from its scheduled arrival in the open loop)."""
+        if not self.timings:
+            return [r.latency_ms for r in self.responses if not ok_only or r.outcome == "ok"]
+        return [(received - scheduled) * 1000 for r, (scheduled, _, received) in zip(self.responses, self.timings)
+                if not ok_only or r.outcome == "ok"]
+
+    def send_lags_ms(self) -> list[float]:
+        """How late each measured request was sent after its scheduled arrival (0 in the closed loop)."""
+        return [(sent - scheduled) * 1000 for scheduled, sent, _ in self.timings]
+
+    @property
+    def device_busy(self) -> float:
+        """Device compute time in the window / window (simulated timeline; model busy on a CPU; NaN on CUDA)."""
+        from tuning.sim.standin import window_device_busy
+
+        return window_device_busy(self.device, self.device_timeline, self.t_window_start, self.t_end,
+                                  self.window_s, self.model_busy)
+
+    def latency(self, ok_only: bool = False) -> dict[str, float]:
+        """Percentiles over every outcome (``ok_only=True``: the ok requests alone)."""
+        return summarize(self.latencies_ms(ok_only))
+
+    def ledger(self) -> pd.DataFrame:
+        """Per-stage time of the ok requests (queue wait included): p50/p99 (ms) and shares."""
+        return stage_ledger([r for r in self.responses if r.outcome == "ok"], SERVE_STAGES)
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per measured request; ``latency_ms`` is the client's (from the scheduled arrival)."""
+        rows = [r.as_dict() for r in self.responses]
+        for row, latency, timing in zip(rows, self.latencies_ms(), self.timings or [None] * len(rows)):
+            row["latency_ms"] = latency
+            if timing is not None:
+                scheduled, sent, received = timing
+                row.update(t_scheduled=scheduled, t_sent=sent, t_received=received,
+                           send_lag_ms=(sent - scheduled) * 1000)
+        return pd.DataFrame(rows)
+
+    def inflight_frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.inflight, columns=["t", "inflight"])
+
+    def batches_frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.batch_log, columns=["t", "batch_size"])
+
+    # the recorder's workload interface
+    def spans(self) -> list[tuple[float, float]]:
+        return list(self.spans_)
+
+    def batch_sizes(self) -> list[int]:
+        """Per model call when the server is in-process; else per ok request as the server reported it."""
+        if self.batch_log:
+            return [size for _, size in self.batch_log]
+        return [r.batch_size for r in self.responses if r.outcome == "ok" and r.batch_size]
+
+    def wait_for_input_s(self) -> float:
+        return self.wait_for_input_total_s
+
+    def summary(self) -> dict[str, Any]:
+        lat, ok_lat = self.latency(), self.latency(ok_only=True)
+        lags = summarize(self.send_lags_ms())
+        ledger = self.ledger()
+        sizes = self.batch_sizes()
+        offered, achieved = self.offered_rate, self.achieved_rate
+        return {
+            "mode": self.mode, "concurrency": self.concurrency, "rate": self.rate,
+            "latency_from": "scheduled arrival" if self.mode == "open" else "send",
+            "qps": clean(self.qps), "p50_ms": clean(lat["p50"]), "p90_ms": clean(lat["p90"]),
+            "p95_ms": clean(lat["p95"]), "p99_ms": clean(lat["p99"]), "error_rate": clean(self.error_rate),
+            **{f"ok_p{q}_ms": clean(ok_lat[f"p{q}"]) for q in (50, 90, 95, 99)},
+            "offered_rate": clean(offered) if offered is not None else None,
+            "achieved_rate": clean(achieved) if achieved is not None else None,
+            "send_lag_p50_ms": clean(lags["p50"]), "send_lag_p99_ms": clean(lags["p99"]),
+            "submitted": self.submitted, "ok": self.count("ok"), "errors": self.count("error"),
+            "timeouts": self.count("timeout"), "rejected": self.count("rejected"),
+            "warmup_requests": self.warmup_requests, "cooldown_requests": self.cooldown_requests,
+            "window_s": clean(self.window_s), "busy_s": clean(self.busy_s) if self.busy_s is not None else None,
+            "model_busy": clean(self.model_busy), "device_busy": clean(self.device_busy), "device": self.device,
+            "mean_batch": clean(float(np.mean(sizes))) if sizes else None,
+            "stages": ledger_dict(ledger),
+            "error_reasons": _top_reasons(self.responses),
+            "client_cpu": clean(self.client_cpu) if self.client_cpu is not None else None,
+            "engine": self.engine, **({"engine_stats": self.engine_stats} if self.engine_stats else {}),
+            "knobs": self.knobs.as_dict() if self.knobs else None,
+        }
+
+
+def _top_reasons(responses: Sequence[Response], top: int = 5) -> list[dict[str, Any]]:
+    counts: dict[str, int] = {}
+    for r in responses:
+        if r.outcome != "ok":
+            key = f"{r.outcome}: {(r.reason or '')[:120]}"
+            counts[key] = counts.get(key, 0) + 1
+    return [{"reason": k, "count": v} for k, v in sorted(counts.items(), key=lambda kv: -kv[1])[:top]]
+
+
+class _Run:
+    """One load test's phases (warm-up, measured window, cool-down) and every request's record.
+
+    A request's phase is decided when it is due: at its send in the closed loop, at its scheduled
+    arrival in the open loop. The window opens at the first measured request and closes at the first
+    one after it; then cool-down requests keep the load steady until every measured request has its
+    answer, and the test stops. The busy probe is read at the two edges.
+    """
+
+    def __init__(self, inputs: Sequence[Any], clock: _clock.Clock, warmup_requests: int, warmup_s: float,
+                 requests: int | None, duration_s: float | None, busy_probe: Callable[[], float | None] | None):
+        self.source = itertools.cycle(inputs)
+        self.clock = clock
+        self.warmup_requests, self.warmup_s = warmup_requests, warmup_s
+        self.requests, self.duration_s = requests, duration_s
+        self.busy_probe = busy_probe
+        self.lock = threading.Lock()
+        self.t_begin = clock()
+        self.t0: float | None = None
+        self.t1: float | None = None
+        self.busy: list[tuple[float, float | None]] = []  # (when, busy total) at the window's edges
+        self.n_warm = self.n_measured = self.n_cool = 0
+        self.outstanding = 0  # measured requests not yet answered
+        self.inflight = 0
+        self.series: list[tuple[float, int]] = []
+        self.records: list[tuple[Response, str, float, float, float]] = []  # response, phase, sched, sent, recv
+        self.stopped = False
+
+    def _read_busy(self) -> None:
+        if self.busy_probe is not None:
+            self.busy.append((self.clock(), self.busy_probe()))
+
+    def stop(self) -> None:
+        """End the test now (Ctrl-C): no more tickets; the window closes here."""
+        with self.lock:
+            self.stopped = True
+            if self.t0 is not None and self.t1 is None:
+                self.t1 = self.clock()
+
+    def ticket(self, due: float) -> tuple[Any, str] | None:
+        """The next request body and its phase (warm, measured, cool) for a request due at ``due``;
+        None when the test is over."""
+        with self.lock:
+            if self.stopped:
+                return None
+            if self.t0 is None:
+                if self.n_warm < self.warmup_requests or due - self.t_begin < self.warmup_s:
+                    self.n_warm += 1
+                    return next(self.source), "warm"
+                self.t0 = due
+                self._read_busy()
+            if self.t1 is None:
+                if (self.n_measured < self.requests) if self.requests is not None else \
+                        (due < self.t0 + self.duration_s):
+                    self.n_measured += 1
+                    self.outstanding += 1
+                    return next(self.source), "measured"
+                self.t1 = due if self.requests is not None else self.t0 + self.duration_s
+                self._read_busy()
+            if self.outstanding == 0:
+                return None
+            self.n_cool += 1
+            return next(self.source), "cool"
+
+    def begin(self) -> None:
+        with self.lock:
+            self.inflight += 1
+            self.series.append((self.clock(), self.inflight))
+
+    def end(self, response: Response, phase: str, scheduled: float, sent: float) -> None:
+        with self.lock:
+            received = self.clock()
+            self.inflight -= 1
+            self.series.append((received, self.inflight))
+            self.records.append((response, phase, scheduled, sent, received))
+            if phase == "measured":
+                self.outstanding -= 1
+
+
+def _safe_call(target: Target, raw: Any, clock: _clock.Clock) -> Response:
+    t0 = clock()
+    try:
+        return target(raw)
+    except Exception as exc:  # a broken client call is still exactly one outcome
+        return Response(-1, "error", f"client error: {type(exc).__name__}: {exc}", t_submit=t0, t_done=clock())
+
+
+def run_load(target: Target | Server | str, inputs: Sequence[Any], concurrency: int = 1,
+             requests: int | None = None, duration_s: float | None = None, rate: float | None = None,
+             warmup_s: float = 0.0, warmup_requests: int = 0, seed: int = 0,
+             clock: _clock.Clock | None = None, busy_probe: Callable[[], float | None] | None = None,
+             keep_embeddings: bool = False) -> LoadResult:
+    """Closed loop (``rate=None``): ``concurrency`` clients, each sends its next request when the last
+    returns. Open loop (``rate`` req/s): Poisson arrivals, at most ``concurrency`` in flight on the client
+    side; latency runs from each arrival's scheduled time. Measures ``requests`` requests or ``duration_s``
+    seconds (one of them is required) after the warm-up, then cools down (see the module docstring).
+
+    ``busy_probe`` returns the server's running busy seconds (an in-process server's is used by default);
+    it is read when the window opens and when it closes. Responses keep their embeddings only with
+    ``keep_embeddings=True`` (in-process server).
+    """
+    if (requests is None) == (duration_s is None):
+        raise ValueError("give exactly one of requests=N or duration_s=S")
+    if requests is not None and (not isinstance(requests, int) or requests < 1):
+        raise ValueError(f"requests={requests!r} must be an integer >= 1")
+    if duration_s is not None and duration_s <= 0:
+        raise ValueError(f"duration_s={duration_s!r} must be > 0")
+    if not isinstance(concurrency, int) or concurrency < 1:
+        raise ValueError(f"concurrency={concurrency!r} must be an integer >= 1")
+    if rate is not None and rate <= 0:
+        raise ValueError(f"rate={rate!r} must be > 0 requests per second")
+    if not inputs:
+        raise ValueError("inputs is empty: give at least one request body")
+    server = target if isinstance(target, Server) else None
+    url = target if isinstance(target, str) else target.url if isinstance(target, HttpTarget) else None
+    if server is not None:
+        send = server_target(server, keep_embeddings)
+        busy_probe = busy_probe or (lambda: server.busy_total_s)
+    else:
+        send = target
+    clock = clock or _clock.now
+    run = _Run(inputs, clock, warmup_requests, warmup_s, requests, duration_s, busy_probe)
+    client_cpu = None
+
+    def closed_client() -> None:
+        while True:
+            sent = clock()
+            ticket = run.ticket(sent)
+            if ticket is None:
+                return
+            run.begin()
+            run.end(_safe_call(send, ticket[0], clock), ticket[1], sent, sent)
+
+    interrupted = None
+    try:
+        if url is not None:
+            client_cpu = _async_http_load(url, run, rate, concurrency, seed, clock)
+        elif rate is None:
+            _run_threads(closed_client, concurrency)
+        else:
+            _open_loop(send, run, rate, concurrency, seed, clock)
+    except KeyboardInterrupt as exc:  # Ctrl-C: no new requests; what was measured goes up with the interrupt
+        run.stop()
+        interrupted = exc
+    t0 = run.t0 if run.t0 is not None else run.t_begin
+    t1 = run.t1 if run.t1 is not None else clock()
+    measured = [rec for rec in run.records if rec[1] == "measured"]
+    result = LoadResult("closed" if rate is None else "open", concurrency, rate, [rec[0] for rec in measured],
+                        t0, t1, run.series, warmup_requests=run.n_warm)
+    result.timings = [(sched, sent, recv) for _, _, sched, sent, recv in measured]
+    result.ok_in_window = sum(r.outcome == "ok" and t0 <= recv < t1 for r, _, _, _, recv in run.records)
+    result.cooldown_requests = run.n_cool
+    result.client_cpu = client_cpu
+    if len(run.busy) == 2 and run.busy[0][1] is not None and run.busy[1][1] is not None:
+        result.busy_s = max(run.busy[1][1] - run.busy[0][1], 0.0)
+        result.busy_window = (run.busy[0][0], run.busy[1][0])
+    if server is not None:
+        logs = [b for b in list(server.batches) if t0 <= b.t_end <= t1]  # for charts; busy is the running total
+        result.batch_log = [(b.t_end, b.size) for b in logs]
+        result.spans_ = [(b.t_start, b.t_end) for b in logs]
+        result.wait_for_input_total_s = sum(b.wait_for_input_ms for b in logs) / 1000
+        result.knobs = server.knobs
+        result.device = server.engine.device_info
+        result.device_timeline = server.engine.device_timeline()
+    if interrupted is not None:
+        interrupted.partial = result
+        raise interrupted
+    if result.mode == "open" and result.submitted and result.achieved_rate < 0.95 * result.offered_rate:
+        lag = summarize(result.send_lags_ms())
+        warnings.warn(
+            f"open loop offered {result.offered_rate:.1f} req/s but achieved {result.achieved_rate:.1f} req/s "
+            f"(send lag p50 {lag['p50']:.0f} ms, p99 {lag['p99']:.0f} ms): every one of the {concurrency} "
+            "clients was busy; the latencies count that wait from the scheduled arrival. Raise concurrency, "
+            "or lower the rate below what the server sustains", RuntimeWarning, stacklevel=2)
+    # a run that got no answer at all says so itself; its client CPU share is that of a few failed connects
+    if client_cpu is not None and client_cpu > CLIENT_BOTTLENECK and result.count("ok") > 0:
+        warnings.warn(
+            f"the load client's loop used {client_cpu:.0%} of a core: it, not the server, may be the bottleneck "
+            "(its requests wait for the client). Spread the load over processes: "
+            "`loadtest --engine locust --workers N`, or run the client on another machine", RuntimeWarning,
+            stacklevel=2)
+    return result
+
+
+def _run_threads(fn: Callable[[], None], n: int) -> None:
+    threads = [threading.Thread(target=fn, name=f"load-client-{i}", daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def _open_loop(send: Target, run: _Run, rate: float, concurrency: int, seed: int, clock: _clock.Clock) -> None:
+    """Poisson arrivals at ``rate`` on a fixed schedule; at most ``concurrency`` requests in flight on the
+    client side. An arrival that finds every client busy waits for one (as a real client pool would), but
+    the schedule does not move: its latency still runs from its scheduled time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = random.Random(seed)
+    slots = threading.Semaphore(concurrency)
+
+    def fire(raw: Any, phase: str, scheduled: float, sent: float) -> None:
+        try:
+            run.end(_safe_call(send, raw, clock), phase, scheduled, sent)
+        finally:
+            slots.release()
+
+    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="load-client") as pool:
+        scheduled = clock()
+        while True:
+            slots.acquire()  # a free client first: any wait for one is send lag, counted in the latency
+            delay = scheduled - clock()
+            if delay > 0:
+                time.sleep(delay)
+            ticket = run.ticket(scheduled)
+            if ticket is None:
+                slots.release()
+                break
+            run.begin()
+            pool.submit(fire, ticket[0], ticket[1], scheduled, clock())
+            scheduled += rng.expovariate(rate)
+
+
+def _async_http_load(url: str, run: _Run, rate: float | None, concurrency: int, seed: int,
+                     clock: _clock.Clock) -> float:
+    """Drive ``url`` with the pooled async client on a thread of its own (so it also works where an event
+    loop is already running, as in a notebook): ``concurrency`` client tasks in the closed loop, the
+    Poisson schedule in the open loop (at most ``concurrency`` in flight). Returns the client's CPU share
+    (its loop thread's CPU time over the run's wall time)."""
+    cpu: list[float] = []
+    failure: list[BaseException] = []
+
+    async def drive() -> None:
+        async with AsyncHttpClient(url, concurrency, clock=clock) as client:
+            if rate is None:
+                async def closed_client() -> None:
+                    while (ticket := run.ticket(sent := clock())) is not None:
+                        run.begin()
+                        run.end(await client(ticket[0]), ticket[1], sent, sent)
+
+                await asyncio.gather(*(closed_client() for _ in range(concurrency)))
+                return
+            rng = random.Random(seed)
+            slots = asyncio.Semaphore(concurrency)
+            tasks: set[asyncio.Task] = set()
+
+            async def fire(raw: Any, phase: str, scheduled: float, sent: float) -> None:
+                try:
+                    run.end(await client(raw), phase, scheduled, sent)
+                finally:
+                    slots.release()
+
+            scheduled = clock()
+            while True:
+                await slots.acquire()  # a free client first: any wait for one is send lag, counted in the latency
+                delay = scheduled - clock()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                ticket = run.ticket(scheduled)
+                if ticket is None:
+                    slots.release()
+                    break
+                run.begin()
+                task = asyncio.get_running_loop().create_task(fire(ticket[0], ticket[1], scheduled, clock()))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                scheduled += rng.expovariate(rate)
+            await asyncio.gather(*tasks)
+
+    def thread() -> None:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            asyncio.run(drive())
+        except BaseException as exc:  # surfaced in the caller's thread
+            failure.append(exc)
+        cpu.append((time.thread_time() - c0) / max(time.perf_counter() - t0, 1e-9))
+
+    worker = threading.Thread(target=thread, name="load-client", daemon=True)
+    worker.start()
+    worker.join()
+    if failure:
+        raise failure[0]
+    return cpu[0]
+
+
+class PipeTarget:
+    """A target in a load-generating process: each request goes over a ``multiprocessing`` connection to
+    :func:`serve_pipe` in the server's process, many in flight on one pipe. Keeps the load generator's
+    threads and GIL out of the measured server. A context manager: closing ends the server side too."""
+
+    def __init__(self, conn: Any):
+        self.conn = conn
+        self._send_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._pending: dict[int, Future] = {}
+        self._ids = itertools.count()
+        self._reader = threading.Thread(target=self._read, name="pipe-reader", daemon=True)
+
+    def __enter__(self) -> "PipeTarget":
+        self._reader.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        with self._send_lock:
+            self.conn.send(None)
+        self._reader.join()
+
+    def _read(self) -> None:
+        while (msg := self.conn.recv()) is not None:
+            key, answer = msg
+            with self._lock:
+                future = self._pending.pop(key)
+            future.set_result(Response(**answer) if isinstance(answer, dict) else answer)
+
+    def _ask(self, kind: str, raw: Any = None) -> Any:
+        key, future = next(self._ids), Future()
+        with self._lock:
+            self._pending[key] = future
+        with self._send_lock:
+            self.conn.send((kind, key, raw))
+        return future.result()
+
+    def __call__(self, raw: Any) -> Response:
+        return self._ask("request", raw)
+
+    def busy(self) -> float:
+        """The server's running busy seconds (a ``busy_probe`` for :func:`run_load`)."""
+        return self._ask("busy")
+
+
+def serve_pipe(server: Server, conn: Any) -> Callable[[], None]:
+    """Answer :class:`PipeTarget` requests arriving on ``conn`` with ``server`` (no embeddings sent back),
+    on a reader and a sender thread; returns a function that waits until the client has closed."""
+    answers: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        n = 0
+        while (msg := conn.recv()) is not None:
+            kind, key, raw = msg
+            if kind == "busy":
+                answers.put((key, server.busy_total_s))
+            else:
+                server.submit(raw, embedding=False).add_done_callback(lambda f, key=key: answers.put((key, f.result())))
+            n += 1
+        answers.put((None, n))
+
+    def write() -> None:
+        sent, expected = 0, None
+        while expected is None or sent < expected:
+            key, answer = answers.get()
+            if key is None:
+                expected = answer
+                continue
+            if isinstance(answer, Response):
+                answer = answer.as_dict()
+                answer.pop("latency_ms")
+            conn.send((key, answer))
+            sent += 1
+        conn.send(None)
+
+    threads = [threading.Thread(target=fn, name=name, daemon=True) for fn, name in ((read, "pipe-in"),
+                                                                                   (write, "pipe-out"))]
+    for t in threads:
+        t.start()
+    return lambda: [t.join() for t in threads] and None
+
+

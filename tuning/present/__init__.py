@@ -1,0 +1,1 @@
+"""Presentation: text tables, verdict sentences and the HTML report, from results (no measuring here)."""

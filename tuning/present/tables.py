@@ -1,0 +1,200 @@
+"""Plain-text rendering of results for the terminal: the tables of every command (charts live in :mod:`tuning.viz`)."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from tuning.base.format import number
+from tuning.present.verdicts import load_verdict, run_verdict
+
+if TYPE_CHECKING:
+    from tuning.experiments.investigate import Investigation
+    from tuning.experiments.watch import WatchResult
+
+
+def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    """A fixed-width text table."""
+    cells = [[number(r.get(c)) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) if cells else len(c) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+def device_line(device: dict[str, Any] | None) -> str:
+    """One line naming the device a result was made on; SIMULATED in capitals where it was."""
+    device = device or {}
+    if device.get("kind") == "simulated":
+        return f"device: SIMULATED {device.get('profile')} ({device.get('source')}); host side measured, model call simulated"
+    if device.get("kind"):
+        return f"device: {device['kind']} ({device.get('name', '')}), measured"
+    return "device: unknown"
+
+
+def format_run(result) -> str:
+    """The offline run as a readable block: headline figures, stage ledger, waits, errors."""
+    s = result.summary()
+    k = result.knobs
+    lines = [
+        device_line(s.get("device")),
+        f"knobs: batch_size={k.batch_size} num_workers={k.num_workers} tokenizer={k.tokenizer} padding={k.padding} "
+        f"dtype={k.dtype} graph={k.graph} device={k.device}",
+        f"requests {s['requests']}  ok {s['ok']}  errors {s['errors']}  truncated {s['truncated']}  batches {s['batches']}",
+        f"throughput {s['throughput_rps']:.1f} req/s   model busy {100 * s['model_busy']:.0f}%   "
+        + (f"device busy {100 * s['device_busy']:.0f}%   " if s.get("device_busy") is not None else "")
+        + f"padding waste {number(s['padding_waste'])}   (window {s['window_s']:.1f} s; "
+        + (f"{'compile' if k.graph == 'compile' else 'capture'} {s['compile_s']:.1f} s, "
+           if s.get("compile_s") is not None else "")
+        + f"model warm-up {s['warmup_s']:.1f} s: outside the window)",
+        "",
+        "stage ledger (per request, ms; share of the p50 / p99 sums)",
+        table([{"stage": st, **v} for st, v in s["stages"].items()], ["stage", "p50_ms", "p99_ms", "share", "share_p99"]),
+        "",
+        "waits per batch: model waited for input (starvation) vs ready batch waited for the model (back-pressure)",
+        table([{"wait": w, **v} for w, v in s["waits"].items()], ["wait", "p50_ms", "p99_ms", "share_of_window"]),
+    ]
+    if s["error_reasons"]:
+        lines += ["", "errors", table(s["error_reasons"], ["count", "reason", "first_lines"])]
+    lines += ["", run_verdict(s)]
+    return "\n".join(lines)
+
+
+def format_profile(profile) -> str:
+    """Diagnosis, top threads, stage ledger and the GPU section (or why there is none)."""
+    s = profile.summary()
+    d = s["diagnosis"]
+    gpu = s["gpu"]
+    device = (s.get("workload") or {}).get("device")
+    lines = [*([device_line(device)] if device else []),
+             f"diagnosis: {d['kind'].upper()}  ({'; '.join(d['reasons'])})", f"next step: {d['next_step']}",
+             "evidence: " + ", ".join(f"{k}={number(v)}" for k, v in d["evidence"].items()), ""]
+    lines += ["threads by CPU (% of one core, mean over the run; wait: runnable but no CPU free)",
+              table(s["threads"], ["name", "pid", "tid", "cpu_mean", "cpu_max", "wait_mean"]), ""]
+    host = s["host"]
+    if host.get("samples"):
+        lines.append(f"process CPU {host['cpu_percent_mean']:.0f}% of one core ({host['cpu_count']} cores), "
+                     f"RSS max {host['rss_mb_max']:.0f} MB, disk read {host['read_mb_s_mean']:.1f} MB/s, "
+                     f"write {host['write_mb_s_mean']:.1f} MB/s")
+    lines.append(f"model busy {100 * s['model_busy']:.0f}% (inference spans / window)")
+    if s["ops"]:
+        o = s["ops"]
+        lines.append(f"ops: {o['ops_per_batch']:.0f} operators"
+                     + (f", {o['kernels_per_batch']:.0f} kernels" if o["device"] == "cuda" else "")
+                     + f" per batch {o['batch_shape']}, {100 * (o['short_share'] or 0):.0f}% shorter than "
+                     f"{o['short_threshold_us']:.0f} us; launch overhead {o['launch_overhead_ms']:.2f} ms of "
+                     f"{o['busy_ms_per_batch']:.1f} ms busy ({100 * o['launch_share']:.1f}%: the most graph capture could save)")
+    lines += ["", "stage ledger (per request, ms)",
+              table([{"stage": st, **v} for st, v in s["stages"].items()], ["stage", "p50_ms", "p99_ms", "share"]), ""]
+    if gpu["available"]:
+        lines.append(f"GPU: {', '.join(gpu['devices'])}: SM util mean {number(gpu.get('sm_util_mean'))}%, "
+                     f"power {number(gpu.get('power_w_mean'))} W ({number(gpu.get('power_frac_mean'))} of limit), "
+                     f"memory {number(gpu.get('mem_used_mb_mean'), 0)} MB, {gpu['samples']} samples")
+        if gpu.get("reason"):
+            lines.append(f"GPU note: {gpu['reason']}")
+    else:
+        lines.append(f"GPU: none sampled: {gpu['reason']}")
+    return "\n".join(lines)
+
+
+def format_load(s: dict) -> str:
+    """A load test's headline, latency percentiles, outcome counts and stage ledger."""
+    mode = f"open loop at {s['rate']:.1f} req/s" if s["rate"] else f"closed loop at concurrency {s['concurrency']}"
+    lines = [
+        *([device_line(s["device"])] if s.get("device") else []),
+        f"target {s['target']}: {mode}, {s['window_s']:.1f} s measured ({s['warmup_requests']} warm-up requests excluded)",
+        f"QPS {s['qps']:.1f}   p50 {number(s['p50_ms'], 0)} ms   p95 {number(s['p95_ms'], 0)} ms   "
+        f"p99 {number(s['p99_ms'], 0)} ms"
+        f"   model busy {number(None if s['model_busy'] is None else 100 * s['model_busy'], 0)}%"
+        + (f"   device busy {100 * s['device_busy']:.0f}%" if s.get("device_busy") is not None else "")
+        + f"   mean batch {number(s['mean_batch'], 1)}",
+        f"latency over every outcome (from the {s.get('latency_from', 'send')}); error rate "
+        f"{number(None if s.get('error_rate') is None else 100 * s['error_rate'], 1)}%   ok only: p50 "
+        f"{number(s.get('ok_p50_ms'), 0)} ms   p99 {number(s.get('ok_p99_ms'), 0)} ms",
+        *([f"offered {number(s['offered_rate'], 1)} req/s   achieved {number(s['achieved_rate'], 1)} req/s   send lag p50 "
+           f"{number(s['send_lag_p50_ms'], 1)} ms   p99 {number(s['send_lag_p99_ms'], 1)} ms"] if s.get("offered_rate") else []),
+        f"submitted {s['submitted']} = ok {s['ok']} + errors {s['errors']} + timeouts {s['timeouts']} + rejected {s['rejected']}",
+        *([f"load generator {s.get('engine', 'tuning')}: client CPU {s['client_cpu']:.2f} cores"
+           + (f", locust's own figures: {s['engine_stats'].get('rps') or 0:.1f} req/s, p99 "
+              f"{number(s['engine_stats'].get('p99_ms'), 0)} ms over the whole run" if s.get("engine_stats") else "")]
+          if s.get("client_cpu") is not None else []),
+    ]
+    if any(v.get("p99_ms") for v in s["stages"].values()):  # locust does not read the server's stage timings
+        lines += ["", "stage ledger (ok requests, ms)",
+                  table([{"stage": st, **v} for st, v in s["stages"].items()], ["stage", "p50_ms", "p99_ms", "share"])]
+    if s["error_reasons"]:
+        lines += ["", table(s["error_reasons"], ["count", "reason"])]
+    lines += ["", load_verdict(s)]
+    if "diagnosis" in s:
+        d = s["diagnosis"]
+        lines += ["", f"diagnosis: {d['kind'].upper()}  ({'; '.join(d['reasons'])})", f"next step: {d['next_step']}",
+                  "threads by CPU", table(s["threads"], ["name", "pid", "tid", "cpu_mean", "cpu_max", "wait_mean"]),
+                  f"GPU: {'sampled' if s['gpu']['available'] else 'none sampled: ' + str(s['gpu']['reason'])}"]
+    return "\n".join(lines)
+
+
+
+
+def format_watch(result: WatchResult) -> str:
+    """The watch as text: what was watched, the trend table, threads, GPU, load, the verdict and what is unseen."""
+
+    s = result.summary()
+    d = s["diagnosis"]
+    t0, t1 = result.window
+    lines = [f"watched pid {result.pid} ({result.command}) for {result.t_end - result.t_start:.1f} s every "
+             f"{result.interval:g} s" + (f", driving load at {result.target}" if result.target else ", no load driven"), ""]
+    trend = result.trend_frame()
+    if not trend.empty:
+        lines += ["trend (per time bin; CPU in % of one core; GPU: every GPU NVML sees unless one is named)",
+                  table(trend.astype(object).where(trend.notna(), None).to_dict("records"), list(trend.columns)), ""]
+    lines += ["threads by CPU (% of one core, mean over the watch)",
+              table(s["threads"], ["name", "pid", "tid", "cpu_mean", "cpu_max"]), ""]
+    host = s["host"]
+    if host.get("samples"):
+        machine = result.signals.machine_cpu if result.signals else math.nan
+        lines.append(f"process CPU {host['cpu_percent_mean']:.0f}% of one core ({host['cpu_count']} cores; the machine's "
+                     f"cores {machine:.0%} busy, every process), RSS max {host['rss_mb_max']:.0f} MB, disk read "
+                     f"{host['read_mb_s_mean']:.1f} MB/s, write {host['write_mb_s_mean']:.1f} MB/s")
+    gpu = s["gpu"]
+    if gpu["available"]:
+        lines.append(f"GPU: {', '.join(gpu['devices'])}: util mean {number(gpu.get('sm_util_mean'))}%, power "
+                     f"{number(gpu.get('power_w_mean'))} W ({number(gpu.get('power_frac_mean'))} of limit), this process "
+                     f"{number(gpu.get('proc_sm_util_mean'))}% and {gpu['process_memory_mb'] or 'no memory listed'}")
+    else:
+        lines.append(f"GPU: none sampled: {gpu['reason']}")
+    if result.load is not None:
+        load = result.load.summary()
+        load["target"] = result.target
+        lines += ["", format_load(load)]
+    lines += ["", f"diagnosis from outside: {d['kind'].upper()}  ({'; '.join(d['reasons'])})",
+              f"next step: {d['next_step']}", "not visible from outside:"]
+    lines += [f"  - {c}" for c in d["cannot_see"]]
+    return "\n".join(lines)
+
+
+
+
+def format_investigation(inv: Investigation) -> str:
+    """The terminal ending: the ladder table, the recommendation, where the files are."""
+
+    rows = [{**r, "qps": r["qps"], "p99_ms": r["p99_ms"],
+             "model_busy": None if r["model_busy"] is None else f"{100 * r['model_busy']:.0f}%",
+             "device_busy": None if r["device_busy"] is None else f"{100 * r['device_busy']:.0f}%",
+             "gain": None if r["gain"] is None else f"{100 * r['gain']:+.0f}%"} for r in inv.ladder.to_frame()
+            .astype(object).where(lambda f: f.notna(), None).to_dict("records")]
+    s = inv.ladder.summary()
+    lines = [f"ladder on {inv.device['label']} (closed loop, concurrency {inv.ladder.settings.concurrency}, "
+             f"run-to-run spread ±{100 * inv.ladder.noise:.0f}%)",
+             table(rows, ["step", "change", "qps", "p99_ms", "model_busy", "device_busy", "gain", "runs", "status"]),
+             "",
+             f"QPS {s['baseline']['qps']:.1f} -> {s['result']['qps']:.1f}, p99 {s['baseline']['p99_ms']:.0f} -> "
+             f"{s['result']['p99_ms']:.0f} ms (target {inv.ladder.target_p99_ms:.0f} ms)",
+             f"ship: python -m tuning serve {inv.ladder.set_line()}",
+             f"      {inv.ladder.python_call()}"]
+    for v in inv.what_if.get("verdicts", []):
+        lines.append(f"what-if: {v}")
+    if inv.environment.get("contended"):
+        lines.append(f"note: {inv.environment['contended']}")
+    lines.append(f"report: {inv.files['report.html']}  ({inv.wall_s:.0f} s; also experiments.csv, summary.json, "
+                 "environment.json)")
+    return "\n".join(lines)

@@ -1,0 +1,54 @@
+"""The one place where a device choice (``auto``, ``cpu``, ``cuda``, ``sim``) is resolved for every caller."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tuning.sim.profiles import DEFAULT_PROFILE, load_profile
+
+
+@dataclass(frozen=True)
+class DeviceChoice:
+    """What a notebook's ``DEVICE`` parameter resolves to on this machine."""
+
+    knob: str  # the ``device`` knob value: "cuda", "sim" or "cpu"
+    simulated: bool
+    label: str
+    banner: str
+
+
+
+FALLBACKS = ("sim", "cpu")
+
+
+def device_for(choice: Any = "auto", profile: str | None = None, fallback: str = "sim") -> DeviceChoice:
+    """Resolve a device choice once, for every caller.
+
+    ``"auto"``: CUDA when present, else ``fallback``: ``"sim"`` (the simulated ``profile``: what the
+    notebooks use, so that the investigation's starved accelerator can show on a CPU machine) or ``"cpu"``
+    (the real CPU: what the ladder and ``investigate`` use, since they measure real hardware unless asked for
+    ``sim``). ``"cpu"``, ``"cuda"``, ``"sim"``: that one. A :class:`DeviceChoice` is returned as it is.
+    """
+    import torch
+
+    if isinstance(choice, DeviceChoice):
+        return choice
+    if choice not in ("auto", "cpu", "cuda", "sim"):
+        raise ValueError(f"DEVICE={choice!r} is not allowed; allowed: auto | cpu | cuda | sim")
+    if fallback not in FALLBACKS:
+        raise ValueError(f"fallback={fallback!r} is not allowed; allowed: {' | '.join(FALLBACKS)}")
+    profile = profile or DEFAULT_PROFILE
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ValueError("DEVICE='cuda' but no CUDA device is available here; use 'auto' (simulated) or 'cpu'")
+    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
+        name = torch.cuda.get_device_name(0)
+        return DeviceChoice("cuda", False, f"cuda ({name}, measured)", f"Running on {name}: every figure is measured.")
+    if choice == "cpu" or (choice == "auto" and fallback == "cpu"):
+        return DeviceChoice("cpu", False, "cpu (measured)", "Running on the CPU: every figure is measured; "
+                            "the CPU model is the bottleneck here, so a starved accelerator cannot show.")
+    p = load_profile(profile)
+    why = "no CUDA device here, so " if choice == "auto" else ""
+    return DeviceChoice("sim", True, p.label(),
+                        f"SIMULATED DEVICE: {why}the model call runs on a stand-in for {p.name} ({p.source}); the host "
+                        "pipeline is real, device times come from a cost model. Accuracy checks use the real model.")
