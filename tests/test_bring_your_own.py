@@ -59,6 +59,7 @@ def _reference(folder: Path, texts: list[str]) -> np.ndarray:
     return torch.nn.functional.normalize(pooled, dim=1).numpy()
 
 
+@pytest.mark.thirdparty
 def test_model_folder_gives_the_same_embeddings_as_transformers(tiny_bert):
     knobs = preset("tuned", dtype="fp32", max_length=128, buckets=(32, 64, 128))
     model, tokenizer, label = resolve_model(str(tiny_bert), knobs)

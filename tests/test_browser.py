@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 import psutil
 import pytest
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.thirdparty]
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("TUNING_CHROMIUM", "/usr/bin/chromium")

@@ -134,6 +134,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_run_keeps_the_ledger_and_ends_loader_workers():
     proc = subprocess.Popen([sys.executable, "-m", "tuning", "run", "--limit", "2000", "--set", "num_workers=2"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -152,6 +153,7 @@ def test_ctrl_c_during_run_keeps_the_ledger_and_ends_loader_workers():
     _wait_for(lambda: not any(_alive(pid) for pid in workers), timeout=10)
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_loadtest_prints_valid_json_with_what_was_measured():
     proc = subprocess.Popen([sys.executable, "-m", "tuning", "loadtest", "--duration", "600", "--concurrency", "2",
                              "--limit", "50", "--json"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -236,6 +238,7 @@ def test_verdicts_are_computed_from_the_numbers():
     assert "concurrency=8" in load_sweep_verdict("concurrency", sweep)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX only")
 def test_serve_json_prints_one_summary_at_shutdown():
     r = cli("serve", "--port", "0", "--duration", "0.5", "--json")

@@ -198,6 +198,8 @@ def test_loopback_by_default_and_a_warning_elsewhere(monkeypatch):
     assert any("reachable from other machines" in str(w.message) for w in caught)
 
 
+@pytest.mark.slow
+@pytest.mark.thirdparty
 def test_cli_loadtest_engine_locust_with_workers():
     import subprocess
     import sys

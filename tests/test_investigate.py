@@ -161,6 +161,7 @@ def run(tmp_path_factory):
     return code, stdout.getvalue(), out
 
 
+@pytest.mark.slow
 def test_quick_run_writes_every_file_and_prints_only_json(run):
     code, stdout, out = run
     assert code == 0

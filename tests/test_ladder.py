@@ -111,6 +111,7 @@ def test_cuda_graph_refused_without_cuda_with_the_fix():
         CudaGraphRunner(TinyModel(), torch.device("cpu"))
 
 
+@pytest.mark.slow
 def test_compile_mode_matches_eager_and_reports_compile_time():
     knobs = Knobs(graph="compile", padding="bucket", buckets=(16,), max_length=32, batch_size=2, dtype="fp32")
     model = random_minilm()
@@ -155,6 +156,7 @@ def _cli(*args):
     return subprocess.run([sys.executable, "-m", "tuning", *args], capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_cli_sweep_batch_and_plan_json():
     out = _cli("sweep", "batch", "--sizes", "1,2,4", "--length", "16", "--repeats", "2", "--json")
     assert out.returncode == 0, out.stderr

@@ -14,6 +14,7 @@ def texts():
     return sorted(all_texts, key=len)[::75][:32]
 
 
+@pytest.mark.thirdparty
 def test_matches_sentence_transformers_fp32(texts):
     st = pytest.importorskip("sentence_transformers")
     reference = st.SentenceTransformer(str(embedded_model_dir()), device="cpu").encode(

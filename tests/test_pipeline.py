@@ -120,6 +120,7 @@ def test_cli_bad_input_exits_2_with_one_line(args, needle):
     assert len(lines) == 1 and needle in lines[0], out.stderr
 
 
+@pytest.mark.slow
 def test_grouping_by_tokens_pads_less_and_counts_its_pass():
     base = Knobs(num_workers=0, batch_size=16, tokenizer="fast", padding="bucket", buckets=tuple(range(8, 257, 8)),
                  bucket_window=300)

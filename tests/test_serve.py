@@ -179,6 +179,7 @@ def test_http_front_on_loopback(lines):
         assert result.summary()["ok"] == 40
 
 
+@pytest.mark.slow
 def test_cli_serve_and_loadtest_url_together(tmp_path):
     import socket
     import subprocess
@@ -206,6 +207,7 @@ def test_cli_serve_and_loadtest_url_together(tmp_path):
     assert serve.returncode == 0
 
 
+@pytest.mark.slow
 def test_cli_loadtest_in_process_and_bad_flags():
     import subprocess
     import sys

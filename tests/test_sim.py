@@ -415,6 +415,7 @@ def test_tf32_and_reduce_overhead_change_the_prediction_and_validate():
     assert preset("tuned", tf32=True, device="sim").resolve(False).tf32 is True
 
 
+@pytest.mark.slow
 def test_gpu_check_fits_a_profile_and_measures_fidelity(tmp_path):
     """gpu_check's simulated-accelerator steps on a CPU: a profile from the timed points, then sim vs real."""
     import importlib.util

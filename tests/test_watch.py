@@ -74,6 +74,7 @@ def service():
         yield svc.pid, svc.url
 
 
+@pytest.mark.slow
 def test_watch_a_separate_serve_process_under_load(service):
     pid, base = service
     out = subprocess.run([sys.executable, "-m", "tuning", "watch", "--pid", str(pid), "--url", f"{base}/embed",

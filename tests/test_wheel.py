@@ -43,6 +43,7 @@ def test_wheel_holds_every_module_and_asset(wheel):
     assert "tuning/assets/records.jsonl" in names, "the demo records ship inside the package"
 
 
+@pytest.mark.slow
 def test_installed_wheel_runs_from_any_directory(wheel, tmp_path):
     env_dir = tmp_path / "venv"
     venv.create(env_dir, system_site_packages=True, with_pip=True)

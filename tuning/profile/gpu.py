@@ -22,8 +22,8 @@ from typing import Any
 
 import pandas as pd
 
-from .. import clock as _clock
-from .sampler import PeriodicSampler
+from tuning.base import clock as _clock
+from tuning.profile.sampler import PeriodicSampler
 
 
 @dataclass
@@ -126,9 +126,12 @@ class GpuSampler(PeriodicSampler):
     thread_name = "gpu-sampler"
 
     def __init__(self, interval: float = 0.5, clock: _clock.Clock | None = None, nvml: Any = None,
-                 device: int | str | None = None, pid: int | None = None):
+                 device: int | str | None = None, pid: int | None = None, warn: bool = True):
+        """``warn``: say why when sampling is off (a RuntimeWarning); False where no GPU is expected (a
+        process without CUDA): the reason stays in ``series.reason``, and a mid-run NVML error still warns."""
         super().__init__(interval, clock)
         self._nvml = nvml
+        self.warn = warn
         self.device = device
         self.pid = pid or os.getpid()
         self.series = GpuSeries(False, "not started")
@@ -137,7 +140,8 @@ class GpuSampler(PeriodicSampler):
         self._last_proc_ts: dict[int, int] = {}
 
     def _unavailable(self, reason: str) -> bool:
-        warnings.warn(f"GPU sampling off: {reason}", RuntimeWarning, stacklevel=3)
+        if self.warn:
+            warnings.warn(f"GPU sampling off: {reason}", RuntimeWarning, stacklevel=3)
         self.series = GpuSeries(False, reason)
         return False
 

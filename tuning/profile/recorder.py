@@ -18,13 +18,13 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
-from .. import clock as _clock
-from ..knobs import Knobs
-from .busy import BusySeries, busy_series
-from .diagnose import Diagnosis, Signals, diagnose
-from .gpu import GpuSampler, GpuSeries
-from .host import HostSampler, HostSeries
-from .ops import OpStats
+from tuning.base import clock as _clock
+from tuning.knobs import Knobs
+from tuning.profile.busy import BusySeries, busy_series
+from tuning.profile.diagnose import Diagnosis, Signals, diagnose
+from tuning.profile.gpu import GpuSampler, GpuSeries
+from tuning.profile.host import HostSampler, HostSeries
+from tuning.profile.ops import OpStats
 
 SAMPLER_THREADS = (GpuSampler.thread_name, HostSampler.thread_name)
 
@@ -103,6 +103,12 @@ def _nan_none(values: np.ndarray, fn) -> float | None:
     return float(fn(values)) if len(values) else None
 
 
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 class Recorder:
     """Starts every sampler around a workload (one clock), then :meth:`join` makes one :class:`Profile`."""
 
@@ -110,10 +116,13 @@ class Recorder:
                  clock: _clock.Clock | None = None, nvml: Any = None, busy_window_s: float | None = None,
                  device: int | str | None = None):
         """``device``: the CUDA device index (or GPU UUID) the workload runs on, mapped to NVML by UUID;
-        None: the CUDA device in use when CUDA is initialised, else every GPU."""
+        None: the CUDA device in use when CUDA is initialised, else every GPU. Where this process has no CUDA
+        (and no NVML is injected) no GPU is expected: an absent NVML is the machine's normal state, kept in the
+        GPU series' reason without a warning (the device banner already says what runs)."""
         self.clock = clock or _clock.now
         self.interval = interval
-        self.gpu_sampler = GpuSampler(interval, self.clock, nvml, device=device) if gpu else None
+        expected = nvml is not None or device is not None or _cuda_available()
+        self.gpu_sampler = GpuSampler(interval, self.clock, nvml, device=device, warn=expected) if gpu else None
         self.host_sampler = HostSampler(interval) if host else None
         self.busy_window_s = busy_window_s or max(interval, 0.5)
         self._stack: ExitStack | None = None
@@ -202,8 +211,8 @@ def window_signals(workload: Workload, host: HostSeries, gpu: GpuSeries, t0: flo
 
 def _simulated_series(workload: Any, t0: float, t1: float, interval: float) -> GpuSeries:
     """The GPU section of a run on the simulated device: its timeline sampled like NVML, labelled."""
-    from ..sim import load_profile
-    from ..sim.sampler import simulated_gpu_series
+    from tuning.profile.simulated import simulated_gpu_series
+    from tuning.sim import load_profile
 
     profile = load_profile(workload.knobs.sim_profile)
     return simulated_gpu_series(workload.device_timeline, profile, t0, t1, interval)
@@ -216,43 +225,5 @@ def host_slack(host: HostSeries) -> float:
 def _share(workload: Any, method: str, window: float) -> float:
     fn = getattr(workload, method, None)
     return min(fn() / window, 1.0) if fn else math.nan
-
-
-def profile_pipeline(knobs: Knobs, data: Any = None, limit: int | None = None, interval: float = 0.5,
-                     with_ops: bool = True, pipeline: Any = None, nvml: Any = None,
-                     **run_kwargs: Any) -> Profile:
-    """Run the offline pipeline under the :class:`Recorder` (plus op statistics) and diagnose it."""
-    from ..data import DEFAULT_DATA
-    from ..pipeline import Pipeline
-
-    pipeline = pipeline or Pipeline(knobs)
-    pipeline.warmup()
-    # on the simulated device the GPU section comes from its timeline: NVML would only warn that it is absent
-    with Recorder(interval, nvml=nvml, gpu=pipeline.engine.sim is None) as rec:
-        result = pipeline.run(data if data is not None else DEFAULT_DATA, limit, keep_embeddings=False, **run_kwargs)
-    ops = None
-    if with_ops and not pipeline.engine.simulated:  # the stand-in launches no operators to count
-        ops = _ops_for(pipeline, result)
-    return rec.join(result, ops)
-
-
-def _ops_for(pipeline: Any, result: Any) -> OpStats | None:
-    """Op statistics at the run's most common batch shape."""
-    from .ops import op_stats
-
-    shapes = [(b.ok, b.padded_length) for b in result.batches if b.ok]
-    if not shapes:
-        return None
-    batch, length = max(set(shapes), key=shapes.count)
-    engine = pipeline.engine
-    import torch
-
-    runner = engine.runner
-    if getattr(runner, "graphs", None) and not getattr(runner, "profiler_ready", False):
-        # graphs captured before the profiler's first use can crash or hang when replayed under it
-        # (pytorch/pytorch#75504): profile the eager model instead
-        runner = engine.model
-    ids = torch.full((batch, length), 1000, dtype=torch.long, device=engine.device)
-    return op_stats(runner, ids, torch.ones_like(ids), batches=3)
 
 
