@@ -32,7 +32,7 @@ def _graph_engine(monkeypatch, log, **knobs):
     monkeypatch.setattr(graphs, "CudaGraphRunner", functools.partial(CudaGraphRunner, capture_fn=_replaying_capture(log)))
     engine = Engine(Knobs(device="cpu", padding="bucket", buckets=(8,), max_length=16, **knobs), TinyModel())
     engine.knobs = dataclasses.replace(engine.knobs, device="cuda", graph="cuda_graph")
-    engine.runner = engine._make_runner()
+    engine.runner = engine.make_runner()
     return engine
 
 

@@ -172,6 +172,8 @@ def test_quick_run_writes_every_file_and_prints_only_json(run):
     env = json.loads((out / "environment.json").read_text())
     assert {"torch", "cpu_model", "torch_threads", "device", "sim_profile"} <= set(env)
     assert summary["device"]["kind"] == "cpu" and summary["quick"] is True
+    assert summary["schema_version"] == env["schema_version"] == 1  # the result contract, in the files too
+    assert {"kind", "name", "profile", "source"} <= set(summary["device"])
     assert [s["step"] for s in summary["steps"]][:3] == ["baseline", "workers", "batch"]
     assert summary["recommended"]["set_line"].startswith("--preset baseline")
 

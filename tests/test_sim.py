@@ -353,7 +353,9 @@ def test_results_on_sim_are_labelled_in_json_and_tables():
     assert code == 0 and "SIMULATED" in stdout
     code, stdout, _ = run_cli(["sweep", "batch", "--sizes", "1,2", "--length", "16", "--repeats", "1",
                                "--set", "device=sim", "--json"])
-    assert code == 0 and json.loads(stdout)["device"] == "simulated h200-sxm-estimate"
+    sweep = json.loads(stdout)
+    assert code == 0 and sweep["device_label"] == "simulated h200-sxm-estimate"
+    assert sweep["device"]["kind"] == "simulated" and sweep["device"]["profile"] == "h200-sxm-estimate"
 
 
 def test_real_cpu_results_say_measured():

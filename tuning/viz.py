@@ -23,6 +23,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
 
+from tuning.base.contract import as_device
 from tuning.base.format import pct
 
 RENDERER = "tuning_offline"
@@ -88,40 +89,15 @@ def _escape(text: str) -> str:
 
 
 def _device_info(obj: Any) -> Any:
-    """What a result, frame, mapping of results, profile or device object says about its device."""
-    if obj is None:
-        return None
-    if isinstance(obj, str) or (isinstance(obj, dict) and "kind" in obj) or hasattr(obj, "label"):
+    """The contract's device object (:mod:`tuning.base.contract`) of a result, a frame (``attrs["device"]``),
+    a device choice, or the first of a mapping of results; a plain string (a knob value or a label) as it is."""
+    if obj is None or isinstance(obj, str):
         return obj
     if isinstance(obj, pd.DataFrame):
-        return obj.attrs.get("device")
-    if isinstance(obj, Mapping):
-        for value in obj.values():
-            found = _device_info(value)
-            if found is not None:
-                return found
-        return None
-    workload = getattr(obj, "workload", None)  # a recorder Profile
-    if workload is not None and obj is not workload:
-        return _device_info(workload)
-    summary = getattr(obj, "summary", None)
-    if callable(summary):
-        try:
-            info = summary().get("device")
-        except Exception:  # a chart must not fail because a summary cannot be made
-            info = None
-        if info:
-            return info
-    for attr in ("device_info", "device"):
-        value = getattr(obj, attr, None)
-        if value and isinstance(value, (str, dict)):
-            return value
-    knobs = getattr(obj, "knobs", None)
-    if knobs is not None and getattr(knobs, "device", None):
-        if knobs.device == "sim":
-            return {"kind": "simulated", "profile": getattr(knobs, "sim_profile", "?"), "source": None}
-        return knobs.device
-    return None
+        return as_device(obj.attrs.get("device"))
+    if isinstance(obj, Mapping) and "kind" not in obj:
+        return next((d for d in map(_device_info, obj.values()) if d is not None), None)
+    return as_device(obj)
 
 
 def device_label(obj: Any) -> str:
@@ -129,8 +105,6 @@ def device_label(obj: Any) -> str:
     info = _device_info(obj)
     if info is None:
         return ""
-    if hasattr(info, "label") and not isinstance(info, (str, dict)):
-        return _compact(str(info.label), bool(getattr(info, "simulated", False)))
     if isinstance(info, str):
         return {"cpu": "real CPU", "cuda": "CUDA", "sim": "simulated device"}.get(info, _compact(info, False))
     kind = info.get("kind")
@@ -143,8 +117,7 @@ def device_label(obj: Any) -> str:
     if kind == "cpu":
         return "real CPU"
     if kind == "cuda":
-        return "CUDA " + str(info.get("profile") or info.get("name") or "").strip() if (
-            info.get("profile") or info.get("name")) else "CUDA"
+        return f"CUDA {info['name']}" if info.get("name") else "CUDA"
     return str(kind or "")
 
 
@@ -186,12 +159,11 @@ def _as_results(results: Any) -> dict[str, Any]:
     return {"": results}
 
 
-def _throughput(result: Any) -> float:
-    for attr in ("throughput_rps", "qps"):
-        value = getattr(result, attr, None)
-        if value is not None:
-            return float(value)
-    return math.nan
+def throughput(result: Any) -> float:
+    """The contract's ``qps`` of a result (ok answers per second of its measured window); a result that only
+    has the deprecated ``throughput_rps`` (kept one release) is read by that."""
+    qps = getattr(result, "qps", None)
+    return float(qps if qps is not None else result.throughput_rps)
 
 
 
@@ -310,7 +282,7 @@ def waits_chart(results: Any, device: Any = None) -> go.Figure:
     for name, values in series.items():
         fig.add_trace(go.Bar(x=labels, y=[100 * v for v in values], name=name + " %", marker_color=colors[name],
                              texttemplate="%{y:.0f}%", textposition="outside"), secondary_y=False)
-    fig.add_trace(go.Scatter(x=labels, y=[_throughput(r) for r in runs.values()], name="throughput (req/s)",
+    fig.add_trace(go.Scatter(x=labels, y=[throughput(r) for r in runs.values()], name="throughput (req/s)",
                              mode="lines+markers", line=dict(color="black")), secondary_y=True)
     fig.update_layout(barmode="group")
     fig.update_yaxes(title_text="% of the measured window", range=[0, 115], secondary_y=False)
@@ -324,7 +296,7 @@ def throughput_chart(results: Any, device: Any = None) -> go.Figure:
     labels = list(runs)
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     waste = [float(getattr(r, "padding_waste", math.nan)) for r in runs.values()]
-    fig.add_trace(go.Bar(x=labels, y=[_throughput(r) for r in runs.values()], name="throughput (req/s)",
+    fig.add_trace(go.Bar(x=labels, y=[throughput(r) for r in runs.values()], name="throughput (req/s)",
                          marker_color="#4c78a8", texttemplate="%{y:.1f}", textposition="outside",
                          customdata=np.asarray(waste) * 100,
                          hovertemplate="%{x}: %{y:.1f} req/s, padding waste %{customdata:.0f}%<extra></extra>"),
@@ -348,7 +320,7 @@ def batch_sweep_chart(sweep: Any, device: Any = None) -> go.Figure:
     ok = frame[frame.status == "ok"] if "status" in frame else frame
     fig.add_trace(go.Scatter(x=ok.batch_size, y=ok.per_sample_ms, mode="lines+markers", name="ms per sample",
                              line=dict(color="#4c78a8")), secondary_y=False)
-    fig.add_trace(go.Scatter(x=ok.batch_size, y=ok.throughput, mode="lines+markers", name="samples/s",
+    fig.add_trace(go.Scatter(x=ok.batch_size, y=ok.texts_per_s, mode="lines+markers", name="samples/s",
                              line=dict(color="#54a24b", dash="dot")), secondary_y=True)
     if "status" in frame and (frame.status == "oom").any():
         oom = frame[frame.status == "oom"]
@@ -479,8 +451,6 @@ def load_sweep_chart(frame: pd.DataFrame, x: str | None = None, device: Any = No
 
 
 _RUNG_NAMES = ("rung", "step", "name", "label")
-_THROUGHPUT_NAMES = ("throughput_rps", "qps", "throughput")
-_P99_NAMES = ("p99_ms", "p99")
 
 
 def _pick(frame: pd.DataFrame, names: Sequence[str]) -> str | None:
@@ -493,8 +463,8 @@ def ladder_chart(result: Any, device: Any = None) -> go.Figure:
     frame = result if isinstance(result, pd.DataFrame) else result.to_frame()
     rung = _pick(frame, _RUNG_NAMES)
     labels = [str(v) for v in (frame[rung] if rung else frame.index)]
-    tput = _pick(frame, _THROUGHPUT_NAMES)
-    p99 = _pick(frame, _P99_NAMES)
+    tput = "qps" if "qps" in frame.columns else None
+    p99 = "p99_ms" if "p99_ms" in frame.columns else None
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.06, row_heights=[0.65, 0.35],
                         specs=[[{"secondary_y": True}], [{}]])
     if tput:
@@ -535,7 +505,7 @@ def panel_chart(result: Any, history: Sequence[Mapping[str, Any]] = (), device: 
     for stage in ledger.index:
         fig.add_trace(go.Bar(x=[float(ledger.loc[stage, "p50_ms"])], y=["p50"], name=stage, orientation="h",
                              marker_color=STAGE_COLORS.get(stage)), row=1, col=1)
-    runs = list(history) or [{"throughput": _throughput(result), "label": "this run"}]
+    runs = list(history) or [{"throughput": throughput(result), "label": "this run"}]
     fig.add_trace(go.Scatter(x=list(range(1, len(runs) + 1)), y=[h["throughput"] for h in runs],
                              text=[h.get("label", "") for h in runs], mode="lines+markers+text",
                              textposition="top center", name="req/s", line=dict(color="black"),
@@ -546,4 +516,4 @@ def panel_chart(result: Any, history: Sequence[Mapping[str, Any]] = (), device: 
     fig.update_yaxes(title_text="req/s", rangemode="tozero", row=1, col=2)
     s = result.summary()
     busy = f"model busy {pct(s.get('model_busy'))}"
-    return _finish(fig, _title(f"{_throughput(result):.1f} req/s, {busy}", result, device), 400)
+    return _finish(fig, _title(f"{throughput(result):.1f} req/s, {busy}", result, device), 400)

@@ -121,11 +121,11 @@ class KnobPanel(w.VBox):
             return self.result
         seconds = time.perf_counter() - t0
         self.result = result
-        self.history.append({"label": _label(changes or {}), "throughput": viz._throughput(result),
+        self.history.append({"label": _label(changes or {}), "throughput": viz.throughput(result),
                              "model_busy": result.summary().get("model_busy"), "seconds": seconds,
                              "knobs": self.knobs})
         self._draw(self.chart(result, self.history, device=self.device))
-        self._say(f"run {len(self.history)} ({_label(changes or {})}): {viz._throughput(result):.1f} req/s, "
+        self._say(f"run {len(self.history)} ({_label(changes or {})}): {viz.throughput(result):.1f} req/s, "
                   f"measured in {seconds:.1f} s")
         return result
 

@@ -14,6 +14,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from tuning.base.contract import with_schema
 from tuning.knobs import PRESETS, Knobs, parse_knob_value, preset
 from tuning.load.generator import metrics_busy_total
 
@@ -143,8 +144,10 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return text + " (default: %(default)s)"
 
 
-def _print_json(obj: Any) -> None:
-    print(json.dumps(obj, indent=2, default=str))
+def _print_json(obj: Any, result: bool = True) -> None:
+    """Every result's ``--json`` output: one object with ``schema_version`` first (README, "JSON output");
+    ``result=False``: a listing that is not a measurement (``knobs --json``), printed as it is."""
+    print(json.dumps(with_schema(obj) if result else obj, indent=2, default=str))
 
 
 def _announce_knobs(args: argparse.Namespace) -> None:
@@ -361,8 +364,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         if args.json:
             _print_json(summary)
         else:
-            print(f"batch sweep at {args.length} tokens, {summary['device']} {summary['dtype']} {summary['graph']}")
-            print(table(summary["points"], ["batch_size", "status", "per_batch_ms", "per_sample_ms", "throughput",
+            print(f"batch sweep at {args.length} tokens, {summary['device_label']} {summary['dtype']} {summary['graph']}")
+            print(table(summary["points"], ["batch_size", "status", "per_batch_ms", "per_sample_ms", "texts_per_s",
                                             "memory_mb"]))
             print(f"knee (smallest batch within 5% of the best per-sample cost): {summary['knee']}; "
                   f"marginal gain under 5% from batch {summary['diminishing_returns_at']}")
@@ -385,7 +388,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                   server_factory=lambda k: Server(k, engine=engine, **custom))
     points = frame.astype(object).where(frame.notna(), None).to_dict("records")
     if args.json:
-        _print_json({"variable": variable, "points": points, "verdict": load_sweep_verdict(variable, points)})
+        _print_json({"variable": variable, "device": engine.device_info, "points": points,
+                     "verdict": load_sweep_verdict(variable, points)})
     else:
         print(frame.round(2).to_string(index=False))
         print(load_sweep_verdict(variable, points))
@@ -532,7 +536,7 @@ def cmd_knobs(args: argparse.Namespace) -> int:
              **{f"preset {name}": k.as_dict()[f.name] for name, k in PRESETS.items()}, "help": f.metadata["help"]}
             for f in fields(Knobs)]
     if args.json:
-        _print_json(rows)
+        _print_json(rows, result=False)
         return 0
     for r in rows:
         presets = ", ".join(f"{name} {_short(r[f'preset {name}'])}" for name in PRESETS)
@@ -799,7 +803,7 @@ def _partial_view(args: argparse.Namespace, partial: Any) -> tuple[str, dict[str
         s = partial.summary()
         sizes = [p["batch_size"] for p in s["points"]]
         return (f"interrupted after {len(sizes)} sweep points (batch sizes {sizes})", s,
-                lambda: table(s["points"], ["batch_size", "status", "per_batch_ms", "per_sample_ms", "throughput"]))
+                lambda: table(s["points"], ["batch_size", "status", "per_batch_ms", "per_sample_ms", "texts_per_s"]))
     rows = partial.astype(object).where(partial.notna(), None).to_dict("records")  # sweep concurrency / wait
     return (f"interrupted after {len(rows)} sweep points", {"points": rows},
             lambda: partial.round(2).to_string(index=False) if rows else "")

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from tuning.base.contract import with_schema
 from tuning.base.format import pct, rounded
 from tuning.base.progress import progress_bar
 from tuning.experiments.ladder import (
@@ -281,7 +282,7 @@ def run_investigation(data: Any = None, device: str = "auto", quick: bool = Fals
     env["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
     ladder.experiments_frame().to_csv(out / "experiments.csv", index=False)
     bar.update(1)
-    (out / "environment.json").write_text(json.dumps(env, indent=2, default=str))
+    (out / "environment.json").write_text(json.dumps(with_schema(env), indent=2, default=str))
     bar.update(1)
     inv.wall_s = time.perf_counter() - t_start
     status("charts")
@@ -289,7 +290,7 @@ def run_investigation(data: Any = None, device: str = "auto", quick: bool = Fals
         (out / "report.html").write_text(render(inv), encoding="utf-8")
     bar.update(1)
     inv.wall_s = time.perf_counter() - t_start
-    (out / "summary.json").write_text(json.dumps(inv.summary(), indent=2, default=str))
+    (out / "summary.json").write_text(json.dumps(with_schema(inv.summary()), indent=2, default=str))
     bar.update(1)
     bar.close()
     return inv

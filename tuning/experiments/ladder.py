@@ -32,6 +32,7 @@ lose) the bucket step tries buckets together with the knee's batch size.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import statistics
@@ -420,15 +421,10 @@ def plan_for(lengths: Sequence[int], max_length: int = 256) -> dict[str, Any]:
 # --- the ladder -----------------------------------------------------------------------------------
 
 def _device_block(choice: Any, sim_profile: str | None = None) -> dict[str, Any]:
-    """The ``device`` block of the ladder's summary (``kind``: simulated, cpu or cuda, as every result's)."""
-    kind = {"sim": "simulated"}.get(choice.knob, choice.knob)
-    block = {"kind": kind, "knob": choice.knob, "label": choice.label, "simulated": bool(choice.simulated),
-             "banner": getattr(choice, "banner", None)}
-    if choice.knob == "sim":
-        from tuning.sim import DEFAULT_PROFILE, load_profile
-
-        block.update(load_profile(sim_profile or DEFAULT_PROFILE).info())
-    return block
+    """The ``device`` block of the ladder's summary: the contract's object (:mod:`tuning.base.contract`)."""
+    if choice.knob == "sim" and sim_profile:
+        choice = dataclasses.replace(choice, profile=sim_profile)
+    return choice.as_dict()
 
 
 class Ladder:

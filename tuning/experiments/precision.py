@@ -11,6 +11,8 @@ import pandas as pd
 import torch
 
 from tuning.base.assets import tokenizer_files
+from tuning.base.contract import device_object
+from tuning.base.machine import cpu_name
 from tuning.inputs.tokenize import FastTokenizer, group_by_length
 from tuning.runtime.model import check_dtype, load_minilm
 
@@ -30,7 +32,9 @@ class PrecisionReport:
 
     def summary(self) -> dict:
         frame = self.to_frame().astype(object).where(lambda f: f.notna(), None)
-        return {"device": self.device, "texts": self.texts, "dtypes": frame.to_dict(orient="records")}
+        device = device_object(self.device, cpu_name() if self.device == "cpu" else torch.cuda.get_device_name(),
+                               source="measured")  # accuracy is never simulated
+        return {"device": device, "texts": self.texts, "dtypes": frame.to_dict(orient="records")}
 
 
 def embed(model: torch.nn.Module, tokenizer: FastTokenizer, texts: Sequence[str], device: torch.device,

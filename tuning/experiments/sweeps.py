@@ -18,9 +18,11 @@ import pandas as pd
 import psutil
 import torch
 
+from tuning.base.contract import device_object
 from tuning.base.stats import clean
 from tuning.knobs import Knobs
 from tuning.online.serve import Server
+from tuning.sim.profiles import load_profile
 
 KNEE_TOLERANCE = 0.05  # "within 5% of the best" and "marginal gain under 5%"
 
@@ -64,7 +66,12 @@ class BatchSweepResult:
     def summary(self) -> dict[str, Any]:
         memory = ("CUDA peak reserved, MB (graph pools and the allocator's cache included)" if self.device == "cuda"
                   else "process RSS, MB")
-        return {"length": self.length, "device": self.device, "dtype": self.dtype, "graph": self.graph,
+        if self.device.startswith("simulated "):
+            device = load_profile(self.device.split(" ", 1)[1]).info()
+        else:
+            device = device_object(self.device, self.setup.get("device_name") or self.device, source="measured")
+        return {"length": self.length, "device": device, "device_label": self.device, "dtype": self.dtype,
+                "graph": self.graph,
                 "memory": memory, "knee": self.knee, "diminishing_returns_at": self.diminishing, **self.setup,
                 "points": [{k: clean(v) if isinstance(v, float) else v for k, v in r.items()} for r in self.rows]}
 
@@ -170,12 +177,14 @@ def batch_sweep(runner: Callable, device: torch.device, sizes: Sequence[int], le
     for size in sizes:
         row = rows[size]
         if row.get("status") == "oom":
-            row.update(per_batch_ms=math.nan, per_sample_ms=math.nan, throughput=math.nan, iqr_ms=math.nan,
+            row.update(per_batch_ms=math.nan, per_sample_ms=math.nan, texts_per_s=math.nan, throughput=math.nan,
+                       iqr_ms=math.nan,
                        rounds=len(round_ms[size]), round_ms=round_ms[size], memory_mb=memory[size] or math.nan)
         else:
             per_batch = float(np.median(round_ms[size]))
-            row.update(status="ok", per_batch_ms=per_batch, per_sample_ms=per_batch / size,
-                       throughput=size / per_batch * 1000 if per_batch > 0 else math.nan,
+            texts_per_s = size / per_batch * 1000 if per_batch > 0 else math.nan  # the model call's alone
+            row.update(status="ok", per_batch_ms=per_batch, per_sample_ms=per_batch / size, texts_per_s=texts_per_s,
+                       throughput=texts_per_s,  # deprecated alias (one release): read texts_per_s
                        iqr_ms=float(np.subtract(*np.percentile(round_ms[size], [75, 25]))),
                        rounds=len(round_ms[size]), round_ms=round_ms[size], memory_mb=memory[size])
         result.rows.append(row)
@@ -195,7 +204,7 @@ def run_batch_sweep(knobs, sizes: Sequence[int], length: int = 64, repeats: int 
     from tuning.runtime.engine import Engine
 
     engine = engine or Engine(knobs)
-    runner = engine._make_runner(batch_sizes=sizes) if engine.knobs.graph != "eager" else engine.runner
+    runner = engine.make_runner(batch_sizes=sizes) if engine.knobs.graph != "eager" else engine.runner
     result = batch_sweep(runner, engine.device, sizes, length, repeats, dtype=engine.knobs.dtype,
                          graph=engine.knobs.graph, rounds=rounds)
     k = engine.knobs

@@ -254,6 +254,16 @@ class LoadResult:
         return ok / self.window_s
 
     @property
+    def p50_ms(self) -> float:
+        """Median latency over every outcome of the window (from the scheduled arrival in an open loop)."""
+        return self.latency()["p50"]
+
+    @property
+    def p99_ms(self) -> float:
+        """99th-percentile latency over every outcome of the window."""
+        return self.latency()["p99"]
+
+    @property
     def error_rate(self) -> float:
         """Share of the measured requests whose outcome is not ok."""
         return (self.submitted - self.count("ok")) / self.submitted if self.submitted else math.nan

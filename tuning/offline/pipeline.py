@@ -384,9 +384,26 @@ class PipelineResult:
         return sum(r.outcome == "error" for r in self.requests)
 
     @property
+    def qps(self) -> float:
+        """Ok answers per second over the measured window (the contract's ``qps``: errors are not throughput)."""
+        return sum(r.outcome == "ok" for r in self.measured) / self.window_s
+
+    @property
     def throughput_rps(self) -> float:
-        """Completed requests (ok or error) per second over the measured window."""
+        """Deprecated (one release), read :attr:`qps`: completed requests (ok or error) per second over the window."""
         return len(self.measured) / self.window_s
+
+    def latencies_ms(self) -> list[float]:
+        """Each measured request's time in the pipeline (the sum of its stages, every outcome), ms."""
+        return [sum(getattr(r, f"{s}_ms") for s in STAGES) for r in self.measured]
+
+    @property
+    def p50_ms(self) -> float:
+        return summarize(self.latencies_ms())["p50"]
+
+    @property
+    def p99_ms(self) -> float:
+        return summarize(self.latencies_ms())["p99"]
 
     @property
     def model_busy(self) -> float:
@@ -484,8 +501,11 @@ class PipelineResult:
     def summary(self) -> dict[str, Any]:
         """Everything the CLI's ``--json`` prints."""
         ledger = self.ledger()
+        latency = summarize(self.latencies_ms())
         return {
-            "throughput_rps": clean(self.throughput_rps),
+            "qps": clean(self.qps),
+            "p50_ms": clean(latency["p50"]), "p99_ms": clean(latency["p99"]),
+            "throughput_rps": clean(self.throughput_rps),  # deprecated alias (every outcome per second): read qps
             "model_busy": clean(self.model_busy),
             "device_busy": clean(self.device_busy),
             "device": self.device,

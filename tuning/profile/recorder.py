@@ -89,7 +89,8 @@ class Profile:
             "threads": self.top_threads(),
             "gpu": gpu,
             "host": self.host.summary(),
-            "model_busy": work.get("model_busy"),
+            # the contract's figures, the workload's own (tuning.base.contract)
+            **{key: work.get(key) for key in ("qps", "p50_ms", "p99_ms", "model_busy", "device_busy", "device")},
             "stages": work.get("stages"),
             "busy_over_time": {"window_s": self.busy.window_s, "min": _nan_none(self.busy.busy, np.min),
                                "max": _nan_none(self.busy.busy, np.max)},

@@ -18,6 +18,8 @@ import numpy as np
 import torch
 
 from tuning.base import clock as _clock
+from tuning.base.contract import device_object
+from tuning.base.machine import cpu_name
 from tuning.inputs.readers import parse_line
 from tuning.inputs.records import Record, RecordError, TextFormatter, format_record
 from tuning.inputs.tokenize import FastTokenizer, NaiveWordPiece, Tokenized, Tokenizer, pad_length
@@ -194,7 +196,7 @@ class Engine:
                 torch.backends.cuda.matmul.allow_tf32 = self.knobs.tf32
             base = model if model is not None else load_minilm()
             self.model = prepare_model(base, self.device, self.knobs.dtype) if isinstance(base, torch.nn.Module) else base
-        self.runner = self._make_runner()
+        self.runner = self.make_runner()
 
     @property
     def device_info(self) -> dict[str, Any]:
@@ -202,8 +204,8 @@ class Engine:
         if self.sim is not None:
             return self.sim.info()
         if self.device.type == "cuda":
-            return {"kind": "cuda", "name": torch.cuda.get_device_name(self.device), "source": "measured"}
-        return {"kind": "cpu", "name": _cpu_name(), "source": "measured"}
+            return device_object("cuda", torch.cuda.get_device_name(self.device), source="measured")
+        return device_object("cpu", cpu_name(), source="measured")
 
     @property
     def simulated(self) -> bool:
@@ -213,7 +215,7 @@ class Engine:
         """A copy of the simulated device's timeline (None on a real device)."""
         return self.sim.timeline.copy() if self.sim is not None else None
 
-    def _make_runner(self, batch_sizes: Sequence[int] | None = None) -> Callable:
+    def make_runner(self, batch_sizes: Sequence[int] | None = None) -> Callable:
         """The callable that runs the model under the ``graph`` knob.
 
         ``batch_sizes``: the batch sizes compiled or captured exactly (default: ``knobs.batch_size``;
@@ -372,19 +374,6 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and ("ALLOC_FAILED" in text or "out of memory" in text.lower())
 
 
-def _cpu_name() -> str:
-    import platform
-
-    try:
-        with open("/proc/cpuinfo") as info:
-            for line in info:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 @contextlib.contextmanager
 def quiet_fork_warnings() -> Iterator[None]:
     """Around the start of DataLoader workers: they inherit ``TOKENIZERS_PARALLELISM=false`` (unless
@@ -402,5 +391,3 @@ def quiet_fork_warnings() -> Iterator[None]:
     finally:
         if before is None:
             os.environ.pop(name, None)
-
-

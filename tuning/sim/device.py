@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tuning.base.contract import device_object
+from tuning.base.machine import cpu_name
 from tuning.sim.profiles import DEFAULT_PROFILE, load_profile
 
 
@@ -16,6 +18,17 @@ class DeviceChoice:
     simulated: bool
     label: str
     banner: str
+    profile: str | None = None  # the simulated device's profile name
+    name: str | None = None  # the card's name (CUDA)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The contract's ``device`` object (:mod:`tuning.base.contract`), with the knob, label and banner."""
+        extra = {"knob": self.knob, "label": self.label, "simulated": self.simulated, "banner": self.banner}
+        if self.knob == "sim":
+            return {**load_profile(self.profile or DEFAULT_PROFILE).info(), **extra}
+        kind = self.knob
+        name = self.name or (cpu_name() if kind == "cpu" else self.label)
+        return device_object(kind, name, source="measured", **extra)
 
 
 
@@ -43,12 +56,14 @@ def device_for(choice: Any = "auto", profile: str | None = None, fallback: str =
         raise ValueError("DEVICE='cuda' but no CUDA device is available here; use 'auto' (simulated) or 'cpu'")
     if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
         name = torch.cuda.get_device_name(0)
-        return DeviceChoice("cuda", False, f"cuda ({name}, measured)", f"Running on {name}: every figure is measured.")
+        return DeviceChoice("cuda", False, f"cuda ({name}, measured)", f"Running on {name}: every figure is measured.",
+                            name=name)
     if choice == "cpu" or (choice == "auto" and fallback == "cpu"):
         return DeviceChoice("cpu", False, "cpu (measured)", "Running on the CPU: every figure is measured; "
                             "the CPU model is the bottleneck here, so a starved accelerator cannot show.")
     p = load_profile(profile)
     why = "no CUDA device here, so " if choice == "auto" else ""
-    return DeviceChoice("sim", True, p.label(),
-                        f"SIMULATED DEVICE: {why}the model call runs on a stand-in for {p.name} ({p.source}); the host "
-                        "pipeline is real, device times come from a cost model. Accuracy checks use the real model.")
+    return DeviceChoice("sim", True, p.label(), profile=p.name, banner=
+                        (f"SIMULATED DEVICE: {why}the model call runs on a stand-in for {p.name} ({p.source}); the host "
+                        "pipeline is real, device times come from a cost model. Accuracy checks use the real model."))
+

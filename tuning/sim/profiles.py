@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tuning.base.assets import device_profile_path
+from tuning.base.contract import device_object
 
 DEFAULT_PROFILE = "h200-sxm-estimate"
 
@@ -76,7 +77,8 @@ class DeviceProfile:
 
     def info(self) -> dict[str, Any]:
         """The ``device`` block of every summary made on this profile."""
-        return {"kind": "simulated", "profile": self.name, "profile_kind": self.kind, "source": self.source}
+        return device_object("simulated", name=f"simulated {self.name}", profile=self.name, source=self.source,
+                             profile_kind=self.kind)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
