@@ -8,8 +8,7 @@ import json
 
 import pytest
 
-from tuning.base.contract import (DEVICE_KEYS, DEVICE_KINDS, FIGURE_KEYS, SCHEMA_VERSION, as_device, device_object,
-                                  with_schema)
+from tuning.base.contract import DEVICE_KEYS, DEVICE_KINDS, FIGURE_KEYS, SCHEMA_VERSION, as_device, device_object, with_schema
 from tuning.cli import main
 
 FAST = ["--set", "max_length=32"]
