@@ -26,15 +26,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def machine() -> dict[str, Any]:
+    """The machine block of tuning's results (CPU model and flags, native bf16, cores, torch threads, load,
+    steal, GPU), plus the versions a bench depends on."""
     import torch
 
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cpus": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-    }
+    from tuning.base.machine import machine_info
+
+    return {**machine_info(), "python": platform.python_version(), "torch": torch.__version__,
+            "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
 def write(name: str, payload: dict[str, Any], quick: bool = False) -> Path:
@@ -43,7 +43,16 @@ def write(name: str, payload: dict[str, Any], quick: bool = False) -> Path:
     folder = QUICK_RESULTS if quick else RESULTS
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.json"
-    path.write_text(json.dumps({"machine": machine(), "quick": quick, **payload}, indent=2, default=str) + "\n")
+    from tuning.base.machine import same_machine
+
+    this = machine()
+    previous = json.loads(path.read_text()).get("machine") if path.is_file() else None
+    differs = same_machine(previous, this) if previous is not None else None
+    if differs:  # the committed result it replaces came from another machine: a reader comparing them is told
+        print(f"note: {differs} (the result this replaces)", flush=True)
+    path.write_text(json.dumps({"machine": this, "quick": quick,
+                                **({"previous_result_machine": differs} if differs else {}), **payload},
+                               indent=2, default=str) + "\n")
     print(f"wrote {path}")
     return path
 

@@ -451,7 +451,7 @@ class Check:
                 prof = rec.join(result)
                 gpu = prof.summary()["gpu"]
                 runs.setdefault(name, {})[mode] = row = {
-                    "throughput_rps": result.throughput_rps, "model_busy": result.model_busy,
+                    "throughput_rps": result.qps, "model_busy": result.model_busy,
                     "device_busy": prof.signals.device_busy, "diagnosis": prof.diagnosis.kind,
                     "sm_util_mean": gpu.get("sm_util_mean"), "gpu_series": gpu.get("devices"),
                     "device": result.summary()["device"]}

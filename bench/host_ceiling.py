@@ -114,7 +114,7 @@ def offline_arms(limit: int | None):
         return len(texts) / (time.perf_counter() - t0)
 
     def offline() -> float:
-        return pipeline.run(limit=limit, keep_embeddings=False).throughput_rps
+        return pipeline.run(limit=limit, keep_embeddings=False).qps
 
     tokenizer()  # warm: the tokenizer's thread pool and caches, the loader and the model's first calls
     offline()

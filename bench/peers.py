@@ -93,7 +93,7 @@ def main() -> None:
             return len(texts) / (time.perf_counter() - t0)
 
         arms = {
-            "ours": lambda: pipeline.run(limit=args.limit, keep_embeddings=False).throughput_rps,
+            "ours": lambda: pipeline.run(limit=args.limit, keep_embeddings=False).qps,
             "theirs": theirs,
             "our_model": lambda: replay_rps(pipeline.engine.runner, batches, device),
             "their_model": lambda: replay_rps(lambda ids, mask: st({"input_ids": ids, "attention_mask": mask}),

@@ -80,12 +80,12 @@ def main() -> None:
             "bare": bare}
 
     def report(r, name, value):
-        rps = value if isinstance(value, float) else value.throughput_rps
+        rps = value if isinstance(value, float) else value.qps
         print(f"round {r} {name:>8}: {rps:.1f} texts/s", flush=True)
 
     samples = interleave(arms, args.rounds, report)
-    rps = {"baseline": [r.throughput_rps for r in samples["baseline"]],
-           "tuned": [r.throughput_rps for r in samples["tuned"]], "bare_forward": samples["bare"]}
+    rps = {"baseline": [r.qps for r in samples["baseline"]],
+           "tuned": [r.qps for r in samples["tuned"]], "bare_forward": samples["bare"]}
     in_run_forward = [forward_rps_in_run(r) for r in samples["tuned"]]
     figures = {
         "tuned_over_baseline": paired_ratio(rps["tuned"], rps["baseline"]),

@@ -59,8 +59,8 @@ def main() -> None:
         pipelines[label].warmup()  # compile / capture here, outside every window
     arms = {label: (lambda p=p: p.run(limit=args.limit, keep_embeddings=False)) for label, p in pipelines.items()}
     samples = interleave(arms, args.rounds, lambda r, label, res: print(
-        f"round {r} {label:>28}: {res.throughput_rps:.1f} req/s", flush=True))
-    rps = {label: [r.throughput_rps for r in results] for label, results in samples.items()}
+        f"round {r} {label:>28}: {res.qps:.1f} req/s", flush=True))
+    rps = {label: [r.qps for r in results] for label, results in samples.items()}
     rows, points = [], []
     for factor, label, changes in variants:
         ratio = paired_ratio(rps[label], rps["tuned"])

@@ -73,7 +73,7 @@ def main() -> None:
                 gpu_reason = rec.join(result).gpu.reason
         else:
             result = pipeline.run(limit=args.limit, keep_embeddings=False)
-        return result.throughput_rps
+        return result.qps
 
     def pair(i: int) -> None:
         for mode in ("without", "with") if i % 2 == 0 else ("with", "without"):

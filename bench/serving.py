@@ -135,7 +135,7 @@ def main() -> None:
     generator = ctx.Process(target=_generator, args=(ctrl_child, data_child, args.limit), name="load-generator",
                             daemon=True)
     generator.start()
-    engines = {name: Engine(knobs[name]) for name in names}
+    engines = {name: Engine(knobs[name], reserved_cores=1) for name in names}  # the load generator's core
     t_start = time.perf_counter()
 
     def make_server(name: str) -> Server:

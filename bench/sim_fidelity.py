@@ -56,7 +56,7 @@ def offline(knobs, limit: int, model: ModelProfile, fitted: DeviceProfile) -> tu
     dtype = "tf32" if knobs.tf32 and knobs.dtype == "fp32" else knobs.dtype
     over = [(b.t_infer_end - b.t_infer_start) / predict(model, fitted, b.ok, b.padded_length, dtype, knobs.graph).call_s
             for b in result.batches if b.ok > 0 and b.t_infer_end > b.t_infer_start]  # the rows the model ran
-    return result.throughput_rps, statistics.median(over)
+    return result.qps, statistics.median(over)
 
 
 def serving(knobs, inputs, seconds: float, concurrency: int) -> dict:

@@ -51,12 +51,12 @@ def main() -> None:
             row["online_diagnosis"] = profiled[-1].diagnosis.kind if profiled else None
             offline = profile_pipeline(e.knobs, limit=offline_limit, with_ops=False)
             work = offline.workload
-            row["offline"] = {"throughput_rps": work.throughput_rps, "model_busy": work.model_busy,
+            row["offline"] = {"throughput_rps": work.qps, "model_busy": work.model_busy,
                               "device_busy": work.device_busy, "diagnosis": offline.diagnosis.kind,
                               "reasons": offline.diagnosis.reasons}
             print(f"{step.name:10s} {step.status:9s} online {e.qps:7.1f} QPS p99 {e.p99_ms:7.1f} ms "
                   f"model {e.model_busy:5.0%} device {e.device_busy:5.0%} {row['online_diagnosis']:10s} | offline "
-                  f"{work.throughput_rps:7.1f} req/s device {work.device_busy:5.0%} {offline.diagnosis.kind}")
+                  f"{work.qps:7.1f} req/s device {work.device_busy:5.0%} {offline.diagnosis.kind}")
         rungs.append(row)
     first = next(r for r in rungs if r.get("offline"))
     final = next(r for r in reversed(rungs) if r.get("offline") and r["kept"])

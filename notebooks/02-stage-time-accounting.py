@@ -56,7 +56,7 @@ result.ledger().round(3)
 # %%
 s = result.summary()
 assert s["ok"] + s["errors"] == s["requests"] == LIMIT, "every record gets exactly one outcome"
-print(f"{s['requests']} records: {s['ok']} ok, {s['errors']} errors; {s['throughput_rps']:.1f} req/s, "
+print(f"{s['requests']} records: {s['ok']} ok, {s['errors']} errors; {s['qps']:.1f} req/s, "
       f"model busy {s['model_busy']:.0%}")
 
 # %% [markdown]
@@ -112,8 +112,8 @@ tuned = tuning.Pipeline(tuning.preset("tuned", device=device.knob)).run(limit=LI
 viz.ledger_chart({"baseline": result, "tuned": tuned})
 
 # %%
-gain = tuned.throughput_rps / result.throughput_rps
-print(f"tuned: {tuned.throughput_rps:.1f} req/s against {result.throughput_rps:.1f} ({gain:.1f}x); "
+gain = tuned.qps / result.qps
+print(f"tuned: {tuned.qps:.1f} req/s against {result.qps:.1f} ({gain:.1f}x); "
       f"median request {tuned.ledger().p50_ms.sum():.1f} ms against {ledger.p50_ms.sum():.1f} ms (sum of stage p50s).")
 print(f"That is one run of each on {viz.device_label(device) or device.knob} with {os.cpu_count()} cores: a ratio a busy "
       "machine can move, not a benchmark. Notebook 06's ladder repeats runs and keeps a change only beyond their spread.")

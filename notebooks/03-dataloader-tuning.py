@@ -61,7 +61,7 @@ def starved(r):
 
 
 best = min(runs, key=lambda k: starved(runs[k]))
-print("; ".join(f"{k}: model waited {starved(r):.0%}, {r.throughput_rps:.1f} req/s" for k, r in runs.items())
+print("; ".join(f"{k}: model waited {starved(r):.0%}, {r.qps:.1f} req/s" for k, r in runs.items())
       + f". Least starved: {best}.")
 
 # %% [markdown]
@@ -84,7 +84,7 @@ viz.waits_chart({f"workers={n}": ref, **extra})
 
 # %%
 print("; ".join(f"{k}: model waited {starved(r):.0%} (without: {starved(ref):.0%}), "
-                f"{r.throughput_rps:.1f} req/s (without: {ref.throughput_rps:.1f})" for k, r in extra.items()) + ".")
+                f"{r.qps:.1f} req/s (without: {ref.qps:.1f})" for k, r in extra.items()) + ".")
 
 # %% [markdown]
 # ## Step 3: the batch-size sweep and its knee

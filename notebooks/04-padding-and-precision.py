@@ -88,8 +88,8 @@ pads = {p: tuning.Pipeline(base.replace(padding=p)).run(limit=LIMIT) for p in ("
 viz.throughput_chart(pads)
 
 # %%
-fastest = max(pads, key=lambda p: pads[p].throughput_rps)
-print("; ".join(f"{p}: {r.throughput_rps:.1f} req/s, padding waste {r.padding_waste:.0%}, "
+fastest = max(pads, key=lambda p: pads[p].qps)
+print("; ".join(f"{p}: {r.qps:.1f} req/s, padding waste {r.padding_waste:.0%}, "
                 f"device busy {viz.pct(r.device_busy)}, model busy {r.model_busy:.0%}" for p, r in pads.items())
       + f". Fastest in this run: {fastest}; padding costs throughput once the model side is the bottleneck.")
 
@@ -119,9 +119,9 @@ runs = {d: tuning.Pipeline(base.replace(padding="bucket", dtype=d)).run(limit=LI
 viz.throughput_chart(runs)
 
 # %%
-print("; ".join(f"{d}: {r.throughput_rps:.1f} req/s, model busy {r.model_busy:.0%}, device busy {viz.pct(r.device_busy)}"
+print("; ".join(f"{d}: {r.qps:.1f} req/s, model busy {r.model_busy:.0%}, device busy {viz.pct(r.device_busy)}"
                 for d, r in runs.items())
-      + f". bf16 against fp32: {runs['bf16'].throughput_rps / runs['fp32'].throughput_rps:.2f}x throughput, "
+      + f". bf16 against fp32: {runs['bf16'].qps / runs['fp32'].qps:.2f}x throughput, "
       f"{runs['bf16'].model_busy / runs['fp32'].model_busy:.2f}x model time.")
 
 # %% [markdown]

@@ -96,9 +96,9 @@ base, tuned = runs["baseline"], runs["tuned"]
 ledger = base.ledger()
 top = ledger.share.idxmax()
 assert abs(ledger.share.sum() - 1) < 1e-6 and base.ok + base.errors == len(inputs), "shares and counts add up"
-print(f"baseline: {base.throughput_rps:.1f} req/s, model busy {base.model_busy:.0%}; its largest stage is {top} "
+print(f"baseline: {base.qps:.1f} req/s, model busy {base.model_busy:.0%}; its largest stage is {top} "
       f"({ledger.share[top]:.0%} of the median request), the model itself {ledger.share['inference']:.0%}. "
-      f"tuned: {tuned.throughput_rps:.1f} req/s ({tuned.throughput_rps / base.throughput_rps:.1f}x, one run of each), "
+      f"tuned: {tuned.qps:.1f} req/s ({tuned.qps / base.qps:.1f}x, one run of each), "
       f"model busy {tuned.model_busy:.0%}.")
 
 # %% [markdown]
@@ -154,10 +154,10 @@ viz.throughput_chart({f"measured ({real})": measured, f"simulated {fitted.name}"
 # %%
 assert what_if.simulated and what_if.ok + what_if.errors == len(inputs), "labelled simulated; counts add up"
 trust = "close enough to use" if worst <= 0.25 else "too loose to trust: sweep again with more rounds on a quiet machine"
-print(f"profile {fitted.name}: worst fit error {worst:.0%} ({trust}). On it, tuned runs {what_if.throughput_rps:.1f} req/s "
+print(f"profile {fitted.name}: worst fit error {worst:.0%} ({trust}). On it, tuned runs {what_if.qps:.1f} req/s "
       f"with device busy {viz.pct(what_if.device_busy)} and model busy {what_if.model_busy:.0%}"
-      + ("" if SWEEPS else f"; measured here: {measured.throughput_rps:.1f} req/s (simulated / measured "
-                           f"{what_if.throughput_rps / measured.throughput_rps:.2f})") + ".")
+      + ("" if SWEEPS else f"; measured here: {measured.qps:.1f} req/s (simulated / measured "
+                           f"{what_if.qps / measured.qps:.2f})") + ".")
 
 # %% [markdown]
 # ## Takeaways

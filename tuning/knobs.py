@@ -58,7 +58,8 @@ class Knobs:
                         "pipeline against a simulated accelerator, see sim_profile; every result is labelled simulated)")
     sim_profile: str = _knob("h200-sxm-estimate", "device='sim' only: a shipped device profile (h200-sxm-estimate, "
                              "h100-sxm-estimate, l4-estimate) or the path of a JSON profile from `tuning calibrate`")
-    torch_threads: int | None = _knob(None, "intra-op threads of the model (None: torch's default)")
+    torch_threads: int | None = _knob(None, "intra-op threads of the model (None: the cores not taken by loader "
+                                            "workers and the tool's other processes, at least 1)")
     # online serving
     max_wait_ms: float = _knob(0.0, "dynamic batching: longest a request waits for its batch to fill (0: no waiting)")
     max_batch_tokens: int | None = _knob(None, "dynamic batching: padded-token budget per batch, batch size x padded "
@@ -230,7 +231,9 @@ PRESETS: dict[str, Knobs] = {
     # Best measured on the 2-core CPU (sweeps: bench/presets.py, bench/results/presets.json): batched Rust tokenizer in the
     # main process (loader workers only compete with the model for the two cores), length-grouped
     # batches of 16 padded to 8-token buckets (padded tokens cost as much as real ones on a CPU), grouped
-    # by exact token length (padding waste 0.14 -> 0.05 against the byte-size proxy), bf16.
+    # by exact token length (padding waste 0.14 -> 0.05 against the byte-size proxy). Its precision follows the
+    # hardware (tuned_precision): bf16 where the CPU computes it natively (there 2x faster than fp32), on CUDA
+    # and on the simulated device; fp32 on a CPU without (an AVX2-only EPYC ran bf16 5.4x slower than fp32).
     # torch.compile measured no faster here at these shapes and costs ~5 s per shape, so: eager.
     "tuned": Knobs(
         num_workers=0, batch_size=16, tokenizer="fast", padding="bucket", dtype="bf16", graph="eager",
@@ -239,11 +242,46 @@ PRESETS: dict[str, Knobs] = {
 }
 
 
+def tuned_precision(device: str = "auto", flags: dict[str, bool] | None = None,
+                    cuda: bool | None = None) -> tuple[str, str]:
+    """The ``tuned`` preset's ``dtype`` on this hardware and why: ``bf16`` on CUDA, on the simulated device
+    (a datasheet accelerator computes bf16) and on a CPU with native bf16 (AVX512-BF16 or AMX); ``fp32`` on a
+    CPU without, where bf16 is emulated and about 5x slower. ``flags`` and ``cuda`` stand in for this machine's
+    (tests fake a CPU with and without native bf16)."""
+    from tuning.base.machine import NATIVE_BF16_FLAGS, cpu_flags
+
+    if device == "sim":
+        return "bf16", "dtype=bf16: the simulated accelerator computes bf16"
+    if device in ("auto", "cuda"):
+        if cuda is None:
+            import torch
+
+            cuda = torch.cuda.is_available()
+        if cuda:
+            return "bf16", "dtype=bf16: on CUDA"
+    flags = cpu_flags() if flags is None else flags
+    native = [f for f in NATIVE_BF16_FLAGS if flags.get(f)]
+    if native:
+        return "bf16", f"dtype=bf16: this CPU has native bf16 ({', '.join(native)})"
+    return "fp32", "dtype=fp32: this CPU has no native bf16 (no avx512_bf16 or amx_bf16; bf16 would be emulated)"
+
+
 def preset(name: str, **overrides: Any) -> Knobs:
-    """A named preset, optionally with some knobs changed."""
+    """A named preset, optionally with some knobs changed. ``tuned`` takes its precision from the hardware
+    (:func:`tuned_precision`) unless ``dtype`` is given."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; allowed: {' | '.join(PRESETS)}")
+    if name == "tuned" and "dtype" not in overrides:
+        overrides = {**overrides, "dtype": tuned_precision(str(overrides.get("device", PRESETS[name].device)))[0]}
     return PRESETS[name].replace(**overrides) if overrides else PRESETS[name]
+
+
+def preset_note(name: str, overrides: dict[str, Any] | None = None) -> str:
+    """What a preset chose from the hardware, for its ``knobs:`` line (empty when it chose nothing)."""
+    overrides = overrides or {}
+    if name != "tuned" or "dtype" in overrides:
+        return ""
+    return tuned_precision(str(overrides.get("device", PRESETS[name].device)))[1]
 
 
 def parse_knob_value(name: str, text: str) -> Any:

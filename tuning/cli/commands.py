@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from tuning.base.contract import with_schema
-from tuning.knobs import PRESETS, Knobs, parse_knob_value, preset
+from tuning.base.machine import MachineWatch
+from tuning.knobs import PRESETS, Knobs, parse_knob_value, preset, preset_note
 from tuning.load.generator import metrics_busy_total
 
 
@@ -28,14 +29,18 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}")
 
 
-def knobs_from_args(args: argparse.Namespace) -> Knobs:
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     overrides: dict[str, Any] = {}
     for assignment in args.set or []:
         name, sep, text = assignment.partition("=")
         if not sep or not name:
             raise UsageError(f"--set {assignment!r}: expected knob=value, e.g. --set batch_size=8")
         overrides[name.strip()] = parse_knob_value(name.strip(), text)
-    return preset(args.preset, **overrides)
+    return overrides
+
+
+def knobs_from_args(args: argparse.Namespace) -> Knobs:
+    return preset(args.preset, **_overrides(args))
 
 
 def _add_knob_flags(p: argparse.ArgumentParser, default_preset: str = "baseline") -> None:
@@ -144,9 +149,14 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return text + " (default: %(default)s)"
 
 
+_MACHINE: MachineWatch | None = None  # started by main(): the machine block's load and steal at the start
+
+
 def _print_json(obj: Any, result: bool = True) -> None:
-    """Every result's ``--json`` output: one object with ``schema_version`` first (README, "JSON output");
-    ``result=False``: a listing that is not a measurement (``knobs --json``), printed as it is."""
+    """Every result's ``--json`` output: one object with ``schema_version`` first and the ``machine`` block that
+    made it (README, "JSON output"); ``result=False``: a listing that is not a measurement (``knobs --json``)."""
+    if result and isinstance(obj, dict) and "machine" not in obj:
+        obj = {**obj, "machine": (_MACHINE or MachineWatch()).info()}
     print(json.dumps(with_schema(obj) if result else obj, indent=2, default=str))
 
 
@@ -157,7 +167,9 @@ def _announce_knobs(args: argparse.Namespace) -> None:
             or getattr(args, "url", None):
         return
     changes = f" with --set {' --set '.join(args.set)}" if args.set else ""
-    print(f"knobs: preset {args.preset}{changes} (python -m tuning knobs lists them)", flush=True)
+    note = preset_note(args.preset, _overrides(args))
+    print(f"knobs: preset {args.preset}{f' ({note})' if note else ''}{changes} (python -m tuning knobs lists them)",
+          flush=True)
 
 
 def _emit(args: argparse.Namespace, summary: Any, render: Callable[[], str]) -> int:
@@ -178,7 +190,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     _compile_note(knobs)
     result = Pipeline(knobs, **custom).run(args.data, args.limit, keep_embeddings=False, **_data_kwargs(args))
     summary = {**result.summary(), "model": label}
-    code = _emit(args, summary, lambda: f"model: {label}\n" + format_run(result))
+    note = preset_note(args.preset, _overrides(args))
+    head = f"knobs: preset {args.preset} ({note})\n" if note else ""
+    code = _emit(args, summary, lambda: f"{head}model: {label}\n" + format_run(result))
     _nothing_done(summary["ok"], summary["requests"], summary["error_reasons"])
     return code
 
@@ -268,9 +282,13 @@ def cmd_loadtest_locust(args: argparse.Namespace) -> int:
     if not args.url:  # no server given: serve the preset here, on a free loopback port
         from tuning.online.httpfront import HttpFront
         from tuning.online.serve import Server
+        from tuning.runtime.engine import Engine
 
         knobs = knobs_from_args(args)
-        front = HttpFront(Server(knobs, **_custom(args, knobs)[0]))
+        custom = _custom(args, knobs)[0]
+        # the locust master and its local workers are processes this command starts: their cores are not the model's
+        engine = Engine(knobs, custom.pop("model"), reserved_cores=(args.workers or 1) + 1)
+        front = HttpFront(Server(knobs, engine=engine, **custom))
     with front or nullcontext():
         url = args.url or front.url + "/embed"
         result = run_locust(url, inputs, args.concurrency, args.duration, workers=args.workers or 1,
@@ -812,6 +830,8 @@ def _partial_view(args: argparse.Namespace, partial: Any) -> tuple[str, dict[str
 def main(argv: Sequence[str] | None = None) -> int:
     from tuning.cli import guard as cliguard
 
+    global _MACHINE
+    _MACHINE = MachineWatch()
     parser = build_parser()
     args = None
     try:

@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 from tuning.base.contract import with_schema
 from tuning.base.format import pct, rounded
+from tuning.base.machine import MachineWatch
 from tuning.base.progress import progress_bar
 from tuning.experiments.ladder import (
     DEFAULT_TARGET_P99_MS,
@@ -67,6 +68,7 @@ class Investigation:
         return {
             "command": "investigate", "quick": self.quick, "wall_s": rounded(self.wall_s, 2), "out": str(self.out),
             "files": self.files, "device": self.device, "environment": self.environment, "data": self.data,
+            "machine": self.environment.get("machine"),
             "target_p99_ms": ladder.pop("target_p99_ms"),
             "diagnosis": _diagnosis(self.before),
             "before": _trial_summary(self.before), "after": _trial_summary(self.after),
@@ -206,6 +208,7 @@ def run_investigation(data: Any = None, device: str = "auto", quick: bool = Fals
     what-if); the section is left out on a GPU, where the device itself answers.
     """
     t_start = time.perf_counter()
+    watch = MachineWatch()
     settings = settings or (LadderSettings.quick() if quick else LadderSettings.full())
     if limit is not None:
         settings = dataclasses.replace(settings, limit=limit)
@@ -280,6 +283,7 @@ def run_investigation(data: Any = None, device: str = "auto", quick: bool = Fals
     names = (("report.html",) if render else ()) + ("experiments.csv", "summary.json", "environment.json")
     inv.files = {name: str(out / name) for name in names}
     env["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
+    env["machine"] = watch.info()
     ladder.experiments_frame().to_csv(out / "experiments.csv", index=False)
     bar.update(1)
     (out / "environment.json").write_text(json.dumps(with_schema(env), indent=2, default=str))

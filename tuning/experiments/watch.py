@@ -20,6 +20,7 @@ import pandas as pd
 import psutil
 
 from tuning.base import clock as _clock
+from tuning.base.machine import RESERVED_CORES_ENV, reserved_cores
 from tuning.load.generator import metrics_busy_total
 from tuning.profile.gpu import GpuSampler, GpuSeries
 from tuning.profile.host import HostSampler, HostSeries
@@ -80,6 +81,8 @@ class ServiceProcess:
         from pathlib import Path
 
         env = dict(os.environ)  # the same tuning as this process, wherever it is installed
+        # this process drives the load: the service's model threads leave it a core
+        env[RESERVED_CORES_ENV] = str(reserved_cores() + 1)
         env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
         self.proc = subprocess.Popen([sys.executable, "-m", "tuning", "serve", *self.args], stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, env=env)

@@ -574,7 +574,7 @@ class Pipeline:
     def __init__(self, knobs: Knobs, model: torch.nn.Module | Callable | None = None,
                  tokenizer: Tokenizer | None = None, formatter: TextFormatter = format_record,
                  engine: Engine | None = None):
-        self.engine = engine or Engine(knobs, model)
+        self.engine = engine or Engine(knobs, model, reserved_cores=knobs.num_workers)  # workers take cores
         self.knobs = self.engine.knobs
         self.preparer = Preparer(self.knobs, tokenizer or make_tokenizer(self.knobs), formatter)
         self._warm = False

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from tuning.base.format import pct
+from tuning.base.machine import machine_line
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1100px;margin:24px auto;padding:0 16px;
@@ -308,6 +309,8 @@ def render_report(inv: Any) -> str:
             f'{"quick" if inv.quick else "full"} run · {inv.wall_s:.0f} s · data {_esc(inv.data.get("path"))} '
             f'({inv.data.get("lines")} lines, {inv.data.get("invalid")} invalid)</p>'
             f'<div class="{banner_cls}">{_esc(dev.get("banner") or dev["label"])}</div>'
+            + (f'<p class="muted">{_esc(machine_line(inv.environment["machine"]))}</p>'
+               if inv.environment.get("machine") else "")
             + (f'<p class="note">Note: {_esc(inv.environment["contended"])}.</p>' if inv.environment.get("contended")
                else "")
             + f'<p class="headline">QPS <b>{_num(s["baseline"]["qps"])} → {_num(s["result"]["qps"])}</b>, p99 '

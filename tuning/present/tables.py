@@ -41,7 +41,7 @@ def format_run(result) -> str:
         f"knobs: batch_size={k.batch_size} num_workers={k.num_workers} tokenizer={k.tokenizer} padding={k.padding} "
         f"dtype={k.dtype} graph={k.graph} device={k.device}",
         f"requests {s['requests']}  ok {s['ok']}  errors {s['errors']}  truncated {s['truncated']}  batches {s['batches']}",
-        f"throughput {s['throughput_rps']:.1f} req/s   model busy {100 * s['model_busy']:.0f}%   "
+        f"QPS {s['qps']:.1f} (ok answers/s)   model busy {100 * s['model_busy']:.0f}%   "
         + (f"device busy {100 * s['device_busy']:.0f}%   " if s.get("device_busy") is not None else "")
         + f"padding waste {number(s['padding_waste'])}   (window {s['window_s']:.1f} s; "
         + (f"{'compile' if k.graph == 'compile' else 'capture'} {s['compile_s']:.1f} s, "

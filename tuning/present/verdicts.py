@@ -38,7 +38,7 @@ def run_verdict(s: dict[str, Any]) -> str:
                 "window): try dtype=bf16 or a faster device")
     else:
         step = f"the model is busy only {busy:.0%} of the window: look at the stage ledger's largest share"
-    return f"verdict: {s.get('throughput_rps') or 0:.1f} req/s; {step}."
+    return f"verdict: {s.get('qps') or 0:.1f} ok answers/s; {step}."
 
 
 

@@ -19,7 +19,7 @@ import torch
 
 from tuning.base import clock as _clock
 from tuning.base.contract import device_object
-from tuning.base.machine import cpu_name
+from tuning.base.machine import cpu_name, intra_op_threads
 from tuning.inputs.readers import parse_line
 from tuning.inputs.records import Record, RecordError, TextFormatter, format_record
 from tuning.inputs.tokenize import FastTokenizer, NaiveWordPiece, Tokenized, Tokenizer, pad_length
@@ -174,12 +174,17 @@ class BatchOutput:
 class Engine:
     """The model side: device, dtype, graph mode; runs a :class:`PreparedBatch`."""
 
-    def __init__(self, knobs: Knobs, model: torch.nn.Module | Callable | None = None, clock: _clock.Clock | None = None):
+    def __init__(self, knobs: Knobs, model: torch.nn.Module | Callable | None = None, clock: _clock.Clock | None = None,
+                 reserved_cores: int = 0):
+        """``reserved_cores``: cores this process's other work keeps busy beside the model (the offline
+        pipeline's loader workers); with ``torch_threads=None`` the model's intra-op threads are the usable
+        cores less these and less those of the processes the tool started (``TUNING_RESERVED_CORES``), at
+        least 1 (:func:`tuning.base.machine.intra_op_threads`), so that the threads never oversubscribe."""
         from tuning.runtime.model import load_minilm, prepare_model
 
         self.knobs = knobs.resolve(torch.cuda.is_available())
-        if self.knobs.torch_threads is not None:
-            torch.set_num_threads(self.knobs.torch_threads)
+        self.torch_threads = self.knobs.torch_threads or intra_op_threads(reserved_cores)
+        torch.set_num_threads(self.torch_threads)
         self.clock = clock or _clock.now
         self.compile_s = 0.0
         self.sim = None
