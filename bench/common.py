@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -32,9 +30,7 @@ def machine() -> dict[str, Any]:
 
     from tuning.base.machine import machine_info
 
-    return {**machine_info(), "python": platform.python_version(), "torch": torch.__version__,
-            "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    return {**machine_info(), "torch": torch.__version__}
 
 
 def write(name: str, payload: dict[str, Any], quick: bool = False) -> Path:
@@ -46,7 +42,10 @@ def write(name: str, payload: dict[str, Any], quick: bool = False) -> Path:
     from tuning.base.machine import same_machine
 
     this = machine()
-    previous = json.loads(path.read_text()).get("machine") if path.is_file() else None
+    try:
+        previous = json.loads(path.read_text()).get("machine") if path.is_file() else None
+    except (OSError, ValueError):  # an unreadable old file must not lose the run just measured
+        previous = None
     differs = same_machine(previous, this) if previous is not None else None
     if differs:  # the committed result it replaces came from another machine: a reader comparing them is told
         print(f"note: {differs} (the result this replaces)", flush=True)

@@ -451,14 +451,14 @@ class Check:
                 prof = rec.join(result)
                 gpu = prof.summary()["gpu"]
                 runs.setdefault(name, {})[mode] = row = {
-                    "throughput_rps": result.qps, "model_busy": result.model_busy,
+                    "qps": result.qps, "model_busy": result.model_busy,
                     "device_busy": prof.signals.device_busy, "diagnosis": prof.diagnosis.kind,
                     "sm_util_mean": gpu.get("sm_util_mean"), "gpu_series": gpu.get("devices"),
                     "device": result.summary()["device"]}
-                print(f"  {name:8s} {mode:4s}: {row['throughput_rps']:8.1f} req/s, model busy {row['model_busy']:.0%}, "
+                print(f"  {name:8s} {mode:4s}: {row['qps']:8.1f} req/s, model busy {row['model_busy']:.0%}, "
                       f"device busy {row['device_busy']:.0%}, {row['diagnosis']}", flush=True)
                 self.report.step("sim_fidelity", status="partial", runs=_clean(runs))
-        ratios = {name: r["sim"]["throughput_rps"] / r["real"]["throughput_rps"] for name, r in runs.items()}
+        ratios = {name: r["sim"]["qps"] / r["real"]["qps"] for name, r in runs.items()}
         self.report.step("sim_fidelity", status="ok", runs=_clean(runs), sim_over_real=ratios)
         print("  sim/real throughput: " + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items()), flush=True)
 

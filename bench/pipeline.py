@@ -103,7 +103,7 @@ def main() -> None:
         "rounds": args.rounds,
         "order": "ABBA: baseline, tuned, bare; then bare, tuned, baseline",
         "throughput_definition": "requests / measured window (warm-up: an evenly spaced sample, run first and discarded)",
-        "throughput_rps": {name: spread(values) for name, values in rps.items()},
+        "qps": {name: spread(values) for name, values in rps.items()},
         **{name: s["median"] for name, s in figures.items()},
         "spreads": figures,
         "model_busy": {name: spread([r.model_busy for r in samples[name]]) for name in ("baseline", "tuned")},

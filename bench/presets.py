@@ -23,6 +23,8 @@ from tuning.knobs import preset
 from tuning.offline.pipeline import Pipeline
 from tuning.present.tables import table
 
+_OTHER_DTYPE = "fp32" if preset("tuned").dtype == "bf16" else "bf16"
+
 # (factor, label, changes to ``tuned``)
 VARIANTS: list[tuple[str, str, dict[str, Any]]] = [
     ("tuned", "tuned", {}),
@@ -36,7 +38,8 @@ VARIANTS: list[tuple[str, str, dict[str, Any]]] = [
     ("grouping", "dynamic, arrival order", {"padding": "dynamic", "group_by": "bytes"}),
     ("buckets", "buckets=32,64,128,256", {"buckets": (32, 64, 128, 256)}),
     ("bucket_window", "bucket_window=256", {"bucket_window": 256}),
-    ("dtype", "dtype=fp32", {"dtype": "fp32"}),
+    # the other precision than tuned's on this machine (tuned is bf16 with native bf16, fp32 without)
+    ("dtype", f"dtype={_OTHER_DTYPE}", {"dtype": _OTHER_DTYPE}),
 ]
 COMPILE = ("graph", "graph=compile", {"graph": "compile"})
 
@@ -67,10 +70,10 @@ def main() -> None:
         last = samples[label][-1]
         point = {"factor": factor, "variant": label, "changes": {k: list(v) if isinstance(v, tuple) else v
                                                                  for k, v in changes.items()},
-                 "throughput_rps": spread(rps[label]), "over_tuned": ratio,
+                 "qps": spread(rps[label]), "over_tuned": ratio,
                  "padding_waste": last.padding_waste, "model_busy": spread([r.model_busy for r in samples[label]])}
         points.append(point)
-        rows.append({"factor": factor, "variant": label, "req_per_s": fmt_spread(point["throughput_rps"], 1),
+        rows.append({"factor": factor, "variant": label, "req_per_s": fmt_spread(point["qps"], 1),
                      "over_tuned": fmt_spread(ratio), "padding_waste": last.padding_waste})
     # a variant beats tuned only if even its worst round did (its whole range of paired ratios is above 1)
     better = [p["variant"] for p in points if p["factor"] != "tuned" and p["over_tuned"]["min"] > 1.0]

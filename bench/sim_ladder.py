@@ -51,7 +51,7 @@ def main() -> None:
             row["online_diagnosis"] = profiled[-1].diagnosis.kind if profiled else None
             offline = profile_pipeline(e.knobs, limit=offline_limit, with_ops=False)
             work = offline.workload
-            row["offline"] = {"throughput_rps": work.qps, "model_busy": work.model_busy,
+            row["offline"] = {"qps": work.qps, "model_busy": work.model_busy,
                               "device_busy": work.device_busy, "diagnosis": offline.diagnosis.kind,
                               "reasons": offline.diagnosis.reasons}
             print(f"{step.name:10s} {step.status:9s} online {e.qps:7.1f} QPS p99 {e.p99_ms:7.1f} ms "
@@ -65,7 +65,7 @@ def main() -> None:
         "what": "SIMULATED: the ladder on a simulated accelerator; host side measured, device time predicted",
         "device": summary["device"], "rungs": rungs,
         "tuned_over_baseline": summary["result"]["qps_ratio"],
-        "offline_tuned_over_baseline": final["offline"]["throughput_rps"] / first["offline"]["throughput_rps"],
+        "offline_tuned_over_baseline": final["offline"]["qps"] / first["offline"]["qps"],
         "recommended": summary["recommended"], "batch_sweep": summary["batch_sweep"], "waits": summary["waits"],
         "noise": summary["noise"], "seconds": time.time() - t0,
     }

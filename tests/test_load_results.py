@@ -1,6 +1,6 @@
 """Load results from hand-built responses (issue 17 item 4): the exact percentiles, rates and window each
-definition promises (tuning/loadgen.py's module docstring and DESIGN.md's metric definitions), and the
-statistics helpers they use (tuning/stats.py).
+definition promises (tuning/load/generator.py's module docstring and the metric definitions in README), and the
+statistics helpers they use (tuning/base/stats.py).
 
 Times are multiples of 1/64 s, so every latency below is exact in binary and the expectations are equalities.
 Percentiles are numpy's default (linear between the closest ranks).

@@ -1,6 +1,6 @@
 """The bucket planner against brute force, and the padding simulation it is scored with (issue 17 item 6).
 
-Rule (tuning/buckets.py): ``plan_buckets`` returns the ``k`` bucket lengths that minimise total padded tokens
+Rule (tuning/inputs/buckets.py): ``plan_buckets`` returns the ``k`` bucket lengths that minimise total padded tokens
 when each request pads to the smallest bucket that holds it; the largest length is always a bucket (the
 planner keeps its own top bucket). The brute force tries every choice of the other ``k - 1`` buckets among the
 distinct lengths, including choices where a bucket holds one value only (issue 17: ``[1]*100 + [50, 51]``

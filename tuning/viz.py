@@ -23,7 +23,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
 
-from tuning.base.contract import as_device
+from tuning.base.contract import Measured, as_device
 from tuning.base.format import pct
 
 RENDERER = "tuning_offline"
@@ -159,11 +159,13 @@ def _as_results(results: Any) -> dict[str, Any]:
     return {"": results}
 
 
-def throughput(result: Any) -> float:
+def throughput(result: Measured | Any) -> float:
     """The contract's ``qps`` of a result (ok answers per second of its measured window); a result that only
     has the deprecated ``throughput_rps`` (kept one release) is read by that."""
     qps = getattr(result, "qps", None)
-    return float(qps if qps is not None else result.throughput_rps)
+    if qps is None:
+        qps = getattr(result, "throughput_rps", math.nan)
+    return float(qps)
 
 
 

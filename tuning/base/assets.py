@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-CONFIG_IN_REPO = Path(__file__).resolve().parent.parent / "assets" / "minilm_config.json"
+PACKAGE = Path(__file__).resolve().parent.parent  # tuning/
+ASSETS = PACKAGE / "assets"
+CONFIG_IN_REPO = ASSETS / "minilm_config.json"
 
 
 
@@ -25,7 +27,6 @@ def embedded_model_dir() -> Path:
 
 
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
 
 
@@ -48,10 +49,10 @@ def tokenizer_files(model_dir: str | Path | None = None) -> tuple[Path, Path]:
 
 # The demo records ship inside the package (so every command works from any directory after a
 # non-editable install); data/records.jsonl in the source tree is a link to this file.
-DEFAULT_DATA = Path(__file__).resolve().parent.parent / "assets" / "records.jsonl"
+DEFAULT_DATA = ASSETS / "records.jsonl"
 
 
-DEVICE_PROFILES = Path(__file__).resolve().parent.parent / "sim" / "devices"  # the shipped simulated-device profiles
+DEVICE_PROFILES = PACKAGE / "sim" / "devices"  # the shipped simulated-device profiles
 
 
 def shipped_profiles() -> list[str]:

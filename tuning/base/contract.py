@@ -21,8 +21,6 @@ SCHEMA_VERSION = 1
 DEVICE_KINDS = ("cpu", "cuda", "simulated")
 DEVICE_KEYS = ("kind", "name", "profile", "source")
 FIGURE_KEYS = ("qps", "p50_ms", "p99_ms", "model_busy", "device_busy", "device")
-# deprecated key -> what to read instead; still written for one release (README, "JSON output")
-DEPRECATED_KEYS = {"throughput_rps": "qps (ok answers only; throughput_rps counts every outcome)"}
 
 
 @runtime_checkable
@@ -78,7 +76,10 @@ def as_device(value: Any) -> dict[str, Any] | None:
                              simulated=bool(getattr(value, "simulated", False)))
     summary = getattr(value, "summary", None)  # what --json prints: the result's own word on its device
     if callable(summary):
-        device = summary().get("device")
+        try:
+            device = summary().get("device")
+        except Exception:  # a chart's label must not fail because a summary cannot be made (an empty sweep)
+            device = None
         if isinstance(device, Mapping):
             return as_device(device)
     device = getattr(value, "device", None)

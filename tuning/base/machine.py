@@ -64,12 +64,40 @@ def native_bf16(flags: Mapping[str, bool] | None = None) -> bool:
     return any(flags.get(f) for f in NATIVE_BF16_FLAGS)
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity), at least 1."""
+_TORCH_DEFAULT_THREADS: int | None = None  # torch's own count (OMP_NUM_THREADS, physical cores), read once
+
+
+def _cpu_quota() -> int | None:
+    """The container's CPU quota in whole cores (cgroup v2 ``cpu.max``), None when unlimited or unknown."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()[:2]
+    except (OSError, ValueError):
+        return None
+    return None if quota == "max" else max(1, -(-int(quota) // int(period)))
+
+
+def usable_cores() -> int:
+    """The cores this process's threads may use: the fewest of its affinity, the container's CPU quota and
+    torch's own default thread count (physical cores, or ``OMP_NUM_THREADS`` when set; read once, before this
+    package sets it), at least 1."""
+    global _TORCH_DEFAULT_THREADS
+    try:
+        counts = [len(os.sched_getaffinity(0))]
     except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+        counts = [os.cpu_count() or 1]
+    quota = _cpu_quota()
+    if quota:
+        counts.append(quota)
+    if _TORCH_DEFAULT_THREADS is None:
+        try:
+            import torch
+
+            _TORCH_DEFAULT_THREADS = torch.get_num_threads()
+        except ImportError:
+            _TORCH_DEFAULT_THREADS = 0
+    if _TORCH_DEFAULT_THREADS:
+        counts.append(_TORCH_DEFAULT_THREADS)
+    return max(1, min(counts))
 
 
 def reserved_cores() -> int:
@@ -183,7 +211,7 @@ def machine_info() -> dict[str, Any]:
         pass
     steal = _steal_ticks()
     return {
-        "cpu": {"model": info.get("model name") or platform.processor() or platform.machine(),
+        "cpu": {"model": cpu_name(),
                 "vendor": info.get("vendor_id"), "arch": platform.machine(), "flags": flags,
                 "native_bf16": native_bf16(flags), "torch_capability": torch_cpu_capability()},
         "cores_physical": physical, "cores_logical": logical, "cores_usable": usable_cores(),

@@ -318,7 +318,7 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         from tuning.online.serve import Server
 
         knobs = knobs_from_args(args)
-        with Server(knobs, **_custom(args, knobs)[0]) as server:
+        with Server(knobs, reserved_cores=1, **_custom(args, knobs)[0]) as server:  # the load client: this process
             if args.profile:
                 from tuning.profile import Recorder
 
@@ -373,7 +373,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     knobs = knobs_from_args(args)
     custom, _ = _custom(args, knobs)
-    engine = Engine(knobs, custom.pop("model"))
+    # a load sweep's client runs in this process: its core is not the model's (a batch sweep has none)
+    engine = Engine(knobs, custom.pop("model"), reserved_cores=0 if args.variable == "batch" else 1)
     if args.variable == "batch":
         from tuning.experiments.sweeps import run_batch_sweep
 
@@ -551,7 +552,7 @@ def cmd_knobs(args: argparse.Namespace) -> int:
     from tuning.knobs import Knobs
 
     rows = [{"knob": f.name, "default": Knobs().as_dict()[f.name],
-             **{f"preset {name}": k.as_dict()[f.name] for name, k in PRESETS.items()}, "help": f.metadata["help"]}
+             **{f"preset {name}": preset(name).as_dict()[f.name] for name in PRESETS}, "help": f.metadata["help"]}
             for f in fields(Knobs)]
     if args.json:
         _print_json(rows, result=False)

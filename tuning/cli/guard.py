@@ -1,7 +1,7 @@
 """What every command of the CLI shares for a newcomer: quiet output, one-line errors, Ctrl-C that keeps
-what was measured, and a verdict sentence computed from each table's numbers.
+what was measured. (The verdict sentences computed from each table's numbers are in :mod:`tuning.present.verdicts`.)
 
-Kept apart from :mod:`tuning.cli` (which declares the commands) so the policies live in one place.
+Kept apart from :mod:`tuning.cli.commands` (which declares the commands) so the policies live in one place.
 """
 
 from __future__ import annotations

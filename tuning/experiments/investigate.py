@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from tuning.base.contract import with_schema
 from tuning.base.format import pct, rounded
-from tuning.base.machine import MachineWatch
+from tuning.base.machine import MachineWatch, busy_elsewhere
 from tuning.base.progress import progress_bar
 from tuning.experiments.ladder import (
     DEFAULT_TARGET_P99_MS,
@@ -67,7 +67,9 @@ class Investigation:
         ladder.pop("data", None)  # self.data says the same, with the path
         return {
             "command": "investigate", "quick": self.quick, "wall_s": rounded(self.wall_s, 2), "out": str(self.out),
-            "files": self.files, "device": self.device, "environment": self.environment, "data": self.data,
+            "files": self.files, "device": self.device, "data": self.data,
+            # environment.json without its machine block, which is said once, beside it
+            "environment": {k: v for k, v in self.environment.items() if k != "machine"},
             "machine": self.environment.get("machine"),
             "target_p99_ms": ladder.pop("target_p99_ms"),
             "diagnosis": _diagnosis(self.before),
@@ -120,13 +122,13 @@ def environment(device: Any, what_if: str | None) -> dict[str, Any]:
         "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
         "cuda_available": torch.cuda.is_available(), "cuda_version": torch.version.cuda,
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "device": device.label, "simulated": bool(device.simulated),
+        "device": device.as_dict(), "simulated": bool(device.simulated),
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
     }
     load = env["load_average_at_start"]
-    if load and load[0] > (env["cpus_logical"] or 1):
-        env["contended"] = (f"the machine was busy with other work (load average {load[0]:.1f} on "
-                            f"{env['cpus_logical']} CPUs): expect a wide run-to-run spread and fewer steps told from noise")
+    busy = busy_elsewhere(load[0]) if load else None  # the one contention rule (tuning.base.machine)
+    if busy:
+        env["contended"] = f"{busy}; expect a wide run-to-run spread and fewer steps told from noise"
     profile = what_if if (device.knob != "cuda" and what_if) else None
     if profile:
         from tuning.sim import load_profile

@@ -336,7 +336,7 @@ class LoadMeasure:
 
         key = self._engine_key(knobs)
         if key not in self._engines:
-            self._engines[key] = Engine(knobs, self.model)
+            self._engines[key] = Engine(knobs, self.model, reserved_cores=1)  # the load client shares this process
         return self._engines[key]
 
     def __call__(self, knobs: Knobs, record: bool = False) -> Trial:
@@ -577,6 +577,7 @@ def run_ladder(data: Any = None, device: Any = "auto", quick: bool = False,
     """
     settings = settings or (LadderSettings.quick() if quick else LadderSettings.full())
     dev = device_for(device, sim_profile, fallback="cpu")
+    sim_profile = sim_profile or (dev.profile if dev.knob == "sim" else None)
     if target_p99_ms is None or not target_p99_ms > 0:
         raise ValueError(f"target_p99_ms={target_p99_ms!r} must be a number > 0 (milliseconds)")
     unknown = [s for s in steps if s not in STEPS]

@@ -21,7 +21,6 @@ import torch
 from tuning.base.contract import device_object
 from tuning.base.stats import clean
 from tuning.knobs import Knobs
-from tuning.online.serve import Server
 from tuning.sim.profiles import load_profile
 
 KNEE_TOLERANCE = 0.05  # "within 5% of the best" and "marginal gain under 5%"
@@ -239,6 +238,7 @@ def load_sweep(knobs: Knobs, inputs: Sequence[Any], variable: str, values: Seque
     The engine (model) is built once and shared by every point.
     """
     from tuning.load.generator import run_load
+    from tuning.online.serve import Server
     from tuning.runtime.engine import Engine
 
     engine = engine or Engine(knobs)

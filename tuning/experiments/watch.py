@@ -30,7 +30,7 @@ MAX_TREND_ROWS = 20
 
 
 def url_target(url: str) -> Callable[[Any], Any]:
-    """POST each input to ``url``; an input that cannot be a request (a :class:`~tuning.inputs.readers.RecordError`,
+    """POST each input to ``url``; an input that cannot be a request (a :class:`~tuning.inputs.records.RecordError`,
     a bad row of the data) is its own error outcome with its reason, without being sent."""
     from tuning.inputs.records import RecordError
     from tuning.load.generator import http_target

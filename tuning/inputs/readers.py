@@ -285,7 +285,7 @@ def load_texts(path: str | Path = DEFAULT_DATA, limit: int | None = None, text_f
                text_column: str | None = None, format: str | None = None,
                formatter: Callable[[Record], str] | None = None) -> list[str]:
     """The model-input texts of the valid inputs of a file in any supported format (records formatted
-    by ``formatter``, default :func:`tuning.inputs.tokenize.format_record`)."""
+    by ``formatter``, default :func:`tuning.inputs.records.format_record`)."""
     from tuning.inputs.records import format_record
 
     formatter = formatter or format_record

@@ -363,7 +363,8 @@ class LoadResult:
             "timeouts": self.count("timeout"), "rejected": self.count("rejected"),
             "warmup_requests": self.warmup_requests, "cooldown_requests": self.cooldown_requests,
             "window_s": clean(self.window_s), "busy_s": clean(self.busy_s) if self.busy_s is not None else None,
-            "model_busy": clean(self.model_busy), "device_busy": clean(self.device_busy), "device": self.device,
+            "model_busy": clean(self.model_busy), "device_busy": clean(self.device_busy),
+            "device": self.device or None,  # null: a service of its own, whose device this client cannot see
             "mean_batch": clean(float(np.mean(sizes))) if sizes else None,
             "stages": ledger_dict(ledger),
             "error_reasons": _top_reasons(self.responses),

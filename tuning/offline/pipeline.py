@@ -634,6 +634,7 @@ class Pipeline:
         if isinstance(warmup_batches, bool) or not isinstance(warmup_batches, int) or warmup_batches < 0:
             raise ValueError(f"warmup_batches={warmup_batches!r} must be an integer >= 0")
         dataset = _input_dataset(data, limit, text_field, text_column, format)
+        self.engine.use_threads()
         self.warmup()
         warmup_s = self.engine.compile_s  # model warm-up, compile or capture included; outside the window
         clock = self.engine.clock

@@ -84,11 +84,13 @@ class Server:
 
     def __init__(self, knobs: Knobs, engine: Engine | None = None, tokenizer: Tokenizer | None = None,
                  formatter: TextFormatter = format_record, model: Any = None, clock: _clock.Clock | None = None,
-                 completion: str = "thread"):
+                 completion: str = "thread", reserved_cores: int = 0):
+        """``reserved_cores``: cores other work in this process keeps busy (an in-process load generator),
+        left to it when the server builds its engine (see :class:`tuning.runtime.engine.Engine`)."""
         if completion not in ("thread", "inline"):
             raise ValueError(f"completion={completion!r} is not allowed; allowed: thread | inline")
         self.completion = completion
-        self.engine = engine or Engine(knobs, model)
+        self.engine = engine or Engine(knobs, model, reserved_cores=reserved_cores)
         self.knobs = self.engine.knobs if engine is None else knobs.resolve(torch.cuda.is_available())
         self.clock = clock or _clock.now
         self.preparer = Preparer(self.knobs, tokenizer or make_tokenizer(self.knobs), formatter, self.clock)
@@ -217,7 +219,7 @@ class Server:
             return len(self._open)
 
     def submit(self, raw: Any, deadline_ms: float | None = None, embedding: bool = True) -> Future:
-        """Queue one request (a JSONL line, a :class:`~tuning.inputs.readers.Record` or a text); returns its future.
+        """Queue one request (a JSONL line, a :class:`~tuning.inputs.records.Record` or a text); returns its future.
 
         ``embedding=False``: the response carries no embedding (a load test needs only the outcome and
         its timings; kept ones are copied out of the batch, so they do not hold the batch alive).
@@ -398,6 +400,7 @@ class Server:
 
     def _executor_loop(self) -> None:
         """The model call and nothing else: a finished batch goes to the completer, the next one starts."""
+        self.engine.use_threads()
         t_idle = self.clock()
         while True:
             got = self._ready.get()

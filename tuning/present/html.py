@@ -298,7 +298,8 @@ def render_report(inv: Any) -> str:
     sections.append(_section("ship", "What to ship", "".join(body)))
 
     # environment
-    env_rows = [{"what": k, "value": _knob(v)} for k, v in inv.environment.items()]
+    # the machine is in the header; the rest of environment.json here
+    env_rows = [{"what": k, "value": _knob(v)} for k, v in inv.environment.items() if k != "machine"]
     data_rows = [{"what": k, "value": _knob(v)} for k, v in inv.data.items()]
     sections.append(_section("environment", "Environment and input", _table(env_rows, [("what", ""), ("value", "")])
                              + _table(data_rows, [("what", ""), ("value", "")])))

@@ -6,7 +6,7 @@
 * ``--model module:factory`` (or ``path/to/file.py:factory``): a Python callable that returns the model
   (any ``(input_ids [B,T], attention_mask [B,T]) -> [B, D]`` callable) or ``(model, tokenizer)``, the
   tokenizer implementing :class:`tuning.inputs.tokenize.Tokenizer`; without one, the embedded model's;
-* ``--formatter module:function``: the record -> text step (a :class:`tuning.inputs.readers.Record` in, a ``str``
+* ``--formatter module:function``: the record -> text step (a :class:`tuning.inputs.records.Record` in, a ``str``
   out); texts from other formats go to the tokenizer as they are.
 
 A module is imported from the current folder (as ``python -m`` does) or from its file path.

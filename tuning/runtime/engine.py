@@ -184,7 +184,7 @@ class Engine:
 
         self.knobs = knobs.resolve(torch.cuda.is_available())
         self.torch_threads = self.knobs.torch_threads or intra_op_threads(reserved_cores)
-        torch.set_num_threads(self.torch_threads)
+        self.use_threads()
         self.clock = clock or _clock.now
         self.compile_s = 0.0
         self.sim = None
@@ -211,6 +211,12 @@ class Engine:
         if self.device.type == "cuda":
             return device_object("cuda", torch.cuda.get_device_name(self.device), source="measured")
         return device_object("cpu", cpu_name(), source="measured")
+
+    def use_threads(self) -> None:
+        """Give torch this engine's intra-op thread count. It is process-wide, so a driver calls this when it
+        starts running this engine (another engine built since may have set its own)."""
+        if torch.get_num_threads() != self.torch_threads:
+            torch.set_num_threads(self.torch_threads)
 
     @property
     def simulated(self) -> bool:

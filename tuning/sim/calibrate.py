@@ -65,7 +65,9 @@ def read_sweeps(paths: Sequence[str | Path]) -> tuple[list[Point], str]:
             if not isinstance(sweep, dict) or "points" not in sweep:
                 raise ValueError(f"--from {str(path)!r}: an entry without 'points'; expected `sweep batch --json` output")
             device = sweep.get("device", "unknown")  # the contract's object, or a label (files made before it)
-            devices.add(str(device.get("name") or device.get("kind")) if isinstance(device, dict) else str(device))
+            if isinstance(device, dict):  # the contract's object: its kind is cpu, cuda or simulated
+                device = "simulated" if device.get("kind") == "simulated" else str(device.get("kind"))
+            devices.add(str(device))
             graph, dtype = str(sweep.get("graph", "eager")), str(sweep.get("dtype", "fp32"))
             if graph == "compile" and sweep.get("compile_mode") == "reduce-overhead":
                 graph = "compile_graph"

@@ -63,7 +63,7 @@ def device_for(choice: Any = "auto", profile: str | None = None, fallback: str =
                             "the CPU model is the bottleneck here, so a starved accelerator cannot show.")
     p = load_profile(profile)
     why = "no CUDA device here, so " if choice == "auto" else ""
-    return DeviceChoice("sim", True, p.label(), profile=p.name, banner=
+    return DeviceChoice("sim", True, p.label(), profile=str(profile), banner=
                         (f"SIMULATED DEVICE: {why}the model call runs on a stand-in for {p.name} ({p.source}); the host "
                         "pipeline is real, device times come from a cost model. Accuracy checks use the real model."))
 
