@@ -112,3 +112,43 @@ def test_busy_elsewhere_is_said_only_beyond_what_this_process_explains():
     assert machine.busy_elsewhere(load1=0.4, cores=2) is None
     assert "another process keeps the cores busy (load average 1.8 on 2 cores)" in machine.busy_elsewhere(1.8, cores=2)
     assert machine.busy_elsewhere(1.8, own_threads=2, cores=2) is None
+
+
+def test_a_cpu_sweep_in_the_contract_format_calibrates_as_a_cpu(tmp_path):
+    """Review finding: `sweep batch --json` writes `device` as the contract's object; read_sweeps took its name
+    (a CPU model) for the device kind and fitted a CPU sweep as CUDA."""
+    from tuning.base.contract import device_object
+    from tuning.sim.calibrate import read_sweeps
+
+    points = [{"batch_size": b, "length": n, "status": "ok", "per_batch_ms": 1.0 + b * n / 100}
+              for n in (16, 64) for b in (1, 2, 4)]
+    for device, kind in ((device_object("cpu", "AMD EPYC 7B13", source="measured"), "cpu"),
+                         (device_object("cuda", "NVIDIA L4", source="measured"), "cuda"), ("cpu", "cpu")):
+        path = tmp_path / f"{kind}-{type(device).__name__}.json"
+        path.write_text(json.dumps({"device": device, "dtype": "fp32", "graph": "eager", "points": points}))
+        assert read_sweeps([path])[1] == kind
+    sim = tmp_path / "sim.json"
+    sim.write_text(json.dumps({"device": device_object("simulated", "simulated x", profile="x"), "points": points}))
+    with pytest.raises(ValueError, match="simulated device"):
+        read_sweeps([sim])
+
+
+def test_each_engine_runs_with_its_own_thread_count(monkeypatch):
+    """Review finding: torch's thread count is process-wide, so building a second engine set it for the first;
+    a pipeline now applies its engine's count when it runs."""
+    import torch
+
+    from tuning.offline.pipeline import Pipeline
+    from tuning.runtime.model import random_minilm
+
+    monkeypatch.delenv(machine.RESERVED_CORES_ENV, raising=False)
+    before = torch.get_num_threads()
+    try:
+        model = random_minilm()
+        one = Pipeline(preset("tuned", torch_threads=1, dtype="fp32"), model=model)
+        Pipeline(preset("tuned", torch_threads=2, dtype="fp32"), model=model)  # built last: sets 2
+        seen = []
+        one.run(limit=8, keep_embeddings=False, on_batch=lambda b: seen.append(torch.get_num_threads()))
+        assert seen and set(seen) == {1}
+    finally:
+        torch.set_num_threads(before)
