@@ -41,12 +41,9 @@ def parse_line(raw: bytes, line: int, text_field: str | None = None) -> Record |
     ``text_field=None``: a line with the record schema is a :class:`Record`, any other line a text
     (``str``) from its ``text`` field; ``text_field='name'``: every line is a text from that field.
     """
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return RecordError(line, f"invalid UTF-8 at byte {exc.start}: {exc.reason}")
-    if not text.strip():
-        return RecordError(line, "empty line")
+    text = parse_text_line(raw, line)  # bad UTF-8 and blank lines are the same errors in every format
+    if isinstance(text, RecordError):
+        return text
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
