@@ -51,6 +51,7 @@ class BareForward:
 
     def __call__(self) -> float:
         engine = self.engine
+        engine.use_threads()  # the tuned run's thread count (torch's is process-wide)
         with torch.inference_mode():
             engine.runner(self.batches[0].input_ids, self.batches[0].attention_mask)  # warm
             engine._sync()
