@@ -52,6 +52,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--limit", type=int, default=300)
     ap.add_argument("--workers", type=int, default=1, help="loader workers in part 2")
+    ap.add_argument("--preset", default="tuned", help="part 2's preset (tuned: Rust tokenizer; baseline: pure Python)")
+    ap.add_argument("--forward", action=argparse.BooleanOptionalAction, default=True, help="run part 1")
+    ap.add_argument("--name", default="threads", help="results file name")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     if args.quick:
@@ -61,7 +64,7 @@ def main() -> None:
     model = random_minilm().eval()
 
     table = []
-    for state in ("quiet", "one other busy process"):
+    for state in ("quiet", "one other busy process") if args.forward else ():
         other = busy_process() if state != "quiet" else None
         try:
             time.sleep(0.5 if other else 0)
@@ -76,7 +79,7 @@ def main() -> None:
                 other.kill()
                 other.wait()
 
-    knobs = preset("tuned", num_workers=args.workers, dtype="fp32")
+    knobs = preset(args.preset, num_workers=args.workers, dtype="fp32")
     sized = intra_op_threads(args.workers)
     pipes = {"default": Pipeline(knobs.replace(torch_threads=cores)), "sized": Pipeline(knobs)}
     for p in pipes.values():
@@ -93,14 +96,14 @@ def main() -> None:
     ratio = paired_ratio(samples["sized"], samples["default"])
     payload = {
         "forward_16x64": table,
-        "pipeline": {"preset": "tuned (fp32)", "num_workers": args.workers, "limit": args.limit,
+        "pipeline": {"preset": f"{args.preset} (fp32)", "num_workers": args.workers, "limit": args.limit,
                      "threads_default": cores, "threads_sized": sized,
                      "qps": {name: spread(v) for name, v in samples.items()}, "sized_over_default": ratio},
     }
     print(f"pipeline, {args.workers} loader worker(s): default {cores} threads {fmt_spread(spread(samples['default']))}"
           f" req/s; sized {sized} thread(s) {fmt_spread(spread(samples['sized']))} req/s; "
           f"sized/default {fmt_spread(ratio)}")
-    write("threads", payload, args.quick)
+    write(args.name, payload, args.quick)
 
 
 if __name__ == "__main__":

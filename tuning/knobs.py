@@ -58,8 +58,8 @@ class Knobs:
                         "pipeline against a simulated accelerator, see sim_profile; every result is labelled simulated)")
     sim_profile: str = _knob("h200-sxm-estimate", "device='sim' only: a shipped device profile (h200-sxm-estimate, "
                              "h100-sxm-estimate, l4-estimate) or the path of a JSON profile from `tuning calibrate`")
-    torch_threads: int | None = _knob(None, "intra-op threads of the model (None: the cores not taken by loader "
-                                            "workers and the tool's other processes, at least 1)")
+    torch_threads: int | None = _knob(None, "intra-op threads of the model (None: the usable cores less those the "
+                                            "tool's own load generators keep busy, at least 1)")
     # online serving
     max_wait_ms: float = _knob(0.0, "dynamic batching: longest a request waits for its batch to fill (0: no waiting)")
     max_batch_tokens: int | None = _knob(None, "dynamic batching: padded-token budget per batch, batch size x padded "

@@ -318,7 +318,7 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         from tuning.online.serve import Server
 
         knobs = knobs_from_args(args)
-        with Server(knobs, reserved_cores=1, **_custom(args, knobs)[0]) as server:  # the load client: this process
+        with Server(knobs, **_custom(args, knobs)[0]) as server:
             if args.profile:
                 from tuning.profile import Recorder
 
@@ -373,8 +373,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     knobs = knobs_from_args(args)
     custom, _ = _custom(args, knobs)
-    # a load sweep's client runs in this process: its core is not the model's (a batch sweep has none)
-    engine = Engine(knobs, custom.pop("model"), reserved_cores=0 if args.variable == "batch" else 1)
+    engine = Engine(knobs, custom.pop("model"))
     if args.variable == "batch":
         from tuning.experiments.sweeps import run_batch_sweep
 

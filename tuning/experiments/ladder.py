@@ -336,7 +336,7 @@ class LoadMeasure:
 
         key = self._engine_key(knobs)
         if key not in self._engines:
-            self._engines[key] = Engine(knobs, self.model, reserved_cores=1)  # the load client shares this process
+            self._engines[key] = Engine(knobs, self.model)
         return self._engines[key]
 
     def __call__(self, knobs: Knobs, record: bool = False) -> Trial:

@@ -176,10 +176,11 @@ class Engine:
 
     def __init__(self, knobs: Knobs, model: torch.nn.Module | Callable | None = None, clock: _clock.Clock | None = None,
                  reserved_cores: int = 0):
-        """``reserved_cores``: cores this process's other work keeps busy beside the model (the offline
-        pipeline's loader workers); with ``torch_threads=None`` the model's intra-op threads are the usable
-        cores less these and less those of the processes the tool started (``TUNING_RESERVED_CORES``), at
-        least 1 (:func:`tuning.base.machine.intra_op_threads`), so that the threads never oversubscribe."""
+        """``reserved_cores``: cores that load generators the tool started keep busy beside the model (a
+        locust master and its workers); with ``torch_threads=None`` the model's intra-op threads are the usable
+        cores less these and less ``TUNING_RESERVED_CORES`` (set for a process the tool spawns beside its own
+        load), at least 1 (:func:`tuning.base.machine.intra_op_threads`). Helpers that mostly wait (loader
+        workers, an in-process client) are not counted: reserving a core for them measured slower."""
         from tuning.runtime.model import load_minilm, prepare_model
 
         self.knobs = knobs.resolve(torch.cuda.is_available())
