@@ -5,7 +5,7 @@ header and every ``bench/results/*.json``: the CPU (model, vendor, the instructi
 and speed, torch's CPU capability), physical and logical cores, torch's intra- and inter-op threads, the load
 average and, where ``/proc/stat`` shows it, the share of CPU time stolen by the hypervisor; on a GPU the card,
 driver and clocks. :func:`native_bf16` decides the ``tuned`` preset's precision; :func:`intra_op_threads` sizes
-torch's threads from the cores the tool's own other processes and loader workers leave free.
+torch's threads from the cores the tool's own load generators leave free.
 """
 
 from __future__ import annotations
@@ -109,10 +109,10 @@ def reserved_cores() -> int:
 
 
 def intra_op_threads(reserved: int = 0, cores: int | None = None) -> int:
-    """torch's intra-op threads that do not oversubscribe the cores: the usable cores less those taken by the
-    tool's other processes (:func:`reserved_cores`) and by ``reserved`` (loader workers, a load generator in this
-    process), at least 1. With another process busy, two threads made MiniLM's fp32 forward 2.5x slower than one
-    on a 2-core machine (1,052 ms against 426 ms)."""
+    """torch's intra-op threads that do not oversubscribe the cores: the usable cores less those kept busy by load
+    generators the tool started (``reserved``, and :func:`reserved_cores` for a process spawned beside one), at
+    least 1. Beside one busy process, one thread beat two for MiniLM's fp32 forward on 2 cores (260 ms against
+    419 ms here; 426 against 1,052 ms on an AVX2 EPYC); helpers that mostly wait are not counted (bench/threads.py)."""
     cores = usable_cores() if cores is None else cores
     return max(1, cores - reserved_cores() - max(0, reserved))
 
