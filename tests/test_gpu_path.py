@@ -322,7 +322,6 @@ def test_utilization_not_supported_on_mig_is_nan_and_sampling_goes_on(recwarn):
     assert "kernel" in gpu_mod.GpuSample.__doc__ and "1 s" in gpu_mod.GpuSample.__doc__
 
 
-
 # -- issue 15 item 8: the profiler is initialised before capture, or the eager model is profiled -------------------
 
 from tuning.experiments import profiled as profiled_mod  # noqa: E402

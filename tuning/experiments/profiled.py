@@ -27,7 +27,6 @@ def profile_pipeline(knobs: Knobs, data: Any = None, limit: int | None = None, i
     return rec.join(result, ops)
 
 
-
 def _ops_for(pipeline: Any, result: Any) -> OpStats | None:
     """Op statistics at the run's most common batch shape."""
     from tuning.profile.ops import op_stats

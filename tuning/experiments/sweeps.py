@@ -216,8 +216,6 @@ def run_batch_sweep(knobs, sizes: Sequence[int], length: int = 64, repeats: int 
     return result
 
 
-
-
 def model_sweep(knobs: Knobs, sizes: Any = (1, 2, 4, 8), length: int = 64, repeats: int = 5, rounds: int = 5,
                 model: Any = None) -> Any:
     """The batch sweep (``python -m tuning sweep batch``) of ``model`` (default: the embedded one) under
@@ -225,8 +223,6 @@ def model_sweep(knobs: Knobs, sizes: Any = (1, 2, 4, 8), length: int = 64, repea
     from tuning.runtime.engine import Engine
 
     return run_batch_sweep(knobs, list(sizes), length, repeats, engine=Engine(knobs, model), rounds=rounds)
-
-
 
 
 def load_sweep(knobs: Knobs, inputs: Sequence[Any], variable: str, values: Sequence[Any], requests: int = 200,

@@ -8,7 +8,6 @@ from typing import Callable
 RECORD_FIELDS: dict[str, type] = {"id": str, "title": str, "category": str, "attributes": dict, "body": str}
 
 
-
 @dataclass(frozen=True)
 class Record:
     """One structured-text request: a product listing or support ticket."""
@@ -21,7 +20,6 @@ class Record:
     line: int = 0
 
 
-
 @dataclass(frozen=True)
 class RecordError:
     """A line that could not become a :class:`Record`; it still gets an (error) outcome."""
@@ -29,8 +27,6 @@ class RecordError:
     line: int
     reason: str
     id: str | None = None
-
-
 
 
 def format_record(record: Record) -> str:

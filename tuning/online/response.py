@@ -10,9 +10,7 @@ import numpy as np
 OUTCOMES = ("ok", "error", "timeout", "rejected")
 
 
-
 SERVE_STAGES = ("queue_wait", "read", "preprocess", "wait_for_model", "copy", "inference", "postprocess")
-
 
 
 @dataclass

@@ -133,8 +133,6 @@ def format_load(s: dict) -> str:
     return "\n".join(lines)
 
 
-
-
 def format_watch(result: WatchResult) -> str:
     """The watch as text: what was watched, the trend table, threads, GPU, load, the verdict and what is unseen."""
 
@@ -170,8 +168,6 @@ def format_watch(result: WatchResult) -> str:
               f"next step: {d['next_step']}", "not visible from outside:"]
     lines += [f"  - {c}" for c in d["cannot_see"]]
     return "\n".join(lines)
-
-
 
 
 def format_investigation(inv: Investigation) -> str:

@@ -14,7 +14,6 @@ def _num(value: Any) -> float | None:
     return None if math.isnan(value) else value
 
 
-
 def run_verdict(s: dict[str, Any]) -> str:
     """One sentence for the offline run: where the time went and the knob to try next."""
     if not s.get("ok"):
@@ -41,7 +40,6 @@ def run_verdict(s: dict[str, Any]) -> str:
     return f"verdict: {s.get('qps') or 0:.1f} ok answers/s; {step}."
 
 
-
 def load_verdict(s: dict[str, Any]) -> str:
     """One sentence for a load test."""
     if not s.get("ok"):
@@ -66,7 +64,6 @@ def load_verdict(s: dict[str, Any]) -> str:
     return "verdict: " + "; ".join(parts) + "."
 
 
-
 def batch_sweep_verdict(summary: dict[str, Any]) -> str:
     """One sentence for ``sweep batch``: the knee and the knob to set."""
     ok = [p for p in summary.get("points") or [] if p.get("status") == "ok" and _num(p.get("per_sample_ms"))]
@@ -82,7 +79,6 @@ def batch_sweep_verdict(summary: dict[str, Any]) -> str:
             f"try --set batch_size={knee}; larger batches add latency for little throughput.")
 
 
-
 def load_sweep_verdict(variable: str, rows: list[dict[str, Any]]) -> str:
     """One sentence for ``sweep concurrency`` / ``sweep wait``: the knee and the knob to try."""
     rows = [r for r in rows if _num(r.get("qps"))]
@@ -93,7 +89,6 @@ def load_sweep_verdict(variable: str, rows: list[dict[str, Any]]) -> str:
     knob = "--concurrency (clients in flight)" if variable == "concurrency" else f"--set {variable}={knee[variable]}"
     return (f"verdict: QPS reaches 90% of its best ({best['qps']:.1f}) at {variable}={knee[variable]} "
             f"(p99 {knee.get('p99_ms') or 0:.0f} ms); beyond it latency grows for little throughput: try {knob}.")
-
 
 
 def precision_verdict(rows: list[dict[str, Any]], threshold: float = 0.999) -> str:

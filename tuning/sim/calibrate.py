@@ -253,8 +253,6 @@ def describe(profile: DeviceProfile) -> dict[str, Any]:
             "graph_replay_us": round(profile.graph_replay_s * 1e6, 2)}
 
 
-
-
 def calibrate_device(sweeps: Any, out: str | Path | None = None, name: str | None = None, model: Any = None,
                      base: str | None = None) -> tuple[Any, float, Path]:
     """Fit a simulated-device profile (``python -m tuning calibrate``) to batch sweeps measured on a real

@@ -31,7 +31,6 @@ class DeviceChoice:
         return device_object(kind, name, source="measured", **extra)
 
 
-
 FALLBACKS = ("sim", "cpu")
 
 
