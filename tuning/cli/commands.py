@@ -518,31 +518,69 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_investigate(args: argparse.Namespace) -> int:
+    from tuning.cli import guard as cliguard
+    from tuning.experiments.ladder import LadderError
     from tuning.present.investigation import investigate
     from tuning.present.tables import format_investigation
 
     what_if = None if args.what_if.lower() == "none" else args.what_if
     data = args.data if _record_jsonl(args) else _inputs(args)
-    inv = investigate(data, args.device, args.quick, what_if, args.out, args.target_p99_ms,
-                      progress=not args.json, limit=args.limit)
-    return _emit(args, inv.summary(), lambda: format_investigation(inv))
+    custom, label = _custom(args, preset("baseline"))
+    extra = {k: v for k, v in custom.items() if v is not None and (k != "formatter" or args.formatter)}
+    try:
+        inv = investigate(data, args.device, args.quick, what_if, args.out, args.target_p99_ms,
+                          progress=not args.json, limit=args.limit, objective=args.objective,
+                          error_budget=args.error_budget, seed=args.seed, concurrency=args.concurrency,
+                          resume=args.resume, **extra)
+    except LadderError as exc:
+        raise cliguard.NothingAchieved(str(exc)) from exc
+    code = _emit(args, inv.summary(), lambda: format_investigation(inv))
+    if inv.interrupted:
+        return cliguard.EXIT_INTERRUPTED
+    return code if inv.target_met else EXIT_TARGET_MISSED
+
+
+EXIT_TARGET_MISSED = 3  # investigate: no configuration met the p99 target (the files and the closest are there)
 
 
 def _add_investigate_flags(p: argparse.ArgumentParser) -> None:
     from tuning.experiments.investigate import DEFAULT_OUT
-    from tuning.experiments.ladder import DEFAULT_TARGET_P99_MS
+    from tuning.experiments.ladder import DEFAULT_TARGET_P99_MS, OBJECTIVES
 
     _add_data_flags(p)
-    p.add_argument("--quick", action="store_true", help="short load tests and fewer points (about 3 minutes on 2 cores)")
+    _add_model_flags(p)
+    p.add_argument("--quick", action="store_true", help="short load tests, at most 6 pairs per step, a 5%% minimum "
+                   "effect (a few minutes on 2 cores)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "sim"],
                    help="auto: CUDA when present, else the real CPU (plus the what-if on the simulated device)")
     p.add_argument("--what-if", default="h200-sxm-estimate", metavar="PROFILE",
                    help="simulated device profile for the what-if section (a shipped name or a JSON path; none: skip)")
     p.add_argument("--out", type=Path, default=Path(DEFAULT_OUT), help="output directory (report.html, "
-                   "experiments.csv, summary.json, environment.json)")
+                   "experiments.csv, summary.json, environment.json), rewritten after every step")
     p.add_argument("--target-p99-ms", type=_positive_float, default=DEFAULT_TARGET_P99_MS,
-                   help="p99 latency target: the max wait is chosen under it, a step that breaks it is not kept")
+                   help="p99 latency target: the objective's capacity is the highest rate that meets it; a step that "
+                        "misses it is never kept; exit 3 when no configuration meets it")
+    p.add_argument("--objective", default=None, choices=list(OBJECTIVES),
+                   help="target (default): capacity at the p99 target, open loop; qps: closed-loop throughput "
+                        "(batch jobs)")
+    p.add_argument("--error-budget", type=_share, default=None, metavar="SHARE",
+                   help="the share of failed requests a passing rate may have (default 0.001: 0.1%%)")
+    p.add_argument("--concurrency", type=_positive_int, default=None,
+                   help="the closed loop's clients (the saturation run; the qps objective); default 16 quick, 32 full")
+    p.add_argument("--seed", type=int, default=None, help="the open loop's arrival seed (default 0)")
+    p.add_argument("--resume", type=Path, default=None, metavar="DIR",
+                   help="go on from the finished steps of an interrupted run in DIR (its summary.json)")
     p.add_argument("--json", action="store_true", help="print only the final JSON summary (no progress)")
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number: give a share such as 0.001 (0.1%)") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a share in [0, 1): 0.001 is 0.1%")
+    return value
 
 
 def cmd_knobs(args: argparse.Namespace) -> int:

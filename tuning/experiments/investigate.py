@@ -4,8 +4,11 @@ Phases (a progress bar each, a line per finished ladder step):
 
 1. **baseline**: the ``baseline`` preset under fixed-concurrency load with the recorder (trends,
    per-thread CPU, stage ledger, diagnosis);
-2. **ladder**: :func:`tuning.experiments.ladder.run_ladder`, one variable at a time, each kept only if it helps;
-3. **confirm**: the recommended configuration under the recorder again (trends and ledger after);
+2. **ladder**: :func:`tuning.experiments.ladder.run_ladder`, one variable at a time, each judged in interleaved
+   pairs against the step before and kept only if it helps beyond the noise (the files are rewritten after
+   every step);
+3. **confirm**: the recommended configuration under the recorder again, at its capacity (the headline:
+   capacity and p99 with its interval against the baseline's);
 4. **what-if** (unless on a GPU): baseline and recommended on the simulated accelerator
    (``--what-if PROFILE``): would this host pipeline feed that device, and what starves it first;
 5. **report**: ``report.html`` (self-contained, offline), ``experiments.csv`` (one row per measured
@@ -28,16 +31,19 @@ from tuning.base.contract import with_schema
 from tuning.base.format import pct, rounded
 from tuning.base.machine import MachineWatch, busy_elsewhere
 from tuning.base.progress import progress_bar
+from tuning.experiments.capacity import pooled_figures
 from tuning.experiments.ladder import (
     DEFAULT_TARGET_P99_MS,
+    LadderError,
     LadderResult,
     LadderSettings,
-    LoadMeasure,
-    Trial,
+    device_block,
     input_texts,
     load_inputs,
     run_ladder,
 )
+from tuning.experiments.measure import LoadMeasure
+from tuning.experiments.trial import Trial
 from tuning.knobs import preset
 from tuning.sim.device import device_for
 
@@ -56,11 +62,17 @@ class Investigation:
     environment: dict[str, Any]
     data: dict[str, Any]
     before: Trial  # baseline under the recorder (trial.profile)
-    ladder: LadderResult
-    after: Trial | None = None  # recommended under the recorder
+    ladder: LadderResult | None
+    after: Trial | None = None  # recommended under the recorder (open loop at its capacity: the headline)
     what_if: dict[str, Any] = field(default_factory=dict)
     wall_s: float = math.nan
     files: dict[str, str] = field(default_factory=dict)
+    confirm_rate: float | None = None
+    interrupted: bool = False
+
+    @property
+    def target_met(self) -> bool:
+        return bool(self.ladder is not None and self.ladder.target_met)
 
     def summary(self) -> dict[str, Any]:
         ladder = self.ladder.summary()
@@ -72,8 +84,10 @@ class Investigation:
             "environment": {k: v for k, v in self.environment.items() if k != "machine"},
             "machine": self.environment.get("machine"),
             "target_p99_ms": ladder.pop("target_p99_ms"),
+            "headline": headline(self), "interrupted": self.interrupted,
             "diagnosis": _diagnosis(self.before),
             "before": _trial_summary(self.before), "after": _trial_summary(self.after),
+            "confirm_rate": rounded(self.confirm_rate),
             **ladder,
             "what_if": {k: (v if k != "runs" else {n: _trial_summary(t) for n, t in v.items()})
                         for k, v in self.what_if.items()},
@@ -91,7 +105,12 @@ def _trial_summary(trial: Trial | None) -> dict[str, Any] | None:
     out = {k: rounded(getattr(trial, k)) for k in ("qps", "p50_ms", "p95_ms", "p99_ms", "model_busy", "device_busy",
                                                     "mean_batch")}
     out.update(ok=trial.ok, errors=trial.errors, timeouts=trial.timeouts, rejected=trial.rejected,
-               submitted=trial.submitted)
+               submitted=trial.submitted, rate=trial.rate)
+    if trial.latencies_ms is not None and len(trial.latencies_ms):
+        from tuning.base.decide import quantile_interval
+
+        lo, hi = quantile_interval(trial.latencies_ms, 0.99)
+        out["p99_interval_ms"] = [rounded(lo), rounded(hi)]
     if trial.load is not None:
         s = trial.load.summary()
         out.update(stages=s.get("stages"), device=s.get("device"), error_reasons=s.get("error_reasons"))
@@ -195,11 +214,31 @@ def _line(name: str, trial: Trial) -> str:
             f"device busy {pct(trial.device_busy)}  errors {trial.errors}/{trial.submitted}{diag}")
 
 
+def _write_files(inv: "Investigation", env: dict[str, Any], render: Callable[["Investigation"], str] | None,
+                 partial: bool) -> None:
+    """experiments.csv, environment.json, summary.json (and report.html with a renderer) under ``inv.out``."""
+    out = inv.out
+    names = (("report.html",) if render else ()) + ("experiments.csv", "summary.json", "environment.json")
+    inv.files = {name: str(out / name) for name in names}
+    inv.ladder.experiments_frame().to_csv(out / "experiments.csv", index=False)
+    (out / "environment.json").write_text(json.dumps(with_schema(env), indent=2, default=str))
+    if render is not None:
+        (out / "report.html").write_text(render(inv), encoding="utf-8")
+    summary = inv.summary()
+    summary["partial"] = partial
+    tmp = out / "summary.json.tmp"
+    tmp.write_text(json.dumps(with_schema(summary), indent=2, default=str))
+    tmp.replace(out / "summary.json")  # never half a file, even on Ctrl-C
+
+
 def run_investigation(data: Any = None, device: str = "auto", quick: bool = False,
                       what_if: str | None = "h200-sxm-estimate", out: str | Path = DEFAULT_OUT,
                       target_p99_ms: float = DEFAULT_TARGET_P99_MS, progress: bool | Callable[[str], None] = True,
                       settings: LadderSettings | None = None, limit: int | None = None,
-                      render: Callable[[Investigation], str] | None = None) -> Investigation:
+                      render: Callable[[Investigation], str] | None = None, objective: str | None = None,
+                      error_budget: float | None = None, seed: int | None = None, concurrency: int | None = None,
+                      model: Any = None, tokenizer: Any = None, formatter: Any = None,
+                      resume: str | Path | None = None, measure: Any = None) -> Investigation:
     """Run the whole investigation and write its files under ``out``; returns the :class:`Investigation`.
 
     ``render``: the report renderer (``report.html`` is written only with one); :func:`tuning.investigate`
@@ -207,15 +246,30 @@ def run_investigation(data: Any = None, device: str = "auto", quick: bool = Fals
 
     ``device``: ``auto`` (CUDA, else the real CPU), ``cpu``, ``cuda`` or ``sim`` (the whole run on the
     simulated ``what_if`` profile). ``what_if``: the simulated profile of the what-if section (None: no
-    what-if); the section is left out on a GPU, where the device itself answers.
+    what-if); the section is left out on a GPU, where the device itself answers. ``objective``,
+    ``error_budget``, ``seed`` and ``concurrency`` override the settings'. ``model``/``tokenizer``/``formatter``:
+    the user's own. ``resume``: a directory of an earlier, unfinished run (its ``summary.json``) to go on from.
+
+    The files are written after the baseline and after every ladder step (``summary.json`` with
+    ``"partial": true``), so a crash or Ctrl-C leaves a valid report of what was done. Raises
+    :class:`tuning.experiments.ladder.LadderError` when the baseline gets no ok answer.
     """
     t_start = time.perf_counter()
     watch = MachineWatch()
     settings = settings or (LadderSettings.quick() if quick else LadderSettings.full())
-    if limit is not None:
-        settings = dataclasses.replace(settings, limit=limit)
+    overrides = {k: v for k, v in (("limit", limit), ("objective", objective), ("error_budget", error_budget),
+                                   ("seed", seed), ("concurrency", concurrency)) if v is not None}
+    if error_budget is not None:
+        overrides["capacity"] = dataclasses.replace(settings.capacity, error_budget=error_budget)
+    settings = dataclasses.replace(settings, **overrides)
     dev = device_for(device, what_if if device == "sim" else None, fallback="cpu")
     env = environment(dev, what_if)  # checks the what-if profile before anything is written
+    previous = None
+    if resume is not None:
+        path = Path(resume) / "summary.json"
+        if not path.exists():
+            raise FileNotFoundError(f"--resume {resume}: no summary.json there (give the --out of an earlier run)")
+        previous = json.loads(path.read_text())
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     say = _writer(progress)
@@ -226,7 +280,7 @@ def run_investigation(data: Any = None, device: str = "auto", quick: bool = Fals
     bar, _, status = progress_bar(progress, total=2, desc="baseline")
     status("reading the data")
     inputs = load_inputs(data, settings.limit)
-    texts, bad = input_texts(inputs)
+    texts, bad = input_texts(inputs, formatter)
     data_info = {"path": str(data) if data is None or isinstance(data, (str, os.PathLike)) else "(given inputs)",
                  "lines": len(inputs), "valid": len(texts), "invalid": sum(bad.values()), "invalid_reasons": bad}
     if data is None:
@@ -234,29 +288,69 @@ def run_investigation(data: Any = None, device: str = "auto", quick: bool = Fals
 
         data_info["path"] = str(DEFAULT_DATA)
     bar.update(1)
-    measure = LoadMeasure(inputs, settings.concurrency, settings.duration_s, settings.warmup_s)
+    own = measure is None
+    measure = measure or LoadMeasure(inputs, settings.concurrency, settings.duration_s, settings.warmup_s, model,
+                                     seed=settings.seed, tokenizer=tokenizer, formatter=formatter)
     base = preset("baseline", device=dev.knob)
     if dev.knob == "sim" and what_if:
         base = base.replace(sim_profile=what_if)
-    status("load test under the recorder")
-    before = measure(base, record=True)
-    bar.update(1)
-    bar.close()
-    say(_line("baseline", before))
-    if bad:
-        say(f"input: {data_info['invalid']} of {len(inputs)} lines are invalid ({bad}); each becomes an error outcome")
+    try:
+        status("load test under the recorder")
+        before = measure(base, record=True)
+        bar.update(1)
+        bar.close()
+        say(_line("baseline", before))
+        if bad:
+            say(f"input: {data_info['invalid']} of {len(inputs)} lines are invalid ({bad}); each becomes an error outcome")
+        if before.ok == 0:
+            raise LadderError(f"the baseline got no ok answer ({before.submitted} sent); first error: "
+                              f"{before.first_error or 'none recorded'}. Fix the service, the model or the data, "
+                              "then run again")
+        inv = Investigation(out, quick, device_block(dev, base.sim_profile), env, data_info, before, None)
 
-    ladder = run_ladder(inputs, dev, settings=settings, target_p99_ms=target_p99_ms, measure=measure,
-                        progress=progress, first=before, sim_profile=what_if if dev.knob == "sim" else None)
+        def checkpoint(partial: LadderResult) -> None:
+            inv.ladder = partial
+            inv.wall_s = time.perf_counter() - t_start
+            env["machine"] = watch.info()
+            _write_files(inv, env, None, partial=True)
 
+        ladder = run_ladder(inputs, dev, settings=settings, target_p99_ms=target_p99_ms, measure=measure,
+                            progress=progress, first=before, sim_profile=what_if if dev.knob == "sim" else None,
+                            model=model, tokenizer=tokenizer, formatter=formatter, on_step=checkpoint, resume=previous)
+        inv.ladder = ladder
+        interrupted = ladder.interrupted
+        if not interrupted:
+            try:
+                _confirm_and_what_if(inv, measure, base, ladder, dev, what_if, progress, say)
+            except KeyboardInterrupt:
+                interrupted = True
+        bar, _, status = progress_bar(progress, total=1, desc="report")
+        status("report")
+        env["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
+        env["machine"] = watch.info()
+        inv.interrupted = interrupted
+        inv.wall_s = time.perf_counter() - t_start
+        _write_files(inv, env, render, partial=interrupted)
+        bar.update(1)
+        bar.close()
+        say(headline(inv))
+        return inv
+    finally:
+        if own:
+            measure.close()
+
+
+def _confirm_and_what_if(inv: Investigation, measure: Any, base: Any, ladder: LadderResult, dev: Any,
+                         what_if: str | None, progress: Any, say: Callable[[str], None]) -> None:
+    """The recommended configuration under the recorder (at its capacity: the headline), and the what-if."""
     bar, _, status = progress_bar(progress, total=1, desc="confirm")
-    status("recommended configuration under the recorder")
-    after = measure(ladder.recommended, record=True)
+    rate = ladder.capacity.capacity if ladder.objective == "target" and ladder.capacity is not None else None
+    status("recommended configuration under the recorder" + (f" at {rate:.1f} req/s" if rate else ""))
+    inv.after = measure(ladder.recommended, rate=rate, record=True)
+    inv.confirm_rate = rate
     bar.update(1)
     bar.close()
-    say(_line("recommended", after))
-
-    inv = Investigation(out, quick, ladder.device, env, data_info, before, ladder, after)
+    say(_line("recommended", inv.after))
     if dev.knob == "cpu" and what_if:
         bar, _, status = progress_bar(progress, total=2, desc="what-if")
         from tuning.sim import load_profile
@@ -273,7 +367,7 @@ def run_investigation(data: Any = None, device: str = "auto", quick: bool = Fals
         for v in verdicts:
             say(f"what-if: {v}")
         inv.what_if = {"profile": what_if, "label": label, "source": profile.source, "runs": runs,
-                       "verdicts": verdicts}
+                       "verdicts": verdicts, "simulated": True}
     elif dev.knob == "cuda":
         inv.what_if = {"skipped": "run on a real GPU: the device itself answers whether it is fed"}
     elif dev.knob == "sim":
@@ -281,24 +375,35 @@ def run_investigation(data: Any = None, device: str = "auto", quick: bool = Fals
     else:
         inv.what_if = {"skipped": "no what-if profile given"}
 
-    bar, _, status = progress_bar(progress, total=4, desc="report")
-    names = (("report.html",) if render else ()) + ("experiments.csv", "summary.json", "environment.json")
-    inv.files = {name: str(out / name) for name in names}
-    env["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
-    env["machine"] = watch.info()
-    ladder.experiments_frame().to_csv(out / "experiments.csv", index=False)
-    bar.update(1)
-    (out / "environment.json").write_text(json.dumps(with_schema(env), indent=2, default=str))
-    bar.update(1)
-    inv.wall_s = time.perf_counter() - t_start
-    status("charts")
-    if render is not None:
-        (out / "report.html").write_text(render(inv), encoding="utf-8")
-    bar.update(1)
-    inv.wall_s = time.perf_counter() - t_start
-    (out / "summary.json").write_text(json.dumps(with_schema(inv.summary()), indent=2, default=str))
-    bar.update(1)
-    bar.close()
-    return inv
+
+def headline(inv: Investigation) -> str:
+    """The last line: capacity at the target before and after (the confirm run's p99 with its interval), or
+    that no configuration met the target, or that the run was cut short."""
+    lad = inv.ladder
+    t = lad.target_p99_ms
+    if inv.interrupted:
+        return (f"INTERRUPTED after {len([s for s in lad.steps if s.status != 'baseline'])} steps: the files hold what "
+                f"was done; go on with --resume {inv.out}")
+    after = inv.after
+    p99 = ""
+    if after is not None:
+        f = pooled_figures([after], t)
+        lo, hi = f.get("p99_low_ms"), f.get("p99_high_ms")
+        span = f" [{_num(lo)}-{_num(hi)}]" if lo is not None else ""
+        at = f" at {inv.confirm_rate:.1f} req/s" if inv.confirm_rate else " (closed loop)"
+        p99 = f"; confirm run{at}: p99 {_num(f['p99_ms'])}{span} ms, {after.failed} of {after.submitted} failed"
+    if lad.objective == "target":
+        b, r = lad.baseline_capacity, lad.capacity
+        if r is None or not r.met:
+            best = r.best if r is not None else None
+            closest = f"; closest: {lad.set_line()} with p99 {_num(best.p99_ms)} ms at {best.rate:.1f} req/s" if best else ""
+            return f"TARGET NOT MET: no configuration kept p99 <= {t:.0f} ms at any rate tried{closest}{p99}"
+        was = f"{b.capacity:.1f}" if b is not None and b.met else "none (the baseline missed the target)"
+        return f"capacity at p99 <= {t:.0f} ms: {was} -> {r.capacity:.1f} req/s{p99}; ship: {lad.set_line()}"
+    bq, rq = lad.baseline_figures.get("qps"), lad.final_figures.get("qps")
+    met = "" if lad.target_met else f" (TARGET NOT MET: closed-loop p99 over {t:.0f} ms)"
+    return f"QPS (closed loop): {_num(bq, '.1f')} -> {_num(rq, '.1f')}{met}{p99}; ship: {lad.set_line()}"
 
 
+def _num(x: Any, spec: str = ".0f") -> str:
+    return "n/a" if x is None or not isinstance(x, (int, float)) or not math.isfinite(x) else format(x, spec)

@@ -1,33 +1,44 @@
-"""The optimization ladder: from ``baseline``, one variable at a time, each step load-tested the
-same way and kept only if it helps. Shared by ``python -m tuning investigate`` and notebook 06.
+"""The optimization ladder: from ``baseline``, one variable at a time, each step judged against the
+configuration before it in interleaved pairs and kept only when it helps beyond the noise. Shared by
+``python -m tuning investigate`` and notebook 06.
 
     ladder = run_ladder("data/records.jsonl", device="cpu", quick=True)
-    ladder.to_frame()        # one row per step: QPS, p99, model/device busy, gain, kept, why
+    ladder.to_frame()        # one row per step: ratio [interval], pairs, p50/p99, capacity, kept, why
     ladder.recommended       # the Knobs to ship
     ladder.set_line()        # the same as copy-pasteable --set flags
+    ladder.target_met        # False: no configuration met the p99 target (investigate exits 3)
 
-Steps, in the investigation's order (INVESTIGATION.md, step 4):
+Steps, in the investigation's order (INVESTIGATION.md, step 4), then a joint pass:
 
-1. ``workers``: more preprocessing workers and ``prefetch_factor=4`` (``pin_memory`` on a device);
+1. ``workers``: more preprocessing workers (``pin_memory`` on a device);
 2. ``batch``: ``batch_size`` = the knee of the batch sweep at the data's median length;
 3. ``tokenizer``: the batched Rust tokenizer instead of per-record Python;
 4. ``buckets``: ``padding='bucket'`` with lengths planned from the token-length histogram;
 5. ``precision``: half precision, only if its embeddings stay within :data:`MIN_COSINE` of fp32;
-6. ``graph``: CUDA-graph capture (a GPU or the simulated one) or ``torch.compile`` (CPU, not in quick mode);
-7. ``batching``: dynamic batching, the ``max_wait_ms`` with the best QPS under the p99 target.
+6. ``graph``: CUDA-graph capture (a GPU or the simulated one; with planned buckets if they were not kept,
+   since capture needs fixed shapes) or ``torch.compile`` (CPU, not in quick mode);
+7. ``batching``: dynamic batching, each ``max_wait_ms`` in turn;
+8. ``joint``: the knobs that interact (``batch_size``, ``max_wait_ms``) by coordinate descent from the
+   ladder's result, with the knee re-measured under the final dtype and graph mode, until a round keeps
+   nothing (coordinate descent and not a Bayesian search: two or three knobs with a handful of values each,
+   where every trial is a paired comparison that costs seconds; a search model would need more trials
+   than the whole grid).
 
-**Same load for every step**: an in-process server, a closed loop at fixed concurrency, the
-same requests in the same order, warm-up excluded (:class:`LoadMeasure`). **Kept only if it
-helps**: QPS (median over runs) must beat the step before by more than the run-to-run spread
-(:meth:`Ladder.noise`: the larger of :data:`NOISE_FLOOR` and the median relative range of
-repeated runs; the baseline always runs twice to measure it). A gain within the spread is
-repeated (reference and candidate again, interleaved) before it is judged; a step that still
-cannot be told from noise is not kept. A step that lifts QPS but pushes p99 over the target
-(when the step before met it) is not kept either.
+**The objective is the target** (``objective="target"``, the default): a configuration's figure is its
+capacity, the highest Poisson rate at which its open-loop p99 (from the scheduled arrival, every outcome)
+stays within ``target_p99_ms`` with errors within the budget (:mod:`tuning.experiments.capacity`). A step
+is measured against its reference in interleaved pairs at the same offered rate, the reference's capacity;
+it is kept when the paired p99 ratio's interval clears the minimum effect *and* the candidate meets the
+target there, or when it meets the target where the reference did not; its own capacity is then searched
+and it becomes the next reference. A step that misses the target is never kept. ``objective="qps"`` (batch
+jobs): the same pairs in a closed loop at ``concurrency``, judged on QPS, and a step that takes a closed-loop
+p99 the reference met over the target is not kept. What each step shows is what was judged, frozen at its
+decision (:mod:`tuning.base.decide`: the ratio, its interval, the pairs); a later run never rewrites it.
 
-One exception to "one knob per step", stated where it happens: bucket padding only pays with
-batches of more than one, so when the batch step was not kept (dynamic padding made batching
-lose) the bucket step tries buckets together with the knee's batch size.
+**Nothing lost**: ``on_step`` gets the partial result after every step (``investigate`` writes its files
+from it); an exception in one step (a compile failure, out of memory, anything) makes that step
+``failed`` with its error and the ladder goes on; Ctrl-C ends the ladder with what was done
+(``result.interrupted``); ``resume`` continues from a partial ``summary.json``.
 """
 
 from __future__ import annotations
@@ -35,7 +46,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -44,137 +54,157 @@ import pandas as pd
 
 from tuning.base.format import rounded
 from tuning.base.progress import progress_bar
+from tuning.experiments.capacity import (
+    DEFAULT_ERROR_BUDGET,
+    Capacity,
+    CapacitySettings,
+    Comparison,
+    CompareSettings,
+    Probe,
+    capacity_at_target,
+    compare_at,
+    pooled_figures,
+)
+from tuning.experiments.measure import LoadMeasure
+from tuning.experiments.trial import Measure, Trial, as_measure
 from tuning.knobs import Knobs, knob_names, preset
 from tuning.sim.device import device_for
 
+__all__ = ["LadderSettings", "LadderResult", "LadderError", "Step", "Experiment", "Trial", "LoadMeasure", "Measure",
+           "run_ladder", "load_inputs", "input_texts", "token_lengths", "plan_for", "MIN_COSINE", "STEPS",
+           "OBJECTIVES", "DEFAULT_TARGET_P99_MS"]
+
 MIN_COSINE = 0.999  # worst-case cosine of half-precision vs fp32 embeddings under which a dtype is not recommended
-NOISE_FLOOR = 0.03  # the smallest run-to-run spread assumed (3%), whatever the repeats measured
 BUCKET_WASTE_TARGET = 0.15  # planned buckets: the fewest (up to MAX_BUCKETS) whose padding waste is at most 15%
 MAX_BUCKETS = 8  # shapes to compile or capture at most
 DEFAULT_TARGET_P99_MS = 800.0  # the investigation's p99 target
-STEPS = ("workers", "batch", "tokenizer", "buckets", "precision", "graph", "batching")
-# knobs that describe the test or the machine, not a configuration to ship
-_NOT_RECOMMENDED = ("concurrency", "device", "sim_profile")
+STEPS = ("workers", "batch", "tokenizer", "buckets", "precision", "graph", "batching", "joint")
+OBJECTIVES = ("target", "qps")
+# knobs that describe the test or the machine, or that the served path does not read (prefetch_factor is the
+# offline DataLoader's), never part of the line to ship
+_NOT_RECOMMENDED = ("concurrency", "device", "sim_profile", "prefetch_factor")
+
+
+class LadderError(RuntimeError):
+    """The ladder cannot start: the baseline got no ok answer (the message names the first error)."""
 
 
 @dataclass(frozen=True)
 class LadderSettings:
-    """How much to measure: one load test per step (``duration_s`` measured after ``warmup_s``)."""
+    """How much to measure. Every load test is ``duration_s`` after ``warmup_s``; a comparison takes
+    ``min_pairs`` to ``max_pairs`` interleaved pairs at a 99% level and a ``min_effect`` to clear."""
 
-    concurrency: int = 32
-    duration_s: float = 15.0
+    concurrency: int = 32  # the closed loop's clients (saturation rate; the qps objective)
+    duration_s: float = 10.0
     warmup_s: float = 2.0
-    repeats: int = 2  # extra rounds (reference + candidate) while a gain is within the spread
-    sweep_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    objective: str = "target"
+    min_effect: float = 0.02
+    min_pairs: int = 3
+    max_pairs: int = 16
+    level: float = 0.99
+    error_budget: float = DEFAULT_ERROR_BUDGET
+    capacity: CapacitySettings = field(default_factory=CapacitySettings)
+    sweep_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     sweep_repeats: int = 3
     sweep_rounds: int = 5
     waits_ms: tuple[float, ...] = (2.0, 5.0, 10.0, 20.0, 50.0)
+    joint_rounds: int = 3
     precision_texts: int = 256
     workers: int = field(default_factory=lambda: max(4, min(8, os.cpu_count() or 1)))
-    prefetch_factor: int = 4
     compile_on_cpu: bool = True  # torch.compile costs seconds per shape on a CPU
     limit: int | None = None  # read at most this many input lines
+    seed: int = 0  # the open loop's arrivals
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective={self.objective!r}: use 'target' (capacity at the p99 target) or 'qps' "
+                             "(closed-loop throughput, for batch jobs)")
+        if not 0 <= self.min_effect < 1:
+            raise ValueError(f"min_effect={self.min_effect!r} must be a share in [0, 1): 0.02 is 2%")
+        if not isinstance(self.concurrency, int) or self.concurrency < 1:
+            raise ValueError(f"concurrency={self.concurrency!r} must be an integer >= 1")
 
     @classmethod
-    def quick(cls) -> "LadderSettings":
-        """About three minutes on a 2-core CPU: shorter load tests, fewer sweep points and waits."""
-        return cls(concurrency=16, duration_s=5.0, warmup_s=1.0, repeats=1, sweep_sizes=(1, 4, 16),
-                   sweep_repeats=1, sweep_rounds=2, waits_ms=(5.0, 20.0), precision_texts=32, compile_on_cpu=False)
+    def quick(cls, **changes: Any) -> "LadderSettings":
+        """A few minutes on a 2-core CPU: 3 s windows, a 5% minimum effect, at most 6 pairs per step, a 12%
+        capacity bracket, three batch sizes and two waits, one joint round."""
+        base = dict(concurrency=16, duration_s=3.0, warmup_s=0.5, min_effect=0.05, max_pairs=6,
+                    capacity=CapacitySettings.quick(), sweep_sizes=(1, 4, 16), sweep_repeats=1, sweep_rounds=2,
+                    waits_ms=(5.0, 20.0), joint_rounds=1, precision_texts=32, compile_on_cpu=False)
+        base.update(changes)
+        return cls(**base)
 
     @classmethod
-    def full(cls) -> "LadderSettings":
-        return cls()
+    def full(cls, **changes: Any) -> "LadderSettings":
+        return cls(**changes)
+
+    def compare_settings(self) -> CompareSettings:
+        return CompareSettings(self.min_effect, self.min_pairs, self.max_pairs, self.level)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {}
+        for k, v in dataclasses.asdict(self).items():
+            out[k] = list(v) if isinstance(v, tuple) else v
+        return out
 
 
-# --- what one measurement gives -----------------------------------------------------------------
-
-@dataclass
-class Trial:
-    """One load test's figures (the raw load result kept in ``load``, the recorder's in ``profile``)."""
-
-    qps: float
-    p99_ms: float
-    model_busy: float = math.nan
-    device_busy: float = math.nan
-    p50_ms: float = math.nan
-    p95_ms: float = math.nan
-    mean_batch: float = math.nan
-    ok: int = 0
-    errors: int = 0
-    timeouts: int = 0
-    rejected: int = 0
-    submitted: int = 0
-    window_s: float = math.nan
-    load: Any = field(default=None, repr=False, compare=False)
-    profile: Any = field(default=None, repr=False, compare=False)
-
-    @classmethod
-    def from_load(cls, result: Any, profile: Any = None) -> "Trial":
-        s = result.summary()
-        num = lambda key: math.nan if s.get(key) is None else float(s[key])  # noqa: E731
-        return cls(qps=num("qps"), p99_ms=num("p99_ms"), model_busy=num("model_busy"),
-                   device_busy=num("device_busy"), p50_ms=num("p50_ms"), p95_ms=num("p95_ms"),
-                   mean_batch=num("mean_batch"), ok=int(s.get("ok") or 0), errors=int(s.get("errors") or 0),
-                   timeouts=int(s.get("timeouts") or 0), rejected=int(s.get("rejected") or 0),
-                   submitted=int(s.get("submitted") or 0), window_s=num("window_s"), load=result, profile=profile)
-
-
-Measure = Callable[[Knobs], Any]  # knobs -> Trial (or a LoadResult)
-
-_MEDIAN_FIELDS = ("qps", "p50_ms", "p95_ms", "p99_ms", "model_busy", "device_busy", "mean_batch")
-_SUM_FIELDS = ("ok", "errors", "timeouts", "rejected", "submitted", "window_s")
-
-
-def _median(values: Sequence[float]) -> float:
-    finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
-    return float(statistics.median(finite)) if finite else math.nan
-
+# --- what was measured ----------------------------------------------------------------------------
 
 @dataclass
 class Experiment:
-    """One measured configuration: its knobs and every run of it (figures are medians over runs)."""
+    """One group of runs of one configuration in one role (a step's reference or candidate, a capacity
+    probe, the baseline): its figures are pooled over its own runs and never change after its step."""
 
     id: int
     step: str
+    role: str  # baseline | reference | candidate | probe
     change: str
-    knobs: Knobs
+    knobs: Knobs | None  # None for a row restored from a resumed run
     device: str
     simulated: bool
+    rate: float | None = None  # open-loop rate (None: closed loop)
     trials: list[Trial] = field(default_factory=list)
-
-    def __getattr__(self, name: str) -> Any:
-        if name in _MEDIAN_FIELDS:
-            return _median([getattr(t, name) for t in self.trials])
-        if name in _SUM_FIELDS:
-            return sum(getattr(t, name) for t in self.trials)
-        raise AttributeError(name)
+    target_p99_ms: float = DEFAULT_TARGET_P99_MS
+    frozen: dict[str, Any] | None = None  # a row restored from a resumed run
 
     @property
     def runs(self) -> int:
-        return len(self.trials)
+        return len(self.trials) if self.frozen is None else int(self.frozen.get("runs") or 0)
 
-    @property
-    def spread(self) -> float:
-        """Relative range of QPS over runs ((max - min) / median); NaN with fewer than two runs."""
-        q = [t.qps for t in self.trials if math.isfinite(t.qps)]
-        if len(q) < 2 or statistics.median(q) <= 0:
-            return math.nan
-        return (max(q) - min(q)) / statistics.median(q)
-
-    @property
-    def last_load(self) -> Any:
-        return next((t.load for t in reversed(self.trials) if t.load is not None), None)
+    def figures(self) -> dict[str, Any]:
+        f = pooled_figures(self.trials, self.target_p99_ms)
+        med = lambda k: float(np.median([getattr(t, k) for t in self.trials])) if self.trials else math.nan  # noqa: E731
+        f.update(qps=med("qps"), model_busy=_nanmedian([t.model_busy for t in self.trials]),
+                 device_busy=_nanmedian([t.device_busy for t in self.trials]),
+                 mean_batch=_nanmedian([t.mean_batch for t in self.trials]))
+        f["ok"] = sum(t.ok for t in self.trials)
+        for k in ("errors", "timeouts", "rejected", "submitted"):
+            f[k] = sum(getattr(t, k) for t in self.trials)
+        f["window_s"] = sum(t.window_s for t in self.trials if math.isfinite(t.window_s))
+        return f
 
     def row(self) -> dict[str, Any]:
         """One flat row: what experiments.csv and summary.json both hold."""
-        row: dict[str, Any] = {"experiment": self.id, "step": self.step, "change": self.change,
-                               "device": self.device, "simulated": self.simulated, "runs": self.runs}
-        row.update({k: rounded(getattr(self, k)) for k in _MEDIAN_FIELDS})
+        if self.frozen is not None:
+            return dict(self.frozen)
+        f = self.figures()
+        row: dict[str, Any] = {"experiment": self.id, "step": self.step, "role": self.role, "change": self.change,
+                               "device": self.device, "simulated": self.simulated, "rate": rounded(self.rate),
+                               "runs": self.runs}
+        for k in ("qps", "p50_ms", "p99_ms", "p99_low_ms", "p99_high_ms", "model_busy", "device_busy", "mean_batch"):
+            row[k] = rounded(f.get(k))
         row["qps_runs"] = ";".join(f"{t.qps:.3f}" for t in self.trials)
-        row["spread"] = rounded(self.spread)
-        row.update({k: rounded(getattr(self, k)) if k == "window_s" else getattr(self, k) for k in _SUM_FIELDS})
+        row["p99_runs"] = ";".join(f"{t.p99_ms:.1f}" for t in self.trials)
+        row["exceed"] = f.get("exceed")
+        row.update(ok=f["ok"], errors=f["errors"] - f["timeouts"] - f["rejected"], timeouts=f["timeouts"],
+                   rejected=f["rejected"], submitted=f["submitted"], window_s=rounded(f["window_s"]))
         row.update({f"knob_{k}": _knob_text(v) for k, v in self.knobs.as_dict().items()})
         return row
+
+
+def _nanmedian(values: Sequence[float]) -> float:
+    finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    return float(np.median(finite)) if finite else math.nan
 
 
 def _knob_text(value: Any) -> Any:
@@ -185,32 +215,38 @@ def _knob_text(value: Any) -> Any:
 
 @dataclass
 class Step:
-    """One rung: what changed, what it was compared with, and whether it was kept (and why)."""
+    """One rung: what changed, what it was judged against, the verdict, and the figures it was judged on
+    (``figures``, frozen when the step was decided)."""
 
     name: str
     title: str
     change: str
-    status: str  # baseline | kept | not kept | skipped | refused
+    status: str  # baseline | kept | not kept | skipped | refused | failed
     reason: str
-    experiment: Experiment | None = None
-    reference: Experiment | None = None
-    gain: float = math.nan  # QPS of the candidate / QPS of the reference - 1 (medians)
-    noise: float = math.nan  # the run-to-run spread it was judged against
-    candidates: list[Experiment] = field(default_factory=list)  # several values tried (max_wait_ms)
+    knobs: Knobs | None = None  # the candidate
+    reference: Knobs | None = None
+    figures: dict[str, Any] = field(default_factory=dict)
+    experiments: list[int] = field(default_factory=list)
+    comparison: Comparison | None = field(default=None, repr=False)
+    capacity: Capacity | None = field(default=None, repr=False)  # the candidate's, when kept (the baseline's)
+    error: str | None = None
 
     @property
     def kept(self) -> bool:
         return self.status in ("baseline", "kept")
 
     def row(self) -> dict[str, Any]:
-        e = self.experiment
-        fig = (lambda k: rounded(getattr(e, k))) if e is not None else (lambda k: None)
+        f = self.figures
         return {"step": self.name, "title": self.title, "change": self.change, "status": self.status,
-                "kept": self.kept, "qps": fig("qps"), "p50_ms": fig("p50_ms"), "p99_ms": fig("p99_ms"),
-                "model_busy": fig("model_busy"), "device_busy": fig("device_busy"), "mean_batch": fig("mean_batch"),
-                "gain": rounded(self.gain), "noise": rounded(self.noise), "runs": e.runs if e else 0,
-                "experiment": e.id if e else None, "reference": self.reference.id if self.reference else None,
-                "candidates": [c.id for c in self.candidates], "reason": self.reason}
+                "kept": self.kept, **{k: f.get(k) for k in _STEP_FIGURES}, "experiments": list(self.experiments),
+                "reason": self.reason, "error": self.error}
+
+
+_STEP_FIGURES = ("metric", "rate", "ratio", "low", "high", "median_ratio", "pairs", "order", "min_effect", "level",
+                 "verdict", "qps", "p50_ms", "p99_ms", "p99_low_ms", "p99_high_ms", "errors", "timeouts", "n",
+                 "exceed", "reference_qps", "reference_p50_ms", "reference_p99_ms", "reference_errors",
+                 "model_busy", "device_busy", "mean_batch", "capacity", "capacity_bracket", "reference_capacity",
+                 "meets_target", "gain")
 
 
 @dataclass
@@ -224,20 +260,37 @@ class LadderResult:
     device: dict[str, Any]
     settings: LadderSettings
     target_p99_ms: float
-    noise: float
+    baseline_capacity: Capacity | None = None
+    capacity: Capacity | None = None  # the recommended configuration's
     sweep: Any = None  # BatchSweepResult of the batch step
+    sweep_final: Any = None  # the sweep re-measured under the final dtype and graph mode (joint pass)
     precision: Any = None  # PrecisionReport (or a mapping dtype -> min cosine from a stub)
     buckets: dict[str, Any] | None = None
-    waits: pd.DataFrame | None = None  # the max_wait_ms candidates
     data: dict[str, Any] = field(default_factory=dict)
-
-    def step(self, name: str) -> Step:
-        return next(s for s in self.steps if s.name == name)
+    interrupted: bool = False
+    baseline_figures: dict[str, Any] = field(default_factory=dict)
+    final_figures: dict[str, Any] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)  # what ``resume`` needs to go on from here
 
     @property
-    def final(self) -> Experiment:
-        """The experiment of the last kept step (the recommended configuration's measurement)."""
-        return [s for s in self.steps if s.kept and s.experiment is not None][-1].experiment
+    def objective(self) -> str:
+        return self.settings.objective
+
+    def step(self, name: str) -> Step:
+        """The step called ``name`` (the kept one when several rows share it, as the waits do; else the last)."""
+        rows = [s for s in self.steps if s.name == name]
+        if not rows:
+            raise KeyError(f"no step {name!r}; steps: {', '.join(dict.fromkeys(s.name for s in self.steps))}")
+        return next((s for s in reversed(rows) if s.status == "kept"), rows[-1])
+
+    @property
+    def target_met(self) -> bool:
+        """Whether the recommended configuration meets the p99 target (its capacity; the closed-loop p99 for
+        the qps objective)."""
+        if self.objective == "target":
+            return self.capacity is not None and self.capacity.met
+        p99 = self.final_figures.get("p99_ms")
+        return p99 is not None and math.isfinite(p99) and p99 <= self.target_p99_ms
 
     def to_frame(self) -> pd.DataFrame:
         """One row per step (skipped ones too, without figures)."""
@@ -250,14 +303,38 @@ class LadderResult:
         frame.attrs["device"] = self.device
         return frame
 
+    @property
+    def waits(self) -> pd.DataFrame | None:
+        """The ``max_wait_ms`` steps (batching and joint): each one's verdict and figures at its rate."""
+        rows = [dict(max_wait_ms=s.knobs.max_wait_ms, batch_size=s.knobs.batch_size, step=s.name, status=s.status,
+                     **{k: s.figures.get(k) for k in ("ratio", "low", "high", "pairs", "rate", "qps", "p50_ms",
+                                                      "p99_ms", "capacity")})
+                for s in self.steps if s.knobs is not None and s.figures and "max_wait_ms" in s.change]
+        if not rows:
+            return None
+        frame = pd.DataFrame(rows)
+        frame.attrs["device"] = self.device
+        return frame
+
+    def top(self, n: int = 5) -> pd.DataFrame:
+        """The best configurations measured: by capacity (target) or QPS (qps), with their knobs' changes."""
+        key = "capacity" if self.objective == "target" else "qps"
+        rows = []
+        for s in self.steps:
+            if s.knobs is None or not s.figures:
+                continue
+            value = s.figures.get(key) if key == "qps" or s.status in ("kept", "baseline") else None
+            rows.append({"step": s.name, "change": s.change or "(baseline)", "status": s.status, key: value,
+                         "p99_ms": s.figures.get("p99_ms"), "ratio": s.figures.get("ratio"),
+                         "knobs": change_text(_changes(s.knobs))})
+        frame = pd.DataFrame(rows)
+        if frame.empty:
+            return frame
+        return frame.sort_values(key, ascending=False, na_position="last").head(n).reset_index(drop=True)
+
     def changes(self) -> dict[str, Any]:
-        """The recommended knobs that differ from the ``baseline`` preset (device excluded unless simulated)."""
-        base = preset("baseline")
-        out = {k: getattr(self.recommended, k) for k in knob_names()
-               if k not in _NOT_RECOMMENDED and getattr(self.recommended, k) != getattr(base, k)}
-        if self.recommended.device == "sim":
-            out.update(device="sim", sim_profile=self.recommended.sim_profile)
-        return out
+        """The recommended knobs that differ from the ``baseline`` preset and that the served path reads."""
+        return _changes(self.recommended)
 
     def set_line(self) -> str:
         """``--preset baseline --set k=v ...``: paste after ``python -m tuning serve`` (or run/loadtest)."""
@@ -269,28 +346,47 @@ class LadderResult:
         return f'tuning.preset("baseline"{", " + args if args else ""})'
 
     def summary(self) -> dict[str, Any]:
-        first = next(s for s in self.steps if s.experiment is not None).experiment
-        final = self.final
+        base_cap, cap = self.baseline_capacity, self.capacity
+        ratio = None
+        if self.objective == "target" and base_cap is not None and cap is not None and base_cap.met and cap.met:
+            ratio = rounded(cap.capacity / base_cap.capacity)
+        elif self.objective == "qps" and self.baseline_figures.get("qps") and self.final_figures.get("qps"):
+            ratio = rounded(self.final_figures["qps"] / self.baseline_figures["qps"])
+        current = self.recommended
         return {
-            "device": self.device, "target_p99_ms": self.target_p99_ms, "noise": rounded(self.noise),
-            "min_cosine": MIN_COSINE, "noise_floor": NOISE_FLOOR,
-            "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.settings.__dict__.items()},
-            "baseline": {"qps": rounded(first.qps), "p99_ms": rounded(first.p99_ms), "model_busy": rounded(first.model_busy),
-                         "device_busy": rounded(first.device_busy)},
-            "result": {"qps": rounded(final.qps), "p99_ms": rounded(final.p99_ms), "model_busy": rounded(final.model_busy),
-                       "device_busy": rounded(final.device_busy),
-                       "qps_ratio": rounded(final.qps / first.qps) if first.qps else None},
+            "device": self.device, "objective": self.objective, "target_p99_ms": self.target_p99_ms,
+            "error_budget": self.settings.error_budget, "target_met": self.target_met, "interrupted": self.interrupted,
+            "min_cosine": MIN_COSINE, "settings": self.settings.as_dict(),
+            "baseline": {**_figures_summary(self.baseline_figures),
+                         "capacity": base_cap.summary() if base_cap is not None else None},
+            "result": {**_figures_summary(self.final_figures), "capacity": cap.summary() if cap is not None else None,
+                       "ratio": ratio, "ratio_of": "capacity" if self.objective == "target" else "qps"},
             "steps": [s.row() for s in self.steps],
             "experiments": [e.row() for e in self.experiments],
+            "top": self.top().astype(object).where(lambda f: f.notna(), None).to_dict("records"),
             "recommended": {"changes": {k: _json_value(v) for k, v in self.changes().items()},
                             "set_line": self.set_line(), "python_call": self.python_call(),
-                            "knobs": self.recommended.as_dict()},
+                            "knobs": current.as_dict()},
             "batch_sweep": self.sweep.summary() if hasattr(self.sweep, "summary") else None,
+            "batch_sweep_final": self.sweep_final.summary() if hasattr(self.sweep_final, "summary") else None,
             "precision": self.precision.summary() if hasattr(self.precision, "summary") else self.precision,
             "buckets": self.buckets,
             "waits": None if self.waits is None else self.waits.astype(object).where(self.waits.notna(), None).to_dict("records"),
             "data": self.data,
+            "state": self.state,
         }
+
+
+def _figures_summary(f: dict[str, Any]) -> dict[str, Any]:
+    return {k: (rounded(f.get(k)) if isinstance(f.get(k), float) else f.get(k))
+            for k in ("qps", "p50_ms", "p99_ms", "p99_low_ms", "p99_high_ms", "model_busy", "device_busy", "errors",
+                      "n", "rate")}
+
+
+def _changes(knobs: Knobs) -> dict[str, Any]:
+    base = preset("baseline")
+    return {k: getattr(knobs, k) for k in knob_names()
+            if k not in _NOT_RECOMMENDED and getattr(knobs, k) != getattr(base, k)}
 
 
 def _set_value(v: Any) -> str:
@@ -307,60 +403,6 @@ def _json_value(v: Any) -> Any:
     return list(v) if isinstance(v, tuple) else v
 
 
-# --- the same load for every step ---------------------------------------------------------------
-
-class LoadMeasure:
-    """Closed-loop load at fixed concurrency against an in-process server: the same requests in the
-    same order for every configuration, warm-up excluded. Models are built once per model-side
-    configuration (device, dtype, graph...) and shared by the servers that need them."""
-
-    def __init__(self, inputs: Sequence[Any], concurrency: int = 32, duration_s: float = 15.0,
-                 warmup_s: float = 2.0, model: Any = None, on_start: Callable[[Knobs], None] | None = None):
-        if not inputs:
-            raise ValueError("no inputs to load-test with: the data file is empty")
-        self.inputs = list(inputs)
-        self.concurrency, self.duration_s, self.warmup_s = concurrency, duration_s, warmup_s
-        self.model = model
-        self.on_start = on_start
-        self._engines: dict[tuple, Any] = {}
-
-    @staticmethod
-    def _engine_key(k: Knobs) -> tuple:
-        key = (k.device, k.sim_profile, k.dtype, k.graph, k.torch_threads, k.pin_memory)
-        if k.graph != "eager":  # compiled or captured shapes depend on batch and padding
-            key += (k.batch_size, k.padding, k.buckets, k.max_length)
-        return key
-
-    def engine(self, knobs: Knobs) -> Any:
-        from tuning.runtime.engine import Engine
-
-        key = self._engine_key(knobs)
-        if key not in self._engines:
-            self._engines[key] = Engine(knobs, self.model)
-        return self._engines[key]
-
-    def __call__(self, knobs: Knobs, record: bool = False) -> Trial:
-        import warnings
-
-        from tuning.load.generator import run_load
-        from tuning.online.serve import Server
-
-        if self.on_start:
-            self.on_start(knobs)
-        with Server(knobs, engine=self.engine(knobs)) as server:
-            if not record:
-                return Trial.from_load(run_load(server, self.inputs, concurrency=self.concurrency,
-                                                duration_s=self.duration_s, warmup_s=self.warmup_s))
-            from tuning.profile import Recorder
-
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)  # no NVML here: the report says so
-                with Recorder() as recorder:
-                    result = run_load(server, self.inputs, concurrency=self.concurrency, duration_s=self.duration_s,
-                                      warmup_s=self.warmup_s)
-            return Trial.from_load(result, recorder.join(result))
-
-
 # --- inputs ---------------------------------------------------------------------------------------
 
 def load_inputs(data: Any = None, limit: int | None = None) -> list[Any]:
@@ -375,11 +417,12 @@ def load_inputs(data: Any = None, limit: int | None = None) -> list[Any]:
     return inputs[:limit] if limit else inputs
 
 
-def input_texts(inputs: Sequence[Any]) -> tuple[list[str], dict[str, int]]:
-    """The model texts of the valid inputs, and the count of invalid ones by reason."""
+def input_texts(inputs: Sequence[Any], formatter: Any = None) -> tuple[list[str], dict[str, int]]:
+    """The model texts of the valid inputs (formatted with ``formatter``, the knob), and the count of invalid
+    ones by reason."""
     from tuning.runtime.engine import Preparer
 
-    prep = Preparer(preset("baseline"), tokenizer=None)  # read + format only
+    prep = Preparer(preset("baseline"), None, formatter) if formatter is not None else Preparer(preset("baseline"), None)  # read + format only
     texts, bad = [], {}
     for i, raw in enumerate(inputs, start=1):
         item, text = prep.to_text(i, raw)
@@ -420,7 +463,7 @@ def plan_for(lengths: Sequence[int], max_length: int = 256) -> dict[str, Any]:
 
 # --- the ladder -----------------------------------------------------------------------------------
 
-def _device_block(choice: Any, sim_profile: str | None = None) -> dict[str, Any]:
+def device_block(choice: Any, sim_profile: str | None = None) -> dict[str, Any]:
     """The ``device`` block of the ladder's summary: the contract's object (:mod:`tuning.base.contract`)."""
     if choice.knob == "sim" and sim_profile:
         choice = dataclasses.replace(choice, profile=sim_profile)
@@ -428,106 +471,270 @@ def _device_block(choice: Any, sim_profile: str | None = None) -> dict[str, Any]
 
 
 class Ladder:
-    """The ladder's state while it runs: experiments so far, the current configuration, the noise."""
+    """The ladder's state while it runs: the experiments and steps so far, the reference and its capacity."""
 
-    def __init__(self, measure: Measure, settings: LadderSettings, device: Any, target_p99_ms: float,
+    def __init__(self, measure: Measure, open_loop: bool, settings: LadderSettings, device: Any, target_p99_ms: float,
                  report: Callable[[str], None] | None = None, status: Callable[[str], None] | None = None):
-        self.measure, self.settings, self.device = measure, settings, device
+        self.measure, self.open_loop, self.settings, self.device = measure, open_loop, settings, device
         self.target = target_p99_ms
         self.report = report or (lambda line: None)
         self.status = status or (lambda text: None)
         self.experiments: list[Experiment] = []
         self.steps: list[Step] = []
-        self.current: Experiment | None = None
+        self.current: Knobs | None = None
+        self.capacity: Capacity | None = None  # the reference's (objective "target")
+        self.figures: dict[str, Any] = {}  # the reference's latest figures
+        self.baseline_capacity: Capacity | None = None
+        self.baseline_figures: dict[str, Any] = {}
+        self.done: list[str] = []
+        self.on_step: Callable[[Step], None] | None = None
 
-    def noise(self) -> float:
-        """The run-to-run spread: the median relative QPS range of repeated configurations, floored."""
-        spreads = [e.spread for e in self.experiments if e.runs >= 2 and math.isfinite(e.spread)]
-        return max(NOISE_FLOOR, float(np.median(spreads))) if spreads else NOISE_FLOOR
+    @property
+    def target_mode(self) -> bool:
+        return self.settings.objective == "target"
 
-    def new(self, step: str, change: str, knobs: Knobs) -> Experiment:
-        e = Experiment(len(self.experiments) + 1, step, change, knobs, self.device.label, bool(self.device.simulated))
+    def experiment(self, step: str, role: str, change: str, knobs: Knobs, trials: Sequence[Trial],
+                   rate: float | None = None) -> Experiment:
+        e = Experiment(max((x.id for x in self.experiments), default=0) + 1, step, role, change, knobs, self.device.label,
+                       bool(self.device.simulated), rate, list(trials), self.target)
         self.experiments.append(e)
-        return e
-
-    def run(self, e: Experiment, trial: Trial | None = None) -> Experiment:
-        self.status(f"{e.step}: {e.change or 'as is'} (run {e.runs + 1})")
-        got = trial if trial is not None else self.measure(e.knobs)
-        e.trials.append(got if isinstance(got, Trial) else Trial.from_load(got))
         return e
 
     def finish(self, step: Step) -> Step:
         self.steps.append(step)
-        if step.kept and step.experiment is not None:
-            self.current = step.experiment
+        if step.status in ("baseline", "kept") and step.knobs is not None:
+            self.current = step.knobs
+            if step.capacity is not None:
+                self.capacity = step.capacity
+            self.figures = dict(step.figures)
         self.report(format_step(step))
+        if self.on_step:
+            self.on_step(step)
         return step
-
-    def compare(self, name: str, title: str, change: str, candidate: Experiment,
-                candidates: Sequence[Experiment] = (), note: str = "") -> Step:
-        """Judge a measured candidate against the current configuration, repeating while within the spread."""
-        ref = self.current
-        for round_ in range(self.settings.repeats + 1):
-            gain, noise = candidate.qps / ref.qps - 1 if ref.qps > 0 else math.inf, self.noise()
-            if abs(gain) > noise or round_ == self.settings.repeats:
-                break
-            self.run(ref)  # interleaved: the reference again, then the candidate
-            self.run(candidate)
-        gain, noise = (candidate.qps / ref.qps - 1 if ref.qps > 0 else math.inf), self.noise()
-        spread = f"the run-to-run spread is ±{100 * noise:.0f}%"
-        if not math.isfinite(candidate.qps) or not math.isfinite(gain):
-            status, reason = "not kept", "no QPS measured (no successful responses)"
-        elif gain > noise:
-            if candidate.p99_ms > self.target >= ref.p99_ms:
-                status, reason = "not kept", (f"QPS +{100 * gain:.0f}% but p99 {candidate.p99_ms:.0f} ms goes over the "
-                                              f"{self.target:.0f} ms target (was {ref.p99_ms:.0f} ms)")
-            else:
-                status, reason = "kept", f"QPS +{100 * gain:.0f}% beyond the spread (±{100 * noise:.0f}%)"
-        elif gain < -noise:
-            status, reason = "not kept", f"slower: QPS {100 * gain:.0f}% ({spread})"
-        else:
-            status, reason = "not kept", (f"QPS {100 * gain:+.0f}% after {candidate.runs} run(s) each: within the spread "
-                                          f"(±{100 * noise:.0f}%), not worth a change")
-        reason = f"{note}; {reason}" if note else reason
-        return self.finish(Step(name, title, change, status, reason, candidate, ref, gain, noise, list(candidates)))
 
     def skip(self, name: str, title: str, change: str, reason: str, status: str = "skipped") -> Step:
         return self.finish(Step(name, title, change, status, reason, reference=self.current))
 
+    # --- measuring ---
+
+    def search(self, name: str, knobs: Knobs, *, saturation: float | None = None,
+               known_pass: Probe | None = None) -> tuple[Capacity, list[int]]:
+        cap = capacity_at_target(self.measure, knobs, self.target, saturation=saturation, known_pass=known_pass,
+                                 settings=self.settings.capacity, status=lambda t: self.status(f"{name}: {t}"))
+        ids = [self.experiment(name, "probe", f"capacity probe at {p.rate:.1f} req/s", knobs, p.trials, p.rate).id
+               for p in cap.probes if p is not known_pass]
+        return cap, ids
+
+    def start(self, knobs: Knobs, first: Trial | None) -> Step:
+        """The baseline: a closed-loop run (its completion rate brackets the capacity search), then its capacity."""
+        self.status("baseline: closed loop")
+        trial = first if first is not None else self.measure(knobs)
+        if trial.ok == 0:
+            raise LadderError(f"the baseline got no ok answer ({trial.submitted} sent, {trial.errors} errors, "
+                              f"{trial.timeouts} timeouts, {trial.rejected} rejected); first error: "
+                              f"{trial.first_error or 'none recorded'}. Fix the service or the data, then run again")
+        ids = [self.experiment("baseline", "baseline", "", knobs, [trial]).id]
+        figures = _trial_figures(trial, self.target)
+        cap = None
+        if self.target_mode:
+            cap, probe_ids = self.search("baseline", knobs, saturation=trial.qps)
+            ids += probe_ids
+            best = cap.best
+            figures.update(_probe_figures(best), capacity=rounded(cap.capacity),
+                           capacity_bracket=[rounded(cap.low), rounded(cap.high)], meets_target=cap.met)
+            self.baseline_capacity = cap
+        else:
+            figures["meets_target"] = bool(math.isfinite(trial.p99_ms) and trial.p99_ms <= self.target)
+        self.baseline_figures = dict(figures)
+        reason = "batch 1, 2 workers, Python tokenizer, dynamic padding, fp32, eager"
+        if cap is not None:
+            reason += f"; capacity: {cap.sentence()}"
+        return self.finish(Step("baseline", "the investigation's starting point", "", "baseline", reason, knobs, None,
+                                figures, ids, capacity=cap))
+
+    def judge(self, name: str, title: str, change: str, knobs: Knobs, note: str = "") -> Step:
+        """Pairs of the reference and ``knobs`` at the reference's capacity (or closed loop), the verdict, and
+        the candidate's own capacity when it is kept."""
+        ref = self.current
+        s = self.settings
+        if self.target_mode:
+            cap = self.capacity
+            rate = cap.capacity if cap.met else cap.lowest_rate
+        else:
+            cap, rate = None, None
+        cmp = compare_at(self.measure, ref, knobs, rate=rate, target_p99_ms=self.target,
+                         settings=s.compare_settings(), status=lambda t: self.status(f"{name}: {change}: {t}"))
+        ids = [self.experiment(name, "reference", change, ref, cmp.reference, rate).id,
+               self.experiment(name, "candidate", change, knobs, cmp.candidate, rate).id]
+        cand, refd = cmp.figures("candidate", self.target), cmp.figures("reference", self.target)
+        figures = {"metric": cmp.metric, "rate": rounded(rate), "ratio": rounded(cmp.ratio), "low": rounded(cmp.low),
+                   "high": rounded(cmp.high), "median_ratio": rounded(cmp.median_ratio), "pairs": cmp.pairs,
+                   "order": cmp.order, "min_effect": cmp.min_effect, "level": cmp.level, "verdict": cmp.verdict,
+                   **{k: _round(cand.get(k)) for k in ("qps", "p50_ms", "p99_ms", "p99_low_ms", "p99_high_ms", "errors",
+                                                       "timeouts", "n", "exceed", "model_busy", "device_busy",
+                                                       "mean_batch")},
+                   **{f"reference_{k}": _round(refd.get(k)) for k in ("qps", "p50_ms", "p99_ms", "errors")}}
+        interval = f"{cmp.ratio:.2f} [{cmp.low:.2f}-{cmp.high:.2f}] after {cmp.pairs} pairs"
+        if self.target_mode:
+            meets, why = cmp.meets(self.target, s.error_budget)
+            figures.update(meets_target=meets, reference_capacity=rounded(cap.capacity))
+            at = f"at {rate:.1f} req/s"
+            if not meets:
+                status, reason = "not kept", f"misses the {self.target:.0f} ms target {at} ({why})"
+            elif not cap.met:
+                status, reason = "kept", (f"meets the target {at} where the reference did not ({why}); "
+                                          f"p99 ratio {interval}")
+            elif cmp.verdict == "better":
+                status, reason = "kept", (f"p99 ratio (reference / candidate) {interval} clears +{100 * cmp.min_effect:.0f}% "
+                                          f"{at}; meets the target there ({why})")
+            elif cmp.verdict == "not better":
+                status, reason = "not kept", f"not better: p99 ratio {interval} {at}, below +{100 * cmp.min_effect:.0f}%"
+            else:
+                status, reason = "not kept", (f"not distinguishable: p99 ratio {interval} {at} "
+                                              f"(the cap) straddles +{100 * cmp.min_effect:.0f}%")
+        else:
+            ref_ok = math.isfinite(refd["p99_ms"]) and refd["p99_ms"] <= self.target
+            cand_ok = math.isfinite(cand["p99_ms"]) and cand["p99_ms"] <= self.target
+            figures["meets_target"] = cand_ok
+            if ref_ok and not cand_ok:
+                status, reason = "not kept", (f"QPS ratio {interval}, but the closed-loop p99 {cand['p99_ms']:.0f} ms goes "
+                                              f"over the {self.target:.0f} ms target (was {refd['p99_ms']:.0f} ms)")
+            elif cand_ok and not ref_ok:
+                status, reason = "kept", (f"the closed-loop p99 {cand['p99_ms']:.0f} ms meets the {self.target:.0f} ms "
+                                          f"target where the reference's {refd['p99_ms']:.0f} ms did not; QPS ratio {interval}")
+            elif cmp.verdict == "better":
+                status, reason = "kept", f"QPS ratio {interval} clears +{100 * cmp.min_effect:.0f}%"
+            elif cmp.verdict == "not better":
+                status, reason = "not kept", f"not better: QPS ratio {interval}, below +{100 * cmp.min_effect:.0f}%"
+            else:
+                status, reason = "not kept", (f"not distinguishable: QPS ratio {interval} (the cap) straddles "
+                                              f"+{100 * cmp.min_effect:.0f}%")
+        figures["gain"] = rounded(cmp.ratio - 1)
+        new_cap = None
+        if status == "kept" and self.target_mode:
+            passed = _probe_from(rate, cmp.candidate, self.target)
+            new_cap, probe_ids = self.search(name, knobs, known_pass=passed)
+            ids += probe_ids
+            figures.update(capacity=rounded(new_cap.capacity), capacity_bracket=[rounded(new_cap.low), rounded(new_cap.high)],
+                           gain=rounded(new_cap.capacity / cap.capacity - 1) if cap.met and new_cap.met else None)
+            reason += f"; capacity now {new_cap.sentence()}"
+        reason = f"{note}; {reason}" if note else reason
+        return self.finish(Step(name, title, change, status, reason, knobs, ref, figures, ids, cmp, new_cap))
+
     def try_change(self, name: str, title: str, changes: dict[str, Any], note: str = "") -> Step:
-        """Measure the current knobs with ``changes`` and judge it (a knob refusing the change is reported)."""
+        """Measure the current knobs with ``changes`` and judge it. A knob refusing the change is ``refused``;
+        any error while measuring makes the step ``failed`` with that error, and the ladder goes on."""
         text = change_text(changes)
         try:
-            knobs = self.current.knobs.replace(**changes)
+            knobs = self.current.replace(**changes)
             if knobs.device != "sim":
                 import torch
 
                 knobs.resolve(torch.cuda.is_available())
         except (ValueError, TypeError) as exc:
             return self.skip(name, title, text, f"refused by the knobs: {exc}", "refused")
-        if knobs == self.current.knobs:
+        if knobs == self.current:
             return self.skip(name, title, text, "already set")
-        return self.compare(name, title, text, self.run(self.new(name, text, knobs)), note=note)
+        return self.guarded(name, title, text, lambda: self.judge(name, title, text, knobs, note))
+
+    def guarded(self, name: str, title: str, change: str, fn: Callable[[], Step]) -> Step:
+        try:
+            return fn()
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:  # a compile failure, out of memory, a broken server: this step only
+            error = f"{type(exc).__name__}: {exc}"
+            step = Step(name, title, change, "failed", f"failed while measuring: {error}", reference=self.current,
+                        error=error)
+            return self.finish(step)
+
+    def result(self, base: Knobs, extra: dict[str, Any], interrupted: bool = False) -> LadderResult:
+        dev = self.device
+        state = {"done": list(self.done), "current": (self.current or base).as_dict(),
+                 "capacity": self.capacity.summary() if self.capacity is not None else None,
+                 "baseline_capacity": self.baseline_capacity.summary() if self.baseline_capacity is not None else None,
+                 "baseline_figures": self.baseline_figures, "figures": self.figures, "knee": extra.get("knee"),
+                 "objective": self.settings.objective, "target_p99_ms": self.target}
+        return LadderResult(base, self.current or base, list(self.steps), list(self.experiments),
+                            device_block(dev, base.sim_profile), self.settings, self.target,
+                            self.baseline_capacity, self.capacity, extra.get("sweep"), extra.get("sweep_final"),
+                            extra.get("precision"), extra.get("buckets"), extra.get("data", {}), interrupted,
+                            dict(self.baseline_figures), dict(self.figures), state)
+
+    def restore(self, summary: dict[str, Any]) -> None:
+        """Go on from a partial ``summary.json``: the finished steps' rows as they were, the reference and its
+        capacity; a step that was cut short is measured again."""
+        state = summary.get("state") or {}
+        if not state.get("current"):
+            raise ValueError("cannot resume: the summary has no ladder state (it was written before the baseline "
+                             "finished, or by another version); run without --resume")
+        if state.get("objective") != self.settings.objective or state.get("target_p99_ms") != self.target:
+            raise ValueError(f"cannot resume: that run used objective={state.get('objective')!r} and "
+                             f"target_p99_ms={state.get('target_p99_ms')!r}; give the same, or run without --resume")
+        done = list(state.get("done") or [])
+        keep = set(done) | {"baseline"}
+        for row in summary.get("steps") or []:
+            if row["step"] in keep:
+                figures = {k: row.get(k) for k in _STEP_FIGURES if row.get(k) is not None}
+                self.steps.append(Step(row["step"], row["title"], row["change"], row["status"], row["reason"],
+                                       None, None, figures, list(row.get("experiments") or []), error=row.get("error")))
+        self.experiments = [Experiment(int(r["experiment"]), r["step"], r["role"], r["change"], None, r["device"],
+                                       bool(r["simulated"]), r.get("rate"), [], self.target, frozen=r)
+                            for r in summary.get("experiments") or [] if r["step"] in keep]
+        self.current = Knobs(**{k: tuple(v) if isinstance(v, list) else v for k, v in state["current"].items()})
+        self.capacity = Capacity.from_summary(state["capacity"]) if state.get("capacity") else None
+        self.baseline_capacity = (Capacity.from_summary(state["baseline_capacity"])
+                                  if state.get("baseline_capacity") else None)
+        self.baseline_figures, self.figures = dict(state.get("baseline_figures") or {}), dict(state.get("figures") or {})
+        self.done = done
+
+
+def _round(x: Any) -> Any:
+    return rounded(x) if isinstance(x, float) else x
+
+
+def _trial_figures(t: Trial, target: float) -> dict[str, Any]:
+    f = pooled_figures([t], target)
+    return {"metric": "closed loop", "qps": rounded(t.qps), "p50_ms": rounded(f["p50_ms"]), "p99_ms": rounded(f["p99_ms"]),
+            "p99_low_ms": rounded(f["p99_low_ms"]), "p99_high_ms": rounded(f["p99_high_ms"]), "errors": t.failed,
+            "timeouts": t.timeouts, "n": t.submitted, "exceed": f.get("exceed"), "model_busy": rounded(t.model_busy),
+            "device_busy": rounded(t.device_busy), "mean_batch": rounded(t.mean_batch)}
+
+
+def _probe_figures(p: Probe | None) -> dict[str, Any]:
+    if p is None:
+        return {}
+    return {"rate": rounded(p.rate), "p50_ms": rounded(p.p50_ms), "p99_ms": rounded(p.p99_ms),
+            "p99_low_ms": rounded(p.p99_low_ms), "p99_high_ms": rounded(p.p99_high_ms), "errors": p.errors,
+            "n": p.n, "exceed": p.exceed if p.exceed >= 0 else None}
+
+
+def _probe_from(rate: float, trials: list[Trial], target: float) -> Probe:
+    """The candidate's pair runs at ``rate`` as a passing probe (the capacity search's known lower end)."""
+    f = pooled_figures(trials, target)
+    return Probe(rate, "pass", "pairs", True, len(trials), f["n"], f["exceed"] if f["exceed"] is not None else -1,
+                 f["errors"], f["offered_rate"], f["achieved_rate"], f["late"], f["p50_ms"], f["p99_ms"],
+                 f["p99_low_ms"], f["p99_high_ms"], list(trials))
 
 
 def change_text(changes: dict[str, Any]) -> str:
     return ", ".join(f"{k}={_set_value(v)}" for k, v in changes.items())
 
 
-def _fmt(x: float, spec: str, scale: float = 1.0, suffix: str = "") -> str:
-    return "n/a" if x is None or not math.isfinite(x) else f"{x * scale:{spec}}{suffix}"
+def _fmt(x: Any, spec: str, scale: float = 1.0, suffix: str = "") -> str:
+    return "n/a" if x is None or not isinstance(x, (int, float)) or not math.isfinite(x) else f"{x * scale:{spec}}{suffix}"
 
 
 def format_step(step: Step) -> str:
-    """The one line printed when a step finishes."""
-    e = step.experiment
-    head = f"{step.name:<10} {step.change or '-':<44}"
-    if e is None:
+    """The one line printed when a step finishes: what was judged (ratio, interval, pairs), p50/p99, errors."""
+    f = step.figures
+    head = f"{step.name:<10} {step.change or '-':<40}"
+    if not f:
         return f"{head} {step.status}: {step.reason}"
-    vs = "" if step.status == "baseline" else f" ({_fmt(step.gain, '+.0f', 100, '%')} vs previous)"
-    return (f"{head} QPS {_fmt(e.qps, '.1f')}{vs}  p99 {_fmt(e.p99_ms, '.0f', suffix=' ms')}  "
-            f"model busy {_fmt(e.model_busy, '.0f', 100, '%')}  device busy {_fmt(e.device_busy, '.0f', 100, '%')}"
-            f"  -> {step.status}: {step.reason}")
+    cap = f" capacity {_fmt(f.get('capacity'), '.1f', suffix=' req/s')}" if f.get("capacity") is not None else ""
+    return (f"{head} p50 {_fmt(f.get('p50_ms'), '.0f', suffix=' ms')} p99 {_fmt(f.get('p99_ms'), '.0f', suffix=' ms')}"
+            f" QPS {_fmt(f.get('qps'), '.1f')} errors {f.get('errors', 0)}/{f.get('n', 0)}{cap} -> {step.status}: "
+            f"{step.reason}")
 
 
 def _default_sweep(measure: Any, settings: LadderSettings, length: int) -> Callable[[Knobs], Any]:
@@ -561,21 +768,35 @@ def _min_cosines(report: Any) -> dict[str, Any]:
 
 
 def run_ladder(data: Any = None, device: Any = "auto", quick: bool = False,
-               target_p99_ms: float = DEFAULT_TARGET_P99_MS, measure: Measure | None = None,
+               target_p99_ms: float = DEFAULT_TARGET_P99_MS, measure: Callable[..., Any] | None = None,
                progress: bool | Callable[[str], None] = True, settings: LadderSettings | None = None,
                steps: Sequence[str] = STEPS, first: Trial | None = None, sweep: Callable | None = None,
                accuracy: Callable | None = None, lengths: Sequence[int] | None = None,
-               model: Any = None, sim_profile: str | None = None) -> LadderResult:
+               model: Any = None, sim_profile: str | None = None, objective: str | None = None,
+               on_step: Callable[[LadderResult], None] | None = None,
+               tokenizer: Any = None, formatter: Any = None, resume: dict[str, Any] | None = None) -> LadderResult:
     """Walk the ladder from ``baseline`` on ``data`` (a JSONL path, or request bodies) and ``device``
     (``auto``: CUDA, else the real CPU; ``cpu``, ``cuda``, ``sim`` or a ``tuning.sim.device_for`` choice).
 
-    ``measure(knobs) -> Trial`` replaces the load test (tests drive the ladder with a stub); ``sweep``
-    (knobs -> result with ``.knee``), ``accuracy`` (dtypes -> {dtype: min cosine}) and ``lengths``
-    (token lengths) replace the batch sweep, the precision check and the tokenizer pass. ``first`` is
-    a baseline run already made (``investigate`` records it with the profilers). ``progress``: a tqdm
-    bar and a line per step (True), a callable that gets each line, or nothing (False).
+    The seam: ``measure(knobs, *, rate=None, record=False) -> Trial`` replaces the load test (``rate=None``: a
+    closed loop at the ladder's concurrency; a number: an open loop at that Poisson rate; ``record``: run the
+    profilers); the Trial needs at least ``qps``, ``p99_ms``, ``ok`` and ``submitted`` (and ``latencies_ms``
+    for the capacity probes to count rather than estimate). A one-argument ``measure(knobs)`` still works
+    for ``objective="qps"`` (with a DeprecationWarning). ``sweep`` (knobs -> result with ``.knee``),
+    ``accuracy`` (dtypes -> {dtype: min cosine}) and ``lengths`` (token lengths) replace the batch sweep, the
+    precision check and the tokenizer pass. ``model``, ``tokenizer`` and ``formatter`` are the user's own
+    (``--model``, ``--formatter``), passed to every server. ``first`` is a closed-loop baseline run already made
+    (``investigate`` records it with the profilers). ``objective`` overrides ``settings.objective``.
+    ``on_step(partial_result)`` runs after every step; ``resume`` (a partial ``summary.json``, loaded) goes on
+    from its finished steps. ``progress``: a tqdm bar and a line per step (True),
+    a callable that gets each line, or nothing (False).
+
+    Raises :class:`LadderError` when the baseline gets no ok answer. Ctrl-C returns what was done, with
+    ``interrupted=True``.
     """
     settings = settings or (LadderSettings.quick() if quick else LadderSettings.full())
+    if objective is not None:
+        settings = dataclasses.replace(settings, objective=objective)
     dev = device_for(device, sim_profile, fallback="cpu")
     sim_profile = sim_profile or (dev.profile if dev.knob == "sim" else None)
     if target_p99_ms is None or not target_p99_ms > 0:
@@ -584,55 +805,76 @@ def run_ladder(data: Any = None, device: Any = "auto", quick: bool = False,
     if unknown:
         raise ValueError(f"unknown ladder step(s) {unknown}; known: {', '.join(STEPS)}")
     inputs = load_inputs(data, settings.limit) if measure is None or lengths is None or accuracy is None else []
-    texts, bad = input_texts(inputs) if inputs else ([], {})
-    measure = measure or LoadMeasure(inputs, settings.concurrency, settings.duration_s, settings.warmup_s, model)
-    if lengths is None and any(s in steps for s in ("batch", "buckets")):
+    texts, bad = input_texts(inputs, formatter) if inputs else ([], {})
+    own_measure = measure is None
+    raw_measure = measure or LoadMeasure(inputs, settings.concurrency, settings.duration_s, settings.warmup_s, model,
+                                         seed=settings.seed, tokenizer=tokenizer, formatter=formatter)
+    measure_fn, open_loop = as_measure(raw_measure)
+    if settings.objective == "target" and not open_loop:
+        raise ValueError("objective='target' needs an open loop: give measure(knobs, *, rate=None, record=False), "
+                         "or use objective='qps' with a one-argument measure")
+    if lengths is None and any(s in steps for s in ("batch", "buckets", "graph")):
         lengths = token_lengths(texts) if texts else []
     median_len = int(-(-np.median(lengths) // 8) * 8) if lengths else 64
 
     bar, report, status = progress_bar(progress, total=1 + len(steps), desc="ladder")
-    ladder = Ladder(measure, settings, dev, target_p99_ms, report, status)
+    ladder = Ladder(measure_fn, open_loop, settings, dev, target_p99_ms, report, status)
     base = preset("baseline", device=dev.knob)
     if dev.knob == "sim" and sim_profile:
         base = base.replace(sim_profile=sim_profile)
-    result_extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"data": {"inputs": len(inputs), "invalid": sum(bad.values()), "invalid_reasons": bad}}
+    if on_step is not None:
+        ladder.on_step = lambda step: on_step(ladder.result(base, extra))
+    interrupted = False
+    cap_batch = (lambda b: min(b, settings.concurrency)) if settings.objective == "qps" else (lambda b: b)
     try:
-        baseline = ladder.new("baseline", "", base)
-        ladder.run(baseline, first)
-        ladder.run(baseline)  # twice: the first measure of the run-to-run spread
-        ladder.finish(Step("baseline", "the investigation's starting point", "", "baseline",
-                           "batch 1, 2 workers, Python tokenizer, dynamic padding, fp32, eager", baseline))
-        bar.update(1)
         knee: int | None = None
+        if resume is not None:
+            ladder.restore(resume)
+            knee = (resume.get("state") or {}).get("knee")
+            for s_ in ladder.steps:
+                report(f"(resumed) {format_step(s_)}")
+        else:
+            ladder.start(base, first)
+        bar.update(1)
         for name in steps:
-            k = ladder.current.knobs
+            if name in ladder.done:
+                bar.update(1)
+                continue
+            k = ladder.current
             if name == "workers":
-                changes: dict[str, Any] = {"num_workers": settings.workers, "prefetch_factor": settings.prefetch_factor}
+                changes: dict[str, Any] = {"num_workers": settings.workers}
                 if dev.knob in ("cuda", "sim"):
                     changes["pin_memory"] = True
-                ladder.try_change(name, "more preprocessing workers, prefetch", changes)
+                ladder.try_change(name, "more preprocessing workers", changes)
             elif name == "batch":
-                sweep_fn = sweep or _default_sweep(measure, settings, median_len)
+                sweep_fn = sweep or _default_sweep(raw_measure, settings, median_len)
                 status(f"batch sweep at {median_len} tokens")
-                result_extra["sweep"] = swept = sweep_fn(k)
-                knee = getattr(swept, "knee", None)
-                size = min(knee, settings.concurrency) if knee else None
+                swept = ladder.guarded(name, "batch size from the sweep's knee", "batch sweep",
+                                       lambda: extra.__setitem__("sweep", sweep_fn(k)))
+                if isinstance(swept, Step):  # the sweep failed: reported as the step
+                    bar.update(1)
+                    continue
+                knee = extra["knee"] = getattr(extra["sweep"], "knee", None)
+                size = cap_batch(knee) if knee else None
                 if size is None:
                     ladder.skip(name, "batch size from the sweep's knee", "", "the sweep measured no batch size")
                 elif size <= k.batch_size:
                     ladder.skip(name, "batch size from the sweep's knee", f"batch_size={size}",
                                 f"the knee is at batch {knee}: per-sample cost does not fall with bigger batches here")
                 else:
-                    capped = f" (knee {knee}, capped at the concurrency {settings.concurrency})" if size != knee else ""
+                    capped = (f" (knee {knee}, capped at the closed loop's concurrency {settings.concurrency})"
+                              if size != knee else "")
                     ladder.try_change(name, "batch size from the sweep's knee", {"batch_size": size},
                                       f"knee of the sweep at {median_len} tokens: batch {size}{capped}")
             elif name == "tokenizer":
                 ladder.try_change(name, "batched Rust tokenizer", {"tokenizer": "fast"})
             elif name == "buckets":
                 plan = plan_for(lengths, k.max_length) if lengths else None
-                result_extra["buckets"] = plan
+                extra["buckets"] = plan
                 if plan is None:
                     ladder.skip(name, "planned length buckets", "", "no token lengths to plan from")
+                    bar.update(1)
                     continue
                 changes = {"padding": "bucket", "buckets": tuple(plan["buckets"])}
                 note = (f"{plan['k']} buckets from the token-length histogram, padding waste "
@@ -641,8 +883,9 @@ def run_ladder(data: Any = None, device: Any = "auto", quick: bool = False,
                     if not knee or knee <= 1:
                         ladder.skip(name, "planned length buckets", change_text(changes),
                                     "batch 1 pads nothing, and the sweep found no batch size worth batching")
+                        bar.update(1)
                         continue
-                    changes["batch_size"] = min(knee, settings.concurrency)
+                    changes["batch_size"] = cap_batch(knee)
                     note += (f"; with batch_size={changes['batch_size']}: buckets only pay with batches, and the batch "
                              "step lost under dynamic padding (two knobs in this one step)")
                 ladder.try_change(name, "planned length buckets", changes, note)
@@ -650,25 +893,37 @@ def run_ladder(data: Any = None, device: Any = "auto", quick: bool = False,
                 wanted = ("fp16", "bf16") if dev.knob == "cuda" else ("bf16",)
                 status("accuracy check of half precision against fp32")
                 acc_fn = accuracy or _default_accuracy(texts[: settings.precision_texts], model)
-                result_extra["precision"] = report_ = acc_fn(wanted)
-                cosines = _min_cosines(report_)
+                got = ladder.guarded(name, "half precision", f"dtype={wanted[0]}",
+                                     lambda: extra.__setitem__("precision", acc_fn(wanted)))
+                if isinstance(got, Step):
+                    bar.update(1)
+                    continue
+                cosines = _min_cosines(extra["precision"])
                 passing = [d for d in wanted if isinstance(cosines.get(d), float) and cosines[d] >= MIN_COSINE]
                 why = "; ".join(f"{d}: " + (f"min cosine {c:.5f} < {MIN_COSINE}" if isinstance(c, float) else str(c))
                                 for d, c in cosines.items() if d not in passing)
                 if not passing:
                     ladder.skip(name, "half precision", f"dtype={wanted[0]}",
                                 f"not recommended: {why or 'no half precision runs here'}", "refused")
+                    bar.update(1)
                     continue
                 dtype = passing[0]
                 ladder.try_change(name, "half precision", {"dtype": dtype},
                                   f"{dtype} min cosine {cosines[dtype]:.5f} >= {MIN_COSINE}" + (f" ({why})" if why else ""))
             elif name == "graph":
                 if dev.knob in ("cuda", "sim"):
+                    changes = {"graph": "cuda_graph"}
+                    note = ""
                     if k.padding == "dynamic":
-                        ladder.skip(name, "graph capture", "graph=cuda_graph",
-                                    "capture needs fixed shapes and bucket padding was not kept")
-                    else:
-                        ladder.try_change(name, "graph capture", {"graph": "cuda_graph"})
+                        plan = extra.get("buckets") or (plan_for(lengths, k.max_length) if lengths else None)
+                        if plan is None:
+                            ladder.skip(name, "graph capture", "graph=cuda_graph",
+                                        "capture needs fixed shapes and there are no token lengths to plan buckets from")
+                            bar.update(1)
+                            continue
+                        changes.update(padding="bucket", buckets=tuple(plan["buckets"]))
+                        note = "capture needs fixed shapes: with the planned buckets (two knobs in this one step)"
+                    ladder.try_change(name, "graph capture", changes, note)
                 elif not settings.compile_on_cpu:
                     ladder.skip(name, "torch.compile", "graph=compile",
                                 "skipped in quick mode: torch.compile costs seconds per shape on a CPU (run without --quick)")
@@ -678,28 +933,54 @@ def run_ladder(data: Any = None, device: Any = "auto", quick: bool = False,
                 if k.batch_size == 1:
                     ladder.skip(name, "dynamic batching (max wait)", "max_wait_ms=...",
                                 "batch size 1: there is no batch to wait for")
+                    bar.update(1)
                     continue
-                tried = []
                 for wait in settings.waits_ms:
-                    text = f"max_wait_ms={_set_value(float(wait))}"
-                    tried.append(ladder.run(ladder.new(name, text, k.replace(max_wait_ms=float(wait)))))
-                frame = pd.DataFrame([{"max_wait_ms": e.knobs.max_wait_ms, "qps": e.qps, "p50_ms": e.p50_ms,
-                                       "p99_ms": e.p99_ms, "model_busy": e.model_busy, "device_busy": e.device_busy,
-                                       "mean_batch": e.mean_batch, "experiment": e.id} for e in [ladder.current] + tried])
-                frame.attrs["device"] = _device_block(dev, base.sim_profile)
-                result_extra["waits"] = frame
-                under = [e for e in tried if math.isfinite(e.p99_ms) and e.p99_ms <= target_p99_ms]
-                best = max(under or tried, key=lambda e: e.qps)
-                note = (f"best of {len(tried)} waits under the p99 target" if under
-                        else f"no wait met the {target_p99_ms:.0f} ms p99 target; best QPS")
-                ladder.compare(name, "dynamic batching (max wait)", best.change, best, tried, note)
+                    ladder.try_change(name, "dynamic batching (max wait)", {"max_wait_ms": float(wait)})
+            elif name == "joint":
+                _joint_pass(ladder, settings, extra, sweep or _default_sweep(raw_measure, settings, median_len),
+                            median_len, cap_batch)
+            ladder.done.append(name)
             bar.update(1)
+    except KeyboardInterrupt:
+        interrupted = True
+        report("interrupted: the ladder stops here; what was measured is kept")
     finally:
         bar.close()
-    return LadderResult(base, ladder.current.knobs, ladder.steps, ladder.experiments,
-                        _device_block(dev, base.sim_profile), settings,
-                        target_p99_ms, ladder.noise(), result_extra.get("sweep"), result_extra.get("precision"),
-                        result_extra.get("buckets"), result_extra.get("waits"),
-                        {"inputs": len(inputs), "invalid": sum(bad.values()), "invalid_reasons": bad})
+        if own_measure:
+            raw_measure.close()
+    return ladder.result(base, extra, interrupted)
+
+
+def _joint_pass(ladder: Ladder, settings: LadderSettings, extra: dict[str, Any], sweep_fn: Callable,
+                length: int, cap_batch: Callable[[int], int]) -> None:
+    """Coordinate descent over batch_size and max_wait_ms from the ladder's result, with the knee re-measured
+    under the final dtype and graph mode; rounds until one keeps nothing (or ``joint_rounds``)."""
+    k = ladder.current
+    if k.batch_size == 1:
+        ladder.skip("joint", "batch size and max wait together", "", "batch size 1: nothing batches to tune jointly")
+        return
+    knee = None
+    if k.dtype != "fp32" or k.graph != "eager":
+        ladder.status(f"batch sweep again under {k.dtype}/{k.graph}")
+        got = ladder.guarded("joint", "batch sweep under the final dtype and graph mode", "batch sweep",
+                             lambda: extra.__setitem__("sweep_final", sweep_fn(k)))
+        if not isinstance(got, Step):
+            knee = getattr(extra["sweep_final"], "knee", None)
+    for round_ in range(settings.joint_rounds):
+        k = ladder.current
+        sizes = [cap_batch(knee)] if knee else []
+        sizes += [cap_batch(k.batch_size * 2), k.batch_size // 2]
+        waits = [w for w in (k.max_wait_ms * 2 if k.max_wait_ms else min(settings.waits_ms), k.max_wait_ms / 2)
+                 if w and w >= 0.5]
+        tried = []
+        for changes in ([{"batch_size": b} for b in dict.fromkeys(sizes) if b >= 2 and b != k.batch_size]
+                        + [{"max_wait_ms": float(w)} for w in dict.fromkeys(waits) if w != k.max_wait_ms]):
+            if round_ == 0 and settings.joint_rounds == 1 and len(tried) >= 2:
+                break  # quick: the re-measured knee and one doubling only
+            tried.append(ladder.try_change("joint", "batch size and max wait together", changes,
+                                           f"round {round_ + 1} of the coordinate descent"))
+        if not any(s.status == "kept" for s in tried):
+            break
 
 

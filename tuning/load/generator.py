@@ -540,13 +540,7 @@ def run_load(target: Target | Server | str, inputs: Sequence[Any], concurrency: 
         result.busy_s = max(run.busy[1][1] - run.busy[0][1], 0.0)
         result.busy_window = (run.busy[0][0], run.busy[1][0])
     if server is not None:
-        logs = [b for b in list(server.batches) if t0 <= b.t_end <= t1]  # for charts; busy is the running total
-        result.batch_log = [(b.t_end, b.size) for b in logs]
-        result.spans_ = [(b.t_start, b.t_end) for b in logs]
-        result.wait_for_input_total_s = sum(b.wait_for_input_ms for b in logs) / 1000
-        result.knobs = server.knobs
-        result.device = server.engine.device_info
-        result.device_timeline = server.engine.device_timeline()
+        attach_server(result, server)
     if interrupted is not None:
         interrupted.partial = result
         raise interrupted
@@ -564,6 +558,20 @@ def run_load(target: Target | Server | str, inputs: Sequence[Any], concurrency: 
             "(its requests wait for the client). Spread the load over processes: "
             "`loadtest --engine locust --workers N`, or run the client on another machine", RuntimeWarning,
             stacklevel=2)
+    return result
+
+
+def attach_server(result: LoadResult, server: Server) -> LoadResult:
+    """Add what only the server's process knows to a result (its batches in the window, its knobs and device):
+    done by :func:`run_load` for an in-process server, and by the caller when the load ran in another process."""
+    t0, t1 = result.t_window_start, result.t_end
+    logs = [b for b in list(server.batches) if t0 <= b.t_end <= t1]  # for charts; busy is the running total
+    result.batch_log = [(b.t_end, b.size) for b in logs]
+    result.spans_ = [(b.t_start, b.t_end) for b in logs]
+    result.wait_for_input_total_s = sum(b.wait_for_input_ms for b in logs) / 1000
+    result.knobs = server.knobs
+    result.device = server.engine.device_info
+    result.device_timeline = server.engine.device_timeline()
     return result
 
 

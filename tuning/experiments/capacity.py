@@ -1,0 +1,420 @@
+"""Capacity at a p99 target, and the paired comparison of two configurations at one rate.
+
+**Capacity** (:func:`capacity_at_target`): for one configuration, the highest Poisson arrival rate whose
+open-loop p99 (from the scheduled arrival, over every outcome: a failure counts as over the target) is
+within ``target_p99_ms`` and whose error rate is within ``error_budget``. One probe at one rate
+(:func:`probe`) passes or fails on a count (:func:`tuning.base.decide.count_verdict`): of the ``n``
+outcomes of its windows, ``c`` exceeded the target or failed. It fails fast at the knee (ok answers below
+:data:`KNEE_COMPLETION` of the offered rate), when errors are significantly above the budget, or when the
+load client fell behind its schedule (more than 1% of sends late); otherwise an undecided probe gets
+another window, up to ``max_windows``, and is then decided on the pooled p99 estimate, labelled so. The
+search brackets (from the closed-loop saturation rate: ``hi`` = that rate, ``lo`` = ``hi / 2`` checked
+to pass, halved while it fails; or from a rate known to pass: doubled until one fails), then bisects
+geometrically until ``hi / lo <= 1 + tolerance``.
+
+**Comparison** (:func:`compare_at`): a reference A and a candidate B in interleaved pairs (AB, BA, BA,
+AB, ...) at the same offered rate (open loop) or the same concurrency (closed loop), judged by
+:class:`tuning.base.decide.Paired` on the p99 (the reference's over the candidate's: above 1 is better)
+or on QPS.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+from scipy import stats
+
+from tuning.base.decide import EXCEED_SHARE, PROBE_ALPHA, Paired, count_verdict, quantile_interval
+from tuning.base.format import rounded
+from tuning.experiments.trial import Measure, Trial
+from tuning.knobs import Knobs
+
+KNEE_COMPLETION = 0.97  # a probe whose ok answers fall below this share of the offered rate is past the knee
+LATE_SHARE = 0.01  # a probe with more late sends than this share measured the client, not the server
+DEFAULT_ERROR_BUDGET = 0.001
+
+
+@dataclass(frozen=True)
+class CapacitySettings:
+    """How hard a capacity search looks: windows per probe, bracket tolerance, probes at most."""
+
+    max_windows: int = 4
+    tolerance: float = 0.03
+    max_probes: int = 12
+    error_budget: float = DEFAULT_ERROR_BUDGET
+    halvings: int = 4  # below the saturation rate: give up after hi / 2**halvings fails
+    doublings: int = 4  # above a rate known to pass
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.error_budget < 1:
+            raise ValueError(f"error_budget={self.error_budget!r} must be a share in [0, 1): 0.001 is 0.1%")
+        if not self.tolerance > 0:
+            raise ValueError(f"tolerance={self.tolerance!r} must be > 0 (0.03: stop at hi/lo <= 1.03)")
+
+    @classmethod
+    def quick(cls, error_budget: float = DEFAULT_ERROR_BUDGET) -> "CapacitySettings":
+        return cls(max_windows=2, tolerance=0.12, max_probes=7, error_budget=error_budget, halvings=3, doublings=3)
+
+
+@dataclass
+class Probe:
+    """One rate's verdict and the figures behind it (pooled over its windows)."""
+
+    rate: float
+    verdict: str  # pass | fail | undecided (then ``passed`` follows the p99 estimate)
+    by: str  # count | knee | errors | late sends | estimate
+    passed: bool
+    windows: int
+    n: int
+    exceed: int  # outcomes over the target or failed
+    errors: int  # outcomes other than ok
+    offered_rate: float
+    achieved_rate: float  # ok answers per second
+    late: int
+    p50_ms: float
+    p99_ms: float
+    p99_low_ms: float | None
+    p99_high_ms: float | None
+    trials: list[Trial] = field(default_factory=list, repr=False)
+
+    def row(self) -> dict[str, Any]:
+        return {"rate": rounded(self.rate), "verdict": self.verdict, "by": self.by, "passed": self.passed,
+                "windows": self.windows, "n": self.n, "exceed": self.exceed, "errors": self.errors,
+                "offered_rate": rounded(self.offered_rate), "achieved_rate": rounded(self.achieved_rate),
+                "late": self.late, "p50_ms": rounded(self.p50_ms), "p99_ms": rounded(self.p99_ms),
+                "p99_low_ms": rounded(self.p99_low_ms), "p99_high_ms": rounded(self.p99_high_ms)}
+
+    def sentence(self) -> str:
+        hi = f"{self.p99_high_ms:.0f}" if self.p99_high_ms is not None and math.isfinite(self.p99_high_ms) else "?"
+        lo = f"{self.p99_low_ms:.0f}" if self.p99_low_ms is not None and math.isfinite(self.p99_low_ms) else "?"
+        return (f"{self.rate:.1f} req/s: {self.verdict} by {self.by} ({self.exceed} of {self.n} over the target or "
+                f"failed; p99 {_ms(self.p99_ms)} [{lo}-{hi}] ms)")
+
+
+@dataclass
+class Capacity:
+    """The highest passing rate (None: none passed), its bracket and every probe."""
+
+    target_p99_ms: float
+    error_budget: float
+    capacity: float | None
+    low: float | None  # highest passing rate
+    high: float | None  # lowest failing rate (None: none failed)
+    probes: list[Probe]
+    note: str = ""
+
+    @property
+    def met(self) -> bool:
+        return self.capacity is not None
+
+    @property
+    def trials(self) -> int:
+        return sum(p.windows for p in self.probes)
+
+    @property
+    def decided(self) -> bool:
+        """Every probe decided by a count or a fail-fast rule (none on the p99 estimate alone)."""
+        return all(p.by != "estimate" for p in self.probes)
+
+    def at(self, rate: float | None) -> Probe | None:
+        return next((p for p in self.probes if rate is not None and math.isclose(p.rate, rate, rel_tol=1e-9)), None)
+
+    @property
+    def best(self) -> Probe | None:
+        """The passing probe at the capacity, else the probe with the lowest p99 (the closest to the target)."""
+        if self.capacity is not None:
+            return self.at(self.capacity)
+        return min(self.probes, key=lambda p: (p.p99_ms if math.isfinite(p.p99_ms) else math.inf), default=None)
+
+    @property
+    def lowest_rate(self) -> float | None:
+        return min((p.rate for p in self.probes), default=None)
+
+    def summary(self) -> dict[str, Any]:
+        best = self.best
+        return {"capacity": rounded(self.capacity), "met": self.met, "bracket": [rounded(self.low), rounded(self.high)],
+                "target_p99_ms": self.target_p99_ms, "error_budget": self.error_budget,
+                "p99_ms": rounded(best.p99_ms) if best else None,
+                "p99_interval_ms": [rounded(best.p99_low_ms), rounded(best.p99_high_ms)] if best else None,
+                "p50_ms": rounded(best.p50_ms) if best else None, "decided": self.decided, "trials": self.trials,
+                "note": self.note, "probes": [p.row() for p in self.probes]}
+
+    @classmethod
+    def from_summary(cls, s: dict[str, Any]) -> "Capacity":
+        """Back from :meth:`summary` (a resumed run): the probes keep their figures, not their runs."""
+        keys = ("rate", "verdict", "by", "passed", "windows", "n", "exceed", "errors", "offered_rate", "achieved_rate",
+                "late", "p50_ms", "p99_ms", "p99_low_ms", "p99_high_ms")
+        nan = lambda v: math.nan if v is None else v  # noqa: E731
+        probes = [Probe(**{k: (nan(p.get(k)) if k in ("offered_rate", "achieved_rate", "p50_ms", "p99_ms") else p.get(k))
+                           for k in keys}) for p in s.get("probes") or []]
+        low, high = (s.get("bracket") or [None, None])
+        return cls(float(s["target_p99_ms"]), float(s["error_budget"]), s.get("capacity"), low, high, probes,
+                   s.get("note") or "")
+
+    def sentence(self) -> str:
+        if self.capacity is None:
+            best = self.best
+            closest = f"; closest: {best.sentence()}" if best else ""
+            return f"no rate met the {self.target_p99_ms:.0f} ms p99 target{closest}"
+        hi = f"{self.high:.1f}" if self.high is not None else "not found"
+        best = self.best
+        return (f"{self.capacity:.1f} req/s at p99 <= {self.target_p99_ms:.0f} ms (next failing rate {hi}; "
+                f"p99 there {_ms(best.p99_ms) if best else '?'} ms; {len(self.probes)} probes, {self.trials} load tests)")
+
+
+def _ms(x: float | None) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{x:.0f}"
+
+
+def _pooled(trials: list[Trial]) -> np.ndarray | None:
+    if any(t.latencies_ms is None for t in trials):
+        return None
+    return np.concatenate([np.asarray(t.latencies_ms, dtype=float) for t in trials]) if trials else np.zeros(0)
+
+
+def pooled_figures(trials: list[Trial], target_p99_ms: float) -> dict[str, Any]:
+    """n, exceedances, errors, p50, p99 and its interval over trials' pooled outcomes (a summary-only trial
+    contributes its counts and the median of its percentiles)."""
+    lat = _pooled(trials)
+    errors = sum(t.failed for t in trials)
+    window = sum(t.window_s for t in trials if math.isfinite(t.window_s))
+    out = {"n": sum(t.submitted for t in trials), "errors": errors, "late": sum(t.late for t in trials),
+           "achieved_rate": sum(t.ok for t in trials) / window if window > 0 else _median([t.qps for t in trials]),
+           "offered_rate": sum(t.submitted for t in trials) / window if window > 0 else math.nan}
+    if lat is not None and lat.size:
+        lo, hi = quantile_interval(lat, 0.99)
+        out.update(n=int(lat.size), exceed=int((lat > target_p99_ms).sum()), p50_ms=float(np.percentile(lat, 50)),
+                   p99_ms=float(np.percentile(lat, 99)) if np.isfinite(lat).mean() >= 0.99 else math.inf,
+                   p99_low_ms=lo, p99_high_ms=hi, counted=True)
+    else:
+        p99 = _median([t.p99_ms for t in trials])
+        out.update(exceed=None, p50_ms=_median([t.p50_ms for t in trials]), p99_ms=p99, p99_low_ms=None,
+                   p99_high_ms=None, counted=False)
+    return out
+
+
+def _median(values: list[float]) -> float:
+    finite = [v for v in values if v is not None and not math.isnan(v)]
+    return float(np.median(finite)) if finite else math.nan
+
+
+def probe(measure: Measure, knobs: Knobs, rate: float, target_p99_ms: float,
+          settings: CapacitySettings = CapacitySettings(), on_trial: Callable[[Trial], None] | None = None) -> Probe:
+    """Decide whether ``knobs`` meets the target at ``rate`` req/s (see the module docstring)."""
+    trials: list[Trial] = []
+    while True:
+        trial = measure(knobs, rate=rate)
+        trials.append(trial)
+        if on_trial:
+            on_trial(trial)
+        f = pooled_figures(trials, target_p99_ms)
+        n, errors = f["n"], f["errors"]
+        over_budget = errors > 0 and n > 0 and stats.binom.sf(errors - 1, n, settings.error_budget) <= PROBE_ALPHA
+        knee = f["offered_rate"] > 0 and f["achieved_rate"] < KNEE_COMPLETION * f["offered_rate"]
+        late = n > 0 and f["late"] > LATE_SHARE * n
+        verdict = count_verdict(min(f["exceed"], n), n, EXCEED_SHARE) if f["counted"] and n else "undecided"
+        by = "count"
+        if n == 0:
+            verdict, by = "fail", "errors"
+        elif over_budget:
+            verdict, by = "fail", "errors"
+        elif verdict == "pass" and late:
+            verdict, by = "fail", "late sends"
+        elif verdict != "pass" and knee:
+            verdict, by = "fail", "knee"
+        elif verdict == "undecided" and late:
+            verdict, by = "fail", "late sends"
+        if verdict != "undecided":
+            return _probe(rate, verdict, by, verdict == "pass", trials, f)
+        if len(trials) >= settings.max_windows:
+            passed = math.isfinite(f["p99_ms"]) and f["p99_ms"] <= target_p99_ms and errors <= settings.error_budget * n
+            return _probe(rate, "undecided", "estimate", passed, trials, f)
+
+
+def _probe(rate: float, verdict: str, by: str, passed: bool, trials: list[Trial], f: dict[str, Any]) -> Probe:
+    return Probe(rate, verdict, by, passed, len(trials), f["n"], f["exceed"] if f["exceed"] is not None else -1,
+                 f["errors"], f["offered_rate"], f["achieved_rate"], f["late"], f["p50_ms"], f["p99_ms"],
+                 f["p99_low_ms"], f["p99_high_ms"], trials)
+
+
+def capacity_at_target(measure: Measure, knobs: Knobs, target_p99_ms: float, *, saturation: float | None = None,
+                       known_pass: Probe | None = None, settings: CapacitySettings = CapacitySettings(),
+                       status: Callable[[str], None] | None = None,
+                       on_trial: Callable[[Trial], None] | None = None) -> Capacity:
+    """The highest Poisson rate at which ``knobs`` meets ``target_p99_ms`` within the error budget.
+
+    Start from ``saturation`` (a closed-loop completion rate: the bracket's top, assumed failing until the
+    bisection reaches it) or from ``known_pass`` (a probe that passed: doubled until a rate fails).
+    """
+    if not target_p99_ms > 0:
+        raise ValueError(f"target_p99_ms={target_p99_ms!r} must be > 0 (milliseconds)")
+    if known_pass is None and not (saturation is not None and saturation > 0):
+        raise ValueError(f"capacity search needs a saturation rate > 0 or a passing probe; got saturation={saturation!r}")
+    probes: list[Probe] = [known_pass] if known_pass is not None else []
+    say = status or (lambda text: None)
+
+    def at(rate: float) -> bool:
+        say(f"capacity probe at {rate:.1f} req/s")
+        p = probe(measure, knobs, rate, target_p99_ms, settings, on_trial)
+        probes.append(p)
+        return p.passed
+
+    lo: float | None = None
+    hi: float | None = None
+    hi_probed = True
+    note = ""
+    if known_pass is not None and known_pass.passed:
+        lo = known_pass.rate
+        for _ in range(settings.doublings):
+            if len(probes) >= settings.max_probes:
+                break
+            if at(lo * 2):
+                lo *= 2
+            else:
+                hi = lo * 2
+                break
+        else:
+            note = f"still passing at {lo:.1f} req/s after {settings.doublings} doublings: the capacity is at least that"
+    else:
+        hi, hi_probed = float(saturation if saturation else known_pass.rate), False
+        r = hi / 2
+        for _ in range(settings.halvings):
+            if at(r):
+                lo = r
+                break
+            hi, hi_probed, r = r, True, r / 2
+        if lo is None:
+            return Capacity(target_p99_ms, settings.error_budget, None, None, hi, probes,
+                            f"no rate from {2 * r:.1f} req/s up met the target")
+    while hi is not None and hi / lo > 1 + settings.tolerance and len(probes) < settings.max_probes:
+        mid = math.sqrt(lo * hi)
+        if at(mid):
+            lo = mid
+        else:
+            hi, hi_probed = mid, True
+    if hi is not None and not hi_probed and hi / lo <= 1 + settings.tolerance and len(probes) < settings.max_probes:
+        if at(hi):  # the closed loop did not saturate it
+            lo, hi = hi, None
+            note = f"the closed loop's completion rate {lo:.1f} req/s passed too: the capacity is at least that"
+    if hi is not None and hi / lo > 1 + settings.tolerance:
+        note = note or f"stopped at {len(probes)} probes with the bracket {lo:.1f}-{hi:.1f} req/s still open"
+    return Capacity(target_p99_ms, settings.error_budget, lo, lo, hi, probes, note)
+
+
+# --- the paired comparison ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CompareSettings:
+    min_effect: float = 0.02
+    min_pairs: int = 3
+    max_pairs: int = 16
+    level: float = 0.99
+
+    @classmethod
+    def quick(cls, min_effect: float = 0.05) -> "CompareSettings":
+        return cls(min_effect=min_effect, min_pairs=3, max_pairs=6)
+
+
+@dataclass
+class Comparison:
+    """A reference and a candidate measured in interleaved pairs, and the verdict."""
+
+    metric: str  # "p99 at rate" (open loop) or "qps" (closed loop)
+    rate: float | None
+    verdict: str  # better | not better | not distinguishable
+    ratio: float  # candidate over reference, larger is better (QPS ratio, or reference p99 / candidate p99)
+    low: float
+    high: float
+    median_ratio: float
+    min_effect: float
+    level: float
+    reference: list[Trial]
+    candidate: list[Trial]
+    order: str  # e.g. "AB BA BA AB"
+
+    @property
+    def pairs(self) -> int:
+        return len(self.candidate)
+
+    def figures(self, side: str, target_p99_ms: float) -> dict[str, Any]:
+        trials = self.reference if side == "reference" else self.candidate
+        f = pooled_figures(trials, target_p99_ms)
+        f["qps"] = _median([t.qps for t in trials])
+        f["model_busy"] = _median([t.model_busy for t in trials])
+        f["device_busy"] = _median([t.device_busy for t in trials])
+        f["mean_batch"] = _median([t.mean_batch for t in trials])
+        f["timeouts"] = sum(t.timeouts for t in trials)
+        f["runs"] = len(trials)
+        return f
+
+    def meets(self, target_p99_ms: float, error_budget: float) -> tuple[bool, str]:
+        """Whether the candidate's pooled pair runs meet the target (by the count; else by the p99 estimate)."""
+        f = pooled_figures(self.candidate, target_p99_ms)
+        return _meets(f, target_p99_ms, error_budget)
+
+    def reference_meets(self, target_p99_ms: float, error_budget: float) -> tuple[bool, str]:
+        return _meets(pooled_figures(self.reference, target_p99_ms), target_p99_ms, error_budget)
+
+    def sentence(self) -> str:
+        what = "p99 (reference / candidate)" if self.rate is not None else "QPS (candidate / reference)"
+        at = f" at {self.rate:.1f} req/s" if self.rate is not None else ""
+        return (f"{what}{at}: {self.ratio:.3f} [{self.low:.3f}-{self.high:.3f}] at {100 * self.level:.0f}% after "
+                f"{self.pairs} pairs ({self.order}); median {self.median_ratio:.3f}; minimum effect "
+                f"{100 * self.min_effect:.0f}%: {self.verdict}")
+
+
+def _meets(f: dict[str, Any], target: float, budget: float) -> tuple[bool, str]:
+    n = f["n"]
+    if not n:
+        return False, "no outcome"
+    if f["errors"] > budget * n and stats.binom.sf(f["errors"] - 1, n, budget) <= PROBE_ALPHA:
+        return False, f"{f['errors']} of {n} failed (budget {100 * budget:.1f}%)"
+    if f["counted"]:
+        verdict = count_verdict(min(f["exceed"], n), n)
+        if verdict != "undecided":
+            return verdict == "pass", f"{f['exceed']} of {n} over {target:.0f} ms: {verdict} by the count"
+    ok = math.isfinite(f["p99_ms"]) and f["p99_ms"] <= target
+    return ok, f"p99 {_ms(f['p99_ms'])} ms {'<=' if ok else '>'} {target:.0f} ms (estimate: too few outcomes to count)"
+
+
+def compare_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: float | None,
+               target_p99_ms: float, settings: CompareSettings = CompareSettings(),
+               status: Callable[[str], None] | None = None,
+               on_trial: Callable[[Trial], None] | None = None) -> Comparison:
+    """Interleaved pairs of ``reference`` and ``candidate`` at ``rate`` (open loop; the figure is the p99,
+    capped at 20x the target so that a failing arm stays finite) or closed loop (``rate=None``; QPS)."""
+    paired = Paired(settings.min_effect, settings.min_pairs, settings.max_pairs, settings.level)
+    ref_trials: list[Trial] = []
+    cand_trials: list[Trial] = []
+    orders = []
+    say = status or (lambda text: None)
+    cap = 20 * target_p99_ms
+
+    def figure(t: Trial) -> float:
+        if rate is None:
+            return t.qps
+        p99 = t.p99_ms if math.isfinite(t.p99_ms) and t.ok else cap
+        return 1.0 / min(max(p99, 1e-3), cap)
+
+    while True:
+        order = Paired.order(paired.pairs)
+        orders.append("".join(order))
+        got = {}
+        for arm in order:
+            say(f"pair {paired.pairs + 1}: {'reference' if arm == 'A' else 'candidate'}")
+            got[arm] = measure(reference if arm == "A" else candidate, rate=rate)
+            if on_trial:
+                on_trial(got[arm])
+        ref_trials.append(got["A"])
+        cand_trials.append(got["B"])
+        paired.add(figure(got["A"]), figure(got["B"]))
+        verdict = paired.verdict()
+        if verdict != "undecided":
+            break
+    ratio, lo, hi = paired.interval()
+    return Comparison("p99 at rate" if rate is not None else "qps", rate, verdict, ratio, lo, hi,
+                      paired.median_ratio(), settings.min_effect, settings.level, ref_trials, cand_trials,
+                      " ".join(orders))

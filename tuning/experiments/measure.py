@@ -1,0 +1,194 @@
+"""The real measurement behind the ladder and ``investigate``: an in-process server per configuration, the
+load from a separate process.
+
+Models are built once per model-side configuration (device, dtype, graph...) and shared by the servers that
+need them. The load generator runs in a child process (started once, on first use) and
+reaches the server over a pipe (:class:`tuning.load.generator.PipeTarget`): its threads and its GIL stay out
+of the measured server, as in ``bench/serving.py``. The same requests go in the same order for every
+configuration; each open-loop run draws its Poisson arrivals from the same seed.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import warnings
+from typing import Any, Callable, Sequence
+
+from tuning.experiments.trial import Trial
+from tuning.knobs import Knobs
+
+
+def _load_client(address: str, authkey: bytes) -> None:
+    """The child's loop: one load test per message on the control connection against the server behind
+    the data connection (both to ``address``)."""
+    from multiprocessing.connection import Client
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it ends this process
+    from tuning.load.generator import PipeTarget, run_load
+
+    control, data = Client(address, authkey=authkey), Client(address, authkey=authkey)
+    inputs = control.recv()
+    while (kw := control.recv()) is not None:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # a probe past the knee is expected to fall behind
+                with PipeTarget(data) as target:
+                    result = run_load(target, inputs, busy_probe=target.busy, **kw)
+            control.send(("ok", result))
+        except Exception as exc:  # the parent reports it as the step's error
+            control.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+class LoadProcess:
+    """A load generator in a child process, driving one in-process server at a time over a local socket.
+
+    The child is a fresh interpreter (``python -c``), not a ``multiprocessing`` spawn: a spawn re-imports the
+    caller's main script, which breaks any script without an ``if __name__ == "__main__"`` guard."""
+
+    def __init__(self, inputs: Sequence[Any], start_timeout_s: float = 120.0):
+        import os
+        import subprocess
+        import sys
+        import tempfile
+        from multiprocessing.connection import Listener
+
+        authkey = os.urandom(16)
+        self._dir = tempfile.mkdtemp(prefix="tuning-load-")
+        address = os.path.join(self._dir, "socket")
+        listener = Listener(address, family="AF_UNIX", authkey=authkey)
+        code = (f"from tuning.experiments.measure import _load_client; "
+                f"_load_client({address!r}, bytes.fromhex({authkey.hex()!r}))")
+        env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+        self.process = subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.DEVNULL)
+        try:
+            listener._listener._socket.settimeout(start_timeout_s)  # noqa: SLF001 (no public timeout on accept)
+            self.control = listener.accept()
+            self.data = listener.accept()
+        except OSError as exc:
+            self.process.kill()
+            raise RuntimeError(f"the load process did not connect within {start_timeout_s:.0f} s: {exc}") from exc
+        finally:
+            listener.close()
+        self.control.send(list(inputs))
+
+    def run(self, server: Any, **kw: Any) -> Any:
+        """One :func:`tuning.load.generator.run_load` from the child against ``server``; the server's own
+        figures (batches, device) are added here, where the server lives."""
+        from tuning.load.generator import attach_server, serve_pipe
+
+        if self.process.poll() is not None:
+            raise RuntimeError(f"the load process exited (code {self.process.returncode})")
+        done = serve_pipe(server, self.data)
+        self.control.send(kw)
+        kind, payload = self.control.recv()
+        done()
+        if kind == "error":
+            raise RuntimeError(f"load generator: {payload}")
+        return attach_server(payload, server)
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def close(self) -> None:
+        import shutil
+
+        try:
+            if self.alive():
+                self.control.send(None)
+                self.process.wait(5)
+        except Exception:
+            pass
+        if self.alive():
+            self.process.kill()
+            self.process.wait(5)
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+class LoadMeasure:
+    """``measure(knobs, *, rate=None, record=False) -> Trial``: closed loop at ``concurrency`` (``rate=None``)
+    or Poisson arrivals at ``rate`` req/s (at most ``open_concurrency`` in flight on the client), measured for
+    ``duration_s`` after ``warmup_s``, against an in-process server, from a separate load process
+    (``separate_process=False``: the load in this process's threads, as before)."""
+
+    def __init__(self, inputs: Sequence[Any], concurrency: int = 32, duration_s: float = 15.0,
+                 warmup_s: float = 2.0, model: Any = None, on_start: Callable[[Knobs], None] | None = None,
+                 seed: int = 0, open_concurrency: int = 256, separate_process: bool = True,
+                 tokenizer: Any = None, formatter: Any = None):
+        if not inputs:
+            raise ValueError("no inputs to load-test with: the data file is empty")
+        self.inputs = list(inputs)
+        self.concurrency, self.duration_s, self.warmup_s = concurrency, duration_s, warmup_s
+        self.model = model
+        self.on_start = on_start
+        self.seed, self.open_concurrency = seed, open_concurrency
+        self.separate_process = separate_process
+        self.serve_kwargs = {k: v for k, v in (("tokenizer", tokenizer), ("formatter", formatter)) if v is not None}
+        self._engines: dict[tuple, Any] = {}
+        self._process: LoadProcess | None = None
+        self.runs = 0
+
+    @staticmethod
+    def _engine_key(k: Knobs) -> tuple:
+        key = (k.device, k.sim_profile, k.dtype, k.graph, k.torch_threads, k.pin_memory)
+        if k.graph != "eager":  # compiled or captured shapes depend on batch and padding
+            key += (k.batch_size, k.padding, k.buckets, k.max_length)
+        return key
+
+    def engine(self, knobs: Knobs) -> Any:
+        from tuning.runtime.engine import Engine
+
+        key = self._engine_key(knobs)
+        if key not in self._engines:
+            self._engines[key] = Engine(knobs, self.model)
+        return self._engines[key]
+
+    def _load(self, server: Any, **kw: Any) -> Any:
+        from tuning.load.generator import run_load
+
+        if not self.separate_process:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                return run_load(server, self.inputs, **kw)
+        if self._process is None or not self._process.alive():
+            self._process = LoadProcess(self.inputs)
+        try:
+            return self._process.run(server, **kw)
+        except BaseException:
+            self._process.close()  # a broken exchange (Ctrl-C mid-run) leaves the pipe unusable: start afresh
+            self._process = None
+            raise
+
+    def __call__(self, knobs: Knobs, *, rate: float | None = None, record: bool = False) -> Trial:
+        from tuning.online.serve import Server
+
+        if rate is not None and not (math.isfinite(rate) and rate > 0):
+            raise ValueError(f"rate={rate!r} must be a number > 0 (requests per second)")
+        if self.on_start:
+            self.on_start(knobs)
+        self.runs += 1
+        kw: dict[str, Any] = {"duration_s": self.duration_s, "warmup_s": self.warmup_s, "rate": rate,
+                              "concurrency": self.concurrency if rate is None else self.open_concurrency,
+                              "seed": self.seed}
+        with Server(knobs, engine=self.engine(knobs), **self.serve_kwargs) as server:
+            if not record:
+                return Trial.from_load(self._load(server, **kw))
+            from tuning.profile import Recorder
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # no NVML here: the report says so
+                with Recorder() as recorder:
+                    result = self._load(server, **kw)
+            return Trial.from_load(result, recorder.join(result))
+
+    def close(self) -> None:
+        """End the load process (it also ends with this process)."""
+        if self._process is not None:
+            self._process.close()
+            self._process = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass

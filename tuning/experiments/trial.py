@@ -1,0 +1,118 @@
+"""One measurement of one configuration: :class:`Trial`, and the measurement seam every experiment uses.
+
+The seam is ``measure(knobs, *, rate=None, record=False) -> Trial``: ``rate=None`` is a closed loop at the
+measurement's concurrency, a number an open loop at that Poisson rate (latency from the scheduled arrival),
+``record=True`` runs the profilers too. :class:`tuning.experiments.measure.LoadMeasure` is the real one;
+tests and ``bench/`` scripts pass their own. :func:`as_measure` adapts the older one-argument form.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+import numpy as np
+
+from tuning.knobs import Knobs
+
+
+@dataclass
+class Trial:
+    """One load test's figures (the raw load result kept in ``load``, the recorder's in ``profile``).
+
+    ``latencies_ms``: every measured outcome's latency (from the scheduled arrival in an open loop), an
+    outcome other than ``ok`` as infinity, so that counting those over a target counts failures too; None
+    when the measurement gave only its summary (a capacity probe then decides on the p99 estimate).
+    """
+
+    qps: float
+    p99_ms: float
+    model_busy: float = math.nan
+    device_busy: float = math.nan
+    p50_ms: float = math.nan
+    p95_ms: float = math.nan
+    mean_batch: float = math.nan
+    ok: int = 0
+    errors: int = 0
+    timeouts: int = 0
+    rejected: int = 0
+    submitted: int = 0
+    window_s: float = math.nan
+    rate: float | None = None  # the open loop's requested rate (None: closed loop)
+    offered_rate: float = math.nan  # arrivals scheduled in the window per second (open loop)
+    late: int = 0  # open loop: sends more than LATE_MS after their scheduled arrival
+    latencies_ms: Any = field(default=None, repr=False, compare=False)
+    first_error: str | None = None
+    load: Any = field(default=None, repr=False, compare=False)
+    profile: Any = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def from_load(cls, result: Any, profile: Any = None) -> "Trial":
+        s = result.summary()
+        num = lambda key: math.nan if s.get(key) is None else float(s[key])  # noqa: E731
+        lat = np.asarray(result.latencies_ms(), dtype=float)
+        if lat.size == len(result.responses):
+            lat[[r.outcome != "ok" for r in result.responses]] = math.inf
+        lags = np.asarray(result.send_lags_ms(), dtype=float) if getattr(result, "timings", None) else np.zeros(0)
+        reasons = s.get("error_reasons") or []
+        return cls(qps=num("qps"), p99_ms=num("p99_ms"), model_busy=num("model_busy"),
+                   device_busy=num("device_busy"), p50_ms=num("p50_ms"), p95_ms=num("p95_ms"),
+                   mean_batch=num("mean_batch"), ok=int(s.get("ok") or 0), errors=int(s.get("errors") or 0),
+                   timeouts=int(s.get("timeouts") or 0), rejected=int(s.get("rejected") or 0),
+                   submitted=int(s.get("submitted") or 0), window_s=num("window_s"), rate=s.get("rate"),
+                   offered_rate=num("offered_rate"), late=int((lags > LATE_MS).sum()), latencies_ms=lat,
+                   first_error=reasons[0]["reason"] if reasons else None, load=result, profile=profile)
+
+    @property
+    def failed(self) -> int:
+        """Outcomes other than ok (errors, timeouts, rejections)."""
+        return max(self.submitted - self.ok, 0)
+
+    @property
+    def completion_rate(self) -> float:
+        """Ok answers per second of the window (``qps``)."""
+        return self.qps
+
+
+LATE_MS = 10.0  # an open-loop send this late after its scheduled arrival counts as late (the client fell behind)
+
+
+class Measure(Protocol):
+    def __call__(self, knobs: Knobs, *, rate: float | None = None, record: bool = False) -> Trial: ...
+
+
+def as_trial(got: Any) -> Trial:
+    return got if isinstance(got, Trial) else Trial.from_load(got)
+
+
+def as_measure(fn: Callable[..., Any]) -> tuple[Measure, bool]:
+    """``(measure(knobs, *, rate=None, record=False) -> Trial, open_loop)``: ``fn`` itself when it takes
+    ``rate``; a one-argument ``fn(knobs)`` (the older seam) is wrapped with a DeprecationWarning and can
+    measure only the closed loop (``open_loop`` False)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        params = {}
+    takes_rate = "rate" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    if takes_rate:
+        takes_record = "record" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+        def measure(knobs: Knobs, *, rate: float | None = None, record: bool = False) -> Trial:
+            kw: dict[str, Any] = {"rate": rate}
+            if takes_record:
+                kw["record"] = record
+            return as_trial(fn(knobs, **kw))
+        return measure, True
+    warnings.warn("measure(knobs) with one argument is deprecated: give measure(knobs, *, rate=None, record=False) "
+                  "-> Trial (rate: an open loop at that Poisson rate); the one-argument form only works with "
+                  "objective='qps'", DeprecationWarning, stacklevel=3)
+
+    def closed(knobs: Knobs, *, rate: float | None = None, record: bool = False) -> Trial:
+        if rate is not None:
+            raise ValueError("this measure takes only knobs and cannot run an open loop at a rate: use "
+                             "objective='qps', or give measure(knobs, *, rate=None, record=False)")
+        return as_trial(fn(knobs))
+    return closed, False
