@@ -39,8 +39,11 @@ REQUESTS = 150 if QUICK else 1500  # measured requests per sweep point
 CONCURRENCY = 16  # clients in flight
 WAITS = (0.0, 5.0, 20.0) if QUICK else (0.0, 2.0, 5.0, 10.0, 20.0, 50.0)  # max_wait_ms values
 CONCURRENCIES = (1, 8, 32) if QUICK else (1, 4, 8, 16, 32, 64)
-LADDER = dict(duration_s=2.0, warmup_s=0.5, repeats=0, sweep_sizes=(1, 8), sweep_rounds=1, waits_ms=(5.0, 20.0),
-              precision_texts=16, limit=300) if QUICK else {}  # ladder settings (seconds of load per rung, ...)
+LADDER = dict(duration_s=1.0, warmup_s=0.3, max_pairs=3, min_effect=0.05, sweep_sizes=(1, 8), sweep_rounds=1,
+              waits_ms=(5.0,), joint_rounds=1, precision_texts=16, limit=300,
+              capacity=tuning.CapacitySettings(max_windows=1, tolerance=0.25, max_probes=4, halvings=2, doublings=2)
+              ) if QUICK else {}  # ladder settings (seconds of load per run, pairs per step, the capacity search)
+TARGET_P99_MS = 200.0  # the p99 target: a configuration's capacity is the highest rate that meets it
 
 # %%
 device = tuning.device_for(DEVICE)
@@ -82,25 +85,28 @@ print("; ".join(f"{r.concurrency} in flight: {r.qps:.0f} QPS, p99 {r.p99_ms:.0f}
 # %% [markdown]
 # ## Step 3: the ladder, one change at a time
 #
-# From `baseline`, each rung changes one thing and is measured against the rung before it; a change that
-# does not help is not kept. This is the package function the `investigate` command runs.
+# From `baseline`, each rung changes one thing and is measured against the rung before it in interleaved
+# pairs (AB, BA, BA, AB, ...) at the same offered rate, the reference's capacity at the p99 target. A change
+# is kept only when the paired p99 ratio's interval clears the minimum effect and the candidate meets the
+# target there; its own capacity is then searched. What each row shows is what was judged: the ratio, its
+# interval, the pairs. This is the package function the `investigate` command runs.
 
 # %%
-ladder = tuning.run_ladder(device=device, settings=tuning.LadderSettings(concurrency=CONCURRENCY, **LADDER))
-ladder.to_frame()[["step", "change", "status", "qps", "p99_ms", "model_busy", "device_busy", "gain", "reason"]]
+ladder = tuning.run_ladder(device=device, target_p99_ms=TARGET_P99_MS,
+                           settings=tuning.LadderSettings(concurrency=CONCURRENCY, **LADDER))
+ladder.to_frame()[["step", "change", "status", "ratio", "low", "high", "pairs", "p50_ms", "p99_ms", "errors",
+                   "capacity", "reason"]]
 
 # %%
 viz.ladder_chart(ladder)
 
 # %%
 s = ladder.summary()
-kept = [r["step"] for r in s["steps"] if r["status"] == "kept"]
-ratio = s["result"]["qps_ratio"] or float("nan")
-print(f"baseline {s['baseline']['qps']:.1f} QPS -> recommended {s['result']['qps']:.1f} QPS ({ratio:.2f}x), "
-      f"p99 {s['baseline']['p99_ms']:.0f} -> {s['result']['p99_ms']:.0f} ms; kept: {', '.join(kept) or 'nothing'}.")
-print(f"One ladder run on this machine; its run-to-run spread was ±{s['noise']:.0%}, so the {ratio:.2f}x is "
-      + ("beyond" if abs(ratio - 1) > s["noise"] else "within") + " the spread.")
-print(f"Ship it with: {ladder.set_line()}")
+kept = [f"{r['step']} ({r['change']})" for r in s["steps"] if r["status"] == "kept"]
+before, after = ladder.baseline_capacity, ladder.capacity
+print(f"capacity at p99 <= {TARGET_P99_MS:.0f} ms: baseline {before.sentence()}")
+print(f"recommended: {after.sentence()}" + ("" if ladder.target_met else "  (TARGET NOT MET)"))
+print(f"kept: {', '.join(kept) or 'nothing'}; ship it with: {ladder.set_line()}")
 
 # %% [markdown]
 # ## Step 4: the live server, under your hands

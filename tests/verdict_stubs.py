@@ -63,8 +63,8 @@ class QueueStub:
             return Trial(qps=mu, p99_ms=float(np.percentile(lat, 99)), p50_ms=float(np.median(lat)), ok=n, submitted=n,
                          window_s=n / rate, rate=rate, offered_rate=rate, latencies_ms=lat)
         lat, window = md1_latencies(rate, 1.0 / mu, self.window, self.warm, self.rng)
+        served = float((lat / 1000 <= window).sum()) / window  # answered before the window closed (roughly)
         lat = lat + self.floor(knobs)
-        served = min(rate, mu)
         return Trial(qps=served, p99_ms=float(np.percentile(lat, 99)), p50_ms=float(np.median(lat)), ok=lat.size,
                      submitted=lat.size, window_s=window, rate=rate, offered_rate=lat.size / window, latencies_ms=lat,
                      model_busy=min(rate / mu, 1.0))
@@ -85,3 +85,32 @@ class ClosedStub:
                 qps *= factor
         qps *= math.exp(self.rng.normal(0.0, self.noise))
         return Trial(qps=qps, p99_ms=self.p99(knobs) if self.p99 else 10_000 / qps, ok=100, submitted=100, window_s=10.0)
+
+
+class SmoothStub:
+    """The review's noise model at the target: a configuration's capacity scale ``mu`` (``base_rate`` times its
+    rules' factors); at rate r the p99 is ``base_ms / (1 - r / mu)`` (a queue's shape, capped at 100x) times a
+    lognormal figure noise of ``noise``, with exponential latencies whose 99th percentile is that p99 (so
+    the count over a target is ``n * 100 ** (-target / p99)``, exactly)."""
+
+    def __init__(self, rules=(), base_rate: float = 100.0, base_ms: float = 40.0, noise: float = 0.05, seed: int = 0,
+                 window: int = 1000):
+        self.rules, self.base_rate, self.base_ms, self.noise = list(rules), base_rate, base_ms, noise
+        self.rng = np.random.default_rng(seed)
+        self.window = window
+        self.quantiles = -np.log1p(-(np.arange(window) + 0.5) / window)  # Exp(1) at evenly spaced probabilities
+
+    def __call__(self, knobs, *, rate=None, record=False):
+        mu = self.base_rate
+        for test, factor in self.rules:
+            if test(knobs):
+                mu *= factor
+        wobble = math.exp(self.rng.normal(0.0, self.noise))
+        if rate is None:
+            return Trial(qps=mu * wobble, p99_ms=self.base_ms * 10 * wobble, ok=self.window, submitted=self.window,
+                         window_s=self.window / mu)
+        p99 = self.base_ms / max(1 - rate / mu, 0.01) * wobble
+        lat = p99 * self.quantiles / math.log(100)
+        served = min(rate, mu)
+        return Trial(qps=served, p99_ms=float(np.percentile(lat, 99)), ok=self.window, submitted=self.window,
+                     window_s=self.window / rate, rate=rate, offered_rate=rate, latencies_ms=lat)

@@ -451,16 +451,59 @@ def load_sweep_chart(frame: pd.DataFrame, x: str | None = None, device: Any = No
 
 
 _RUNG_NAMES = ("rung", "step", "name", "label")
+STATUS_COLORS = {"baseline": "#4c78a8", "kept": "#54a24b", "not kept": "#9d9d9d", "failed": "#e45756",
+                 "skipped": "#c7c7c7", "refused": "#c7c7c7"}
 
 
 def _pick(frame: pd.DataFrame, names: Sequence[str]) -> str | None:
     return next((n for n in names if n in frame.columns), None)
 
 
+def _num(value: Any) -> float:
+    """A float from a frame cell or a JSON value (None, NaN and text: NaN)."""
+    try:
+        return float(value) if value is not None else math.nan
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _ms(value: Any, unknown: str = "n/a") -> str:
+    v = _num(value)
+    return f"{v:.0f}" if math.isfinite(v) else unknown
+
+
+def _error_bars(mid: Sequence[Any], low: Sequence[Any], high: Sequence[Any]) -> dict[str, Any]:
+    """Asymmetric plotly error bars from an interval's ends (an end unknown: no bar on that side)."""
+    up = [h - m if math.isfinite(h) and math.isfinite(m) else math.nan for m, h in zip(map(_num, mid), map(_num, high))]
+    down = [m - lo if math.isfinite(lo) and math.isfinite(m) else math.nan for m, lo in zip(map(_num, mid), map(_num, low))]
+    return dict(type="data", symmetric=False, array=up, arrayminus=down, thickness=1.5, width=6)
+
+
+def _unique(labels: Sequence[str]) -> list[str]:
+    """Category labels made unique (plotly merges equal categories into one)."""
+    seen: dict[str, int] = {}
+    out = []
+    for label in labels:
+        seen[label] = seen.get(label, 0) + 1
+        out.append(label if seen[label] == 1 else f"{label} ({seen[label]})")
+    return out
+
+
+def _ratio_axis(metric: str | None) -> str:
+    if metric == "qps":
+        return "QPS ratio, candidate / reference (×, larger is better)"
+    return "p99 ratio, reference / candidate (×, larger is better)"
+
+
 def ladder_chart(result: Any, device: Any = None) -> go.Figure:
-    """The ladder, one rung per change: throughput bars (grey: not kept) with p99 when measured online;
-    below, model busy and device busy per rung."""
+    """The ladder, one rung per change.
+
+    A ladder result (or its ``to_frame()``) with paired ratios: :func:`ladder_ratio_chart`, what each step
+    was judged on. A frame without ratios (a hand-made one): throughput bars (grey: not kept) with p99
+    when measured online; below, model busy and device busy per rung."""
     frame = result if isinstance(result, pd.DataFrame) else result.to_frame()
+    if "ratio" in frame.columns and pd.to_numeric(frame["ratio"], errors="coerce").notna().any():
+        return ladder_ratio_chart(result, device=device)
     rung = _pick(frame, _RUNG_NAMES)
     labels = [str(v) for v in (frame[rung] if rung else frame.index)]
     tput = "qps" if "qps" in frame.columns else None
@@ -470,7 +513,7 @@ def ladder_chart(result: Any, device: Any = None) -> go.Figure:
     if tput:
         kept = frame["kept"].astype(bool).tolist() if "kept" in frame else [True] * len(frame)
         values = pd.to_numeric(frame[tput], errors="coerce")
-        fig.add_trace(go.Bar(x=labels, y=values, name=tput.replace("_", " ") + " (grey: not kept)",
+        fig.add_trace(go.Bar(x=labels, y=values, name=tput.replace("_", " ") + " (req/s; grey: not kept)",
                              marker_color=["#4c78a8" if k else "#c7c7c7" for k in kept],
                              texttemplate="%{y:.1f}", textposition="outside"), row=1, col=1, secondary_y=False)
     if p99 and pd.to_numeric(frame[p99], errors="coerce").notna().any():
@@ -483,12 +526,198 @@ def ladder_chart(result: Any, device: Any = None) -> go.Figure:
             if values.notna().any():
                 fig.add_trace(go.Scatter(x=labels, y=100 * values, name=name, mode="lines+markers",
                                          line=dict(color=color), connectgaps=True), row=2, col=1)
-    fig.update_yaxes(title_text=(tput or "throughput").replace("_", " "), rangemode="tozero", row=1, col=1,
-                     secondary_y=False)
-    fig.update_yaxes(title_text="p99 ms", rangemode="tozero", showgrid=False, row=1, col=1, secondary_y=True)
-    fig.update_yaxes(title_text="busy %", range=[0, 105], row=2, col=1)
+    fig.update_yaxes(title_text=(tput or "throughput").replace("_", " ") + " (req/s)", rangemode="tozero",
+                     row=1, col=1, secondary_y=False)
+    fig.update_yaxes(title_text="p99 (ms)", rangemode="tozero", showgrid=False, row=1, col=1, secondary_y=True)
+    fig.update_yaxes(title_text="busy (% of the window)", range=[0, 105], row=2, col=1)
     fig.update_xaxes(title_text="rung (each changes one thing from the one before)", row=2, col=1)
     return _finish(fig, _title("The ladder: each change measured against the one before", result, device), 560)
+
+
+def ladder_ratio_chart(result: Any, device: Any = None, min_effect: float | None = None) -> go.Figure:
+    """What each step was judged on: the paired ratio against its reference with its interval (error bars),
+    coloured by the verdict, and the keep line at ``1 + min_effect`` (a step is kept when its interval's
+    lower end clears it). ``result``: a ladder result or its ``to_frame()`` (columns ``step``, ``change``,
+    ``status``, ``ratio``, ``low``, ``high``, ``pairs``, ``min_effect``, ``level``, ``metric``; ``p50_ms``,
+    ``p99_ms``, ``rate``, ``capacity`` in the hover). Steps without a ratio (the baseline, skipped, failed)
+    are left out."""
+    frame = result if isinstance(result, pd.DataFrame) else result.to_frame()
+    ratio = pd.to_numeric(frame["ratio"], errors="coerce") if "ratio" in frame else pd.Series(dtype=float)
+    rows = frame[ratio.notna()].reset_index(drop=True) if len(ratio) else frame.iloc[0:0]
+    col = lambda name: list(rows[name]) if name in rows else [None] * len(rows)  # noqa: E731
+    rung = _pick(rows, _RUNG_NAMES)
+    names = [str(v) for v in (rows[rung] if rung else rows.index)]
+    changes = [str(c) if c else "" for c in col("change")]
+    labels = _unique([f"{n}: {c}" if c else n for n, c in zip(names, changes)])
+    if min_effect is None:
+        effects = [e for e in map(_num, col("min_effect")) if math.isfinite(e)]
+        min_effect = effects[0] if effects else None
+    levels = [v for v in map(_num, col("level")) if math.isfinite(v)]
+    metrics = [m for m in col("metric") if isinstance(m, str) and m != "closed loop"]
+    metric = metrics[0] if metrics else None
+    statuses = [str(s) if s is not None else "" for s in col("status")]
+    fig = go.Figure()
+    hover = []
+    for i in range(len(rows)):
+        at = _num(col("rate")[i])
+        cap = _num(col("capacity")[i])
+        hover.append(f"{labels[i]}<br>{statuses[i]}: {_num(col('ratio')[i]):.3f} [{_num(col('low')[i]):.3f}-"
+                     f"{_num(col('high')[i]):.3f}] after {col('pairs')[i]} pairs"
+                     + (f" at {at:.1f} req/s" if math.isfinite(at) else " (closed loop)")
+                     + f"<br>candidate p50 {_num(col('p50_ms')[i]):.0f} ms, p99 {_num(col('p99_ms')[i]):.0f} ms"
+                     + (f"<br>capacity {cap:.1f} req/s" if math.isfinite(cap) else ""))
+    for status in dict.fromkeys(statuses):
+        idx = [i for i, s in enumerate(statuses) if s == status]
+        take = lambda values: [values[i] for i in idx]  # noqa: E731
+        fig.add_trace(go.Scatter(
+            x=take(labels), y=take(col("ratio")), mode="markers+text", name=status or "?",
+            marker=dict(size=11, color=STATUS_COLORS.get(status, "#4c78a8"),
+                        symbol="circle" if status == "kept" else "circle-open"),
+            error_y=_error_bars(take(col("ratio")), take(col("low")), take(col("high"))),
+            text=[f"{p} pairs" if p is not None else "" for p in take(col("pairs"))], textposition="middle right",
+            hovertext=take(hover), hoverinfo="text"))
+    fig.add_hline(y=1.0, line=dict(color="grey", dash="dot"), annotation_text="1: no change",
+                  annotation_position="bottom left")
+    if min_effect is not None:
+        fig.add_hline(y=1 + min_effect, line=dict(color="#54a24b", dash="dash"),
+                      annotation_text=f"keep line 1 + min effect = {1 + min_effect:.2f}", annotation_position="top left")
+    if not len(rows):
+        fig.add_annotation(text="no step was measured against its reference", xref="paper", yref="paper", x=0.5,
+                           y=0.5, showarrow=False, font=dict(size=14))
+    fig.update_yaxes(title_text=_ratio_axis(metric), type="log")
+    fig.update_xaxes(title_text="step: change (each against the configuration kept before it)")
+    level = f"{100 * levels[0]:.0f}% " if levels else ""
+    at = "at the reference's capacity" if metric != "qps" else "in a closed loop"
+    return _finish(fig, _title(f"The ladder: paired ratio per step {at}, with its {level}interval", result, device),
+                   480)
+
+
+def wait_steps_chart(frame: pd.DataFrame, device: Any = None, min_effect: float | None = None,
+                     target_p99_ms: float | None = None) -> go.Figure:
+    """The ``max_wait_ms`` steps (a ladder's ``waits`` frame: ``max_wait_ms``, ``batch_size``, ``step``,
+    ``status``, ``ratio``, ``low``, ``high``, ``pairs``, ``rate``, ``qps``, ``p50_ms``, ``p99_ms``,
+    ``capacity``): above, each one's paired ratio with its interval and the keep line; below, the
+    candidate's p50 and p99 at the rate it was tested at, with the target."""
+    labels = _unique([f"wait {_num(w):g} ms, batch {b}" for w, b in zip(frame["max_wait_ms"], frame["batch_size"])])
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08, row_heights=[0.55, 0.45],
+                        subplot_titles=["paired ratio against the reference (error bars: its interval)",
+                                        "the candidate's latency at the tested rate"])
+    statuses = [str(s) for s in frame["status"]] if "status" in frame else ["?"] * len(frame)
+    rates = [_num(r) for r in frame["rate"]] if "rate" in frame else [math.nan] * len(frame)
+    caps = [_num(c) for c in frame["capacity"]] if "capacity" in frame else [math.nan] * len(frame)
+    hover = [f"{lab}: {st}, ratio {_num(r):.3f} after {p} pairs"
+             + (f" at {rate:.1f} req/s" if math.isfinite(rate) else " (closed loop)")
+             + (f"; capacity {cap:.1f} req/s" if math.isfinite(cap) else "")
+             for lab, st, r, p, rate, cap in zip(labels, statuses, frame["ratio"], frame["pairs"], rates, caps)]
+    fig.add_trace(go.Scatter(x=labels, y=frame["ratio"], mode="markers", name="ratio",
+                             marker=dict(size=11, color=[STATUS_COLORS.get(s, "#4c78a8") for s in statuses]),
+                             error_y=_error_bars(frame["ratio"], frame["low"], frame["high"]),
+                             hovertext=hover, hoverinfo="text"), row=1, col=1)
+    fig.add_hline(y=1.0, line=dict(color="grey", dash="dot"), row=1, col=1)
+    if min_effect is not None:
+        fig.add_hline(y=1 + min_effect, line=dict(color="#54a24b", dash="dash"), row=1, col=1,
+                      annotation_text=f"keep line {1 + min_effect:.2f}", annotation_position="top left")
+    for key, color, name in (("p50_ms", "#4c78a8", "p50 (ms)"), ("p99_ms", "#e45756", "p99 (ms)")):
+        fig.add_trace(go.Bar(x=labels, y=[_num(v) for v in frame[key]], name=name, marker_color=color,
+                             texttemplate="%{y:.0f}", textposition="outside"), row=2, col=1)
+    if target_p99_ms is not None:
+        fig.add_hline(y=target_p99_ms, line=dict(color="black", dash="dash"), row=2, col=1,
+                      annotation_text=f"p99 target {target_p99_ms:.0f} ms", annotation_position="top left")
+    fig.update_layout(barmode="group")
+    fig.update_yaxes(title_text="ratio (×, larger is better)", type="log", row=1, col=1)
+    fig.update_yaxes(title_text="latency (ms)", rangemode="tozero", row=2, col=1)
+    fig.update_xaxes(title_text="max_wait_ms step (ms) and its batch size", row=2, col=1)
+    at = f"at {rates[0]:.1f} req/s" if rates and math.isfinite(rates[0]) else ""
+    return _finish(fig, _title(f"Dynamic batching: each max wait against its reference {at}".rstrip(), frame,
+                               device), 560)
+
+
+# --- capacity at the p99 target ----------------------------------------------------------------
+
+def _capacity_summary(obj: Any) -> dict[str, Any] | None:
+    """A capacity's ``summary()`` from a capacity object (anything with ``summary()`` giving ``probes``) or
+    the summary itself."""
+    if obj is None:
+        return None
+    if isinstance(obj, Mapping):
+        return dict(obj)
+    summary = getattr(obj, "summary", None)
+    if callable(summary):
+        return summary()
+    raise TypeError(f"capacity_chart takes a capacity (with .summary()) or its summary dict, not {type(obj).__name__}")
+
+
+def _capacities(obj: Any) -> dict[str, dict[str, Any]]:
+    """One capacity (object or summary) or a mapping label -> capacity, as label -> summary."""
+    if isinstance(obj, Mapping) and "probes" not in obj:
+        out = {str(k): _capacity_summary(v) for k, v in obj.items()}
+        return {k: v for k, v in out.items() if v is not None}
+    return {"": _capacity_summary(obj)}
+
+
+_CONFIG_COLORS = ("#4c78a8", "#f58518", "#54a24b", "#b279a2", "#72b7b2")
+
+
+def capacity_chart(capacity: Any, device: Any = None, target_p99_ms: float | None = None) -> go.Figure:
+    """The capacity search's probes: offered Poisson rate against the open-loop p99 with its interval
+    (error bars; an upper end the outcomes cannot bound runs to the top edge), each probe marked pass or fail (its
+    verdict and rule in the hover), the p99 target as a horizontal line and each capacity as a vertical one.
+
+    ``capacity``: a capacity (``tuning.experiments.capacity.Capacity``), its ``summary()`` dict, or a mapping
+    label -> either (``{"baseline": ..., "recommended": ...}``) to draw several on one chart. A probe whose
+    p99 is unbounded (more than 1% of its outcomes failed) is drawn at the top edge as a triangle."""
+    caps = _capacities(capacity)
+    target = target_p99_ms
+    if target is None:
+        target = next((_num(c.get("target_p99_ms")) for c in caps.values() if c.get("target_p99_ms") is not None),
+                      None)
+    finite = [v for c in caps.values() for p in c.get("probes") or []
+              for v in (_num(p.get("p99_ms")), _num(p.get("p99_low_ms"))) if math.isfinite(v)]
+    top = 1.15 * max(finite + ([target] if target is not None else []) + [1.0])
+    fig = go.Figure()
+    for i, (label, cap) in enumerate(caps.items()):
+        color = _CONFIG_COLORS[i % len(_CONFIG_COLORS)]
+        probes = sorted(cap.get("probes") or [], key=lambda p: _num(p.get("rate")))
+        for passed in (True, False):
+            part = [p for p in probes if bool(p.get("passed")) is passed]
+            if not part:
+                continue
+            p99 = [_num(p.get("p99_ms")) for p in part]
+            y = [v if math.isfinite(v) else top for v in p99]
+            # an upper end the outcomes cannot bound (too few of them): the bar runs to the chart's top edge
+            high = [p.get("p99_high_ms") if p.get("p99_high_ms") is not None else top * 1.02 for p in part]
+            bars = _error_bars(p99, [p.get("p99_low_ms") for p in part], high)
+            hover = [f"{label + ': ' if label else ''}{_num(p.get('rate')):.1f} req/s: {p.get('verdict')} by "
+                     f"{p.get('by')} ({p.get('exceed')} of {p.get('n')} over the target or failed; "
+                     f"{p.get('errors')} errors)<br>p50 {_num(p.get('p50_ms')):.0f} ms, p99 "
+                     + (f"{v:.0f}" if math.isfinite(v) else "unbounded (over 1% failed)")
+                     + f" [{_ms(p.get('p99_low_ms'))}-{_ms(p.get('p99_high_ms'), 'unbounded')}] ms"
+                     for p, v in zip(part, p99)]
+            what = "pass" if passed else "fail"
+            fig.add_trace(go.Scatter(
+                x=[_num(p.get("rate")) for p in part], y=y, mode="markers",
+                name=f"{label}: {what}" if label else what, legendgroup=label,
+                marker=dict(size=12, color=color if passed else "#e45756",
+                            symbol=["circle" if passed else "x" if math.isfinite(v) else "triangle-up" for v in p99],
+                            line=dict(width=1, color=color)),
+                error_y=bars, hovertext=hover, hoverinfo="text"))
+        if cap.get("capacity") is not None:
+            fig.add_vline(x=_num(cap["capacity"]), line=dict(color=color, dash="dot"),
+                          annotation_text=f"{label + ' ' if label else ''}capacity {_num(cap['capacity']):.1f} req/s",
+                          annotation_position="top left" if i % 2 else "top right")
+    if target is not None:
+        fig.add_hline(y=target, line=dict(color="black", dash="dash"), annotation_text=f"p99 target {target:.0f} ms",
+                      annotation_position="top left")
+    if not any(c.get("probes") for c in caps.values()):
+        fig.add_annotation(text="no capacity probe was run", xref="paper", yref="paper", x=0.5, y=0.5,
+                           showarrow=False, font=dict(size=14))
+    fig.update_xaxes(title_text="offered Poisson rate (req/s)", rangemode="tozero")
+    fig.update_yaxes(title_text="p99 latency from the scheduled arrival (ms)", range=[0, top * 1.02])
+    met = [f"{k + ' ' if k else ''}{_num(c['capacity']):.1f} req/s" for k, c in caps.items()
+           if c.get("capacity") is not None]
+    what = f"capacity {', '.join(met)}" if met else "no rate met the target"
+    return _finish(fig, _title(f"Capacity at the p99 target: each probe's p99 and its interval ({what})", None,
+                               device), 460)
 
 
 # --- the knob panel's figure ----------------------------------------------------------------

@@ -7,7 +7,9 @@ within ``target_p99_ms`` and whose error rate is within ``error_budget``. One pr
 outcomes of its windows, ``c`` exceeded the target or failed. It fails fast at the knee (ok answers below
 :data:`KNEE_COMPLETION` of the offered rate), when errors are significantly above the budget, or when the
 load client fell behind its schedule (more than 1% of sends late); otherwise an undecided probe gets
-another window, up to ``max_windows``, and is then decided on the pooled p99 estimate, labelled so. The
+another window, up to ``max_windows``, and is then decided on the pooled p99 estimate, labelled so. A
+count decides only after ``min_windows`` windows: latencies in one window are correlated by queue bursts,
+and one burst can put a dozen consecutive requests over the target. The
 search brackets (from the closed-loop saturation rate: ``hi`` = that rate, ``lo`` = ``hi / 2`` checked
 to pass, halved while it fails; or from a rate known to pass: doubled until one fails), then bisects
 geometrically until ``hi / lo <= 1 + tolerance``.
@@ -42,6 +44,7 @@ class CapacitySettings:
     """How hard a capacity search looks: windows per probe, bracket tolerance, probes at most."""
 
     max_windows: int = 4
+    min_windows: int = 2  # a count decides only after this many windows (a queue burst fills one window)
     tolerance: float = 0.03
     max_probes: int = 12
     error_budget: float = DEFAULT_ERROR_BUDGET
@@ -56,7 +59,8 @@ class CapacitySettings:
 
     @classmethod
     def quick(cls, error_budget: float = DEFAULT_ERROR_BUDGET) -> "CapacitySettings":
-        return cls(max_windows=2, tolerance=0.12, max_probes=7, error_budget=error_budget, halvings=3, doublings=3)
+        return cls(max_windows=2, min_windows=1, tolerance=0.12, max_probes=7, error_budget=error_budget, halvings=3,
+                   doublings=3)
 
 
 @dataclass
@@ -181,8 +185,10 @@ def pooled_figures(trials: list[Trial], target_p99_ms: float) -> dict[str, Any]:
     lat = _pooled(trials)
     errors = sum(t.failed for t in trials)
     window = sum(t.window_s for t in trials if math.isfinite(t.window_s))
+    # completions: ok answers received in each window (``qps``), not the measured requests that got one later
+    done = sum(t.qps * t.window_s for t in trials if math.isfinite(t.window_s) and math.isfinite(t.qps))
     out = {"n": sum(t.submitted for t in trials), "errors": errors, "late": sum(t.late for t in trials),
-           "achieved_rate": sum(t.ok for t in trials) / window if window > 0 else _median([t.qps for t in trials]),
+           "achieved_rate": done / window if window > 0 else _median([t.qps for t in trials]),
            "offered_rate": sum(t.submitted for t in trials) / window if window > 0 else math.nan}
     if lat is not None and lat.size:
         lo, hi = quantile_interval(lat, 0.99)
@@ -227,7 +233,7 @@ def probe(measure: Measure, knobs: Knobs, rate: float, target_p99_ms: float,
             verdict, by = "fail", "knee"
         elif verdict == "undecided" and late:
             verdict, by = "fail", "late sends"
-        if verdict != "undecided":
+        if verdict != "undecided" and (by != "count" or len(trials) >= settings.min_windows):
             return _probe(rate, verdict, by, verdict == "pass", trials, f)
         if len(trials) >= settings.max_windows:
             passed = math.isfinite(f["p99_ms"]) and f["p99_ms"] <= target_p99_ms and errors <= settings.error_budget * n

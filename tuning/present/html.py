@@ -139,18 +139,90 @@ def ledger_sentence(loads: dict[str, Any]) -> str:
     return "; ".join(parts) + "." if parts else "No successful requests to account for."
 
 
+def _judged(ladder: Any) -> list[Any]:
+    """The steps measured against a reference (the ones with a paired ratio)."""
+    return [x for x in ladder.steps if x.status != "baseline" and _finite(x.figures.get("ratio"))]
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _interval(f: dict[str, Any], digits: int = 2) -> str:
+    """``ratio [low-high]`` of a step's frozen figures, or ''."""
+    if not _finite(f.get("ratio")):
+        return ""
+    return f"{f['ratio']:.{digits}f} [{_num(f.get('low'), digits)}-{_num(f.get('high'), digits)}]"
+
+
+def _p99_span(p99: Any, low: Any, high: Any) -> str:
+    """``p99 [low-high]`` in ms; an end the outcomes cannot bound as ``?``; ``unbounded`` for an infinite p99."""
+    if p99 is None or (isinstance(p99, float) and math.isinf(p99)):
+        return "unbounded"
+    if not _finite(p99):
+        return "n/a"
+    lo = _num(low, 0) if _finite(low) else "?"
+    hi = _num(high, 0) if _finite(high) else "?"
+    return f"{p99:.0f} [{lo}-{hi}]"
+
+
+def _capacity_text(cap: Any) -> str:
+    """``16.7 req/s (next failing rate 18.2)`` or ``none``."""
+    if cap is None:
+        return "not searched"
+    if not cap.met:
+        return "none (no rate met the target)"
+    hi = f"next failing rate {cap.high:.1f} req/s" if cap.high is not None else "no failing rate found above it"
+    return f"{cap.capacity:.1f} req/s ({hi})"
+
+
+def _compare_rate(ladder: Any) -> str:
+    share = getattr(ladder.settings, "compare_at", None)
+    if isinstance(share, (int, float)) and share != 1:
+        return f"{100 * share:.0f}% of the reference's capacity"
+    return "the reference's capacity"
+
+
 def ladder_sentence(ladder: Any) -> str:
-    s = ladder.summary()
     steps = [x for x in ladder.steps if x.status != "baseline"]
-    kept = [x for x in steps if x.kept]
-    measured = [x for x in steps if x.experiment is not None and math.isfinite(x.gain)]
-    best = max(measured, key=lambda x: x.gain) if measured else None
-    text = (f"{len(kept)} of {len(steps)} steps were kept; QPS went from {_num(s['baseline']['qps'])} to "
-            f"{_num(s['result']['qps'])} (x{_num(s['result']['qps_ratio'], 2)}) and p99 from "
-            f"{_num(s['baseline']['p99_ms'], 0)} to {_num(s['result']['p99_ms'], 0)} ms")
-    if best is not None:
-        text += f"; the largest single change was {best.name} ({100 * best.gain:+.0f}%, {best.status})"
-    return text + f", each judged against a run-to-run spread of ±{100 * ladder.noise:.0f}%."
+    judged = _judged(ladder)
+    kept = [x for x in judged if x.status == "kept"]
+    failed = [x for x in steps if x.status == "failed"]
+    text = f"{len(kept)} of {len(judged)} measured steps were kept"
+    others = len(steps) - len(judged) - len(failed)
+    if others or failed:
+        text += f" ({others} skipped or refused" + (f", {len(failed)} failed while measuring" if failed else "") + ")"
+    if ladder.objective == "target":
+        text += (f"; capacity at p99 <= {ladder.target_p99_ms:.0f} ms: {_capacity_text(ladder.baseline_capacity)} "
+                 f"at baseline, {_capacity_text(ladder.capacity)} recommended")
+    else:
+        b, r = ladder.baseline_figures.get("qps"), ladder.final_figures.get("qps")
+        text += f"; closed-loop QPS {_num(b)} -> {_num(r)}"
+    if judged:
+        best = max(judged, key=lambda x: x.figures["ratio"])
+        f = best.figures
+        text += (f"; the largest paired ratio was {best.name} ({best.change}): {_interval(f)} after {f.get('pairs')} "
+                 f"pairs, {best.status}")
+        level, effect = f.get("level"), f.get("min_effect")
+        if _finite(level) and _finite(effect):
+            text += (f". A step is kept when the lower end of its {100 * level:.1f}% interval clears "
+                     f"{1 + effect:.2f}" + (" and it meets the target at that rate" if ladder.objective == "target"
+                                            else ""))
+    return text + "."
+
+
+def capacity_sentence(caps: dict[str, Any]) -> str:
+    parts = []
+    for label, cap in caps.items():
+        text = f"{label}: {cap.sentence()}"
+        if cap.note:
+            text += f" ({cap.note})"
+        estimated = [p for p in cap.probes if p.by == "estimate"]
+        if estimated:
+            text += (f"; {len(estimated)} of {len(cap.probes)} probes had too few outcomes to count and were decided "
+                     "on the p99 estimate")
+        parts.append(text)
+    return "; ".join(parts) + "."
 
 
 def sweep_sentence(sweep: Any) -> str:
@@ -165,9 +237,13 @@ def sweep_sentence(sweep: Any) -> str:
 
 
 def waits_sentence(frame: pd.DataFrame, target: float, chosen: str) -> str:
-    parts = [f"max_wait_ms={w:g}: QPS {q:.1f}, p99 {p:.0f} ms" for w, q, p in
-             zip(frame.max_wait_ms, frame.qps, frame.p99_ms)]
-    return "; ".join(parts) + f" (p99 target {target:.0f} ms; picked {chosen})."
+    parts = []
+    for r in frame.itertuples():
+        f = {"ratio": r.ratio, "low": r.low, "high": r.high}
+        at = f" at {r.rate:.1f} req/s" if _finite(r.rate) else " (closed loop)"
+        parts.append(f"max_wait_ms={r.max_wait_ms:g} (batch {r.batch_size}): ratio {_interval(f)} after {r.pairs} "
+                     f"pairs{at}, p99 {_num(r.p99_ms, 0)} ms, {r.status}")
+    return "; ".join(parts) + f" (p99 target {target:.0f} ms; kept: {chosen})."
 
 
 def precision_sentence(report: Any) -> str:
