@@ -175,3 +175,116 @@ def test_banner_renders_plain_and_html():
     b = viz.banner(SimpleNamespace(banner="SIMULATED DEVICE: a <stand-in>", simulated=True, label="x"))
     assert repr(b) == "SIMULATED DEVICE: a <stand-in>"
     assert "&lt;stand-in&gt;" in b._repr_html_()
+
+
+# --- the verdict's charts: capacity probes, the ladder's paired ratios, the waits -----------------
+
+def _probe(rate, passed, p99, low, high, by="count"):
+    from tuning.experiments.capacity import Probe
+
+    return Probe(rate=rate, verdict="pass" if passed else "fail", by=by, passed=passed, windows=2, n=1200,
+                 exceed=3 if passed else 40, errors=0, offered_rate=rate, achieved_rate=rate, late=0,
+                 p50_ms=p99 / 3 if math.isfinite(p99) else 400.0, p99_ms=p99, p99_low_ms=low, p99_high_ms=high)
+
+
+def _capacity(probes, capacity, high, target=800.0):
+    from tuning.experiments.capacity import Capacity
+
+    return Capacity(target_p99_ms=target, error_budget=0.001, capacity=capacity, low=capacity, high=high,
+                    probes=probes)
+
+
+def _hlines(fig):
+    return [s.y0 for s in fig.layout.shapes if s.y0 == s.y1 and str(s.xref).endswith("domain")]
+
+
+def _vlines(fig):
+    return [s.x0 for s in fig.layout.shapes if s.x0 == s.x1 and str(s.yref).endswith("domain")]
+
+
+def test_capacity_chart_draws_each_probe_with_its_interval_and_the_target():
+    cap = _capacity([_probe(20.0, True, 300.0, 250.0, 380.0), _probe(40.0, False, 1200.0, 1000.0, 1500.0),
+                     _probe(28.3, True, 600.0, 520.0, None, by="estimate")], capacity=28.3, high=40.0)
+    fig = viz.capacity_chart(cap, device=SIMULATED)
+    passes, fails = (next(t for t in fig.data if t.name == n) for n in ("pass", "fail"))
+    assert list(passes.x) == [20.0, 28.3] and list(passes.y) == [300.0, 600.0]  # sorted by rate
+    assert passes.error_y.arrayminus == pytest.approx((50.0, 80.0))
+    assert passes.error_y.array[0] == pytest.approx(80.0)
+    top = fig.layout.yaxis.range[1]
+    assert passes.y[1] + passes.error_y.array[1] >= top * 0.99  # an unbounded upper end runs to the top edge
+    assert list(fails.x) == [40.0] and fails.error_y.array[0] == pytest.approx(300.0)
+    assert fails.marker.symbol[0] != passes.marker.symbol[0]  # pass and fail marked apart
+    assert 800.0 in _hlines(fig) and 28.3 in _vlines(fig)  # the target and the capacity
+    assert "req/s" in fig.layout.xaxis.title.text and "ms" in fig.layout.yaxis.title.text
+    assert "simulated" in _title(fig) and "28.3 req/s" in _title(fig)
+    same = viz.capacity_chart(cap.summary(), device=SIMULATED)  # the summary dict draws the same points
+    assert [list(t.x) for t in same.data] == [list(t.x) for t in fig.data]
+    assert [y for t in same.data for y in t.y] == pytest.approx([y for t in fig.data for y in t.y])
+
+
+def test_capacity_chart_of_two_configurations_and_an_unbounded_p99():
+    base = _capacity([_probe(10.0, True, 500.0, 450.0, 560.0), _probe(20.0, False, math.inf, None, None)],
+                     capacity=10.0, high=20.0)
+    missed = _capacity([_probe(5.0, False, 900.0, 850.0, 990.0)], capacity=None, high=5.0)
+    fig = viz.capacity_chart({"baseline": base, "recommended": missed}, device="cpu")
+    names = [t.name for t in fig.data]
+    assert names == ["baseline: pass", "baseline: fail", "recommended: fail"]
+    inf_point = fig.data[1]
+    assert inf_point.y[0] == pytest.approx(fig.layout.yaxis.range[1] / 1.02)  # at the top edge, not dropped
+    assert inf_point.marker.symbol[0] == "triangle-up"
+    assert _vlines(fig) == [10.0]  # only a met capacity gets its line
+    assert "real CPU" in _title(fig)
+    empty = viz.capacity_chart(_capacity([], capacity=None, high=None))
+    assert any("no capacity probe" in (a.text or "") for a in empty.layout.annotations)
+    with pytest.raises(TypeError, match="capacity"):
+        viz.capacity_chart(42)
+
+
+def _ladder_frame():
+    frame = pd.DataFrame({
+        "step": ["baseline", "workers", "batch", "batching", "batching", "graph"],
+        "change": ["", "num_workers=4", "batch_size=8", "max_wait_ms=5.0", "max_wait_ms=5.0", "graph=compile"],
+        "status": ["baseline", "kept", "not kept", "kept", "not kept", "skipped"],
+        "kept": [True, True, False, True, False, False],
+        "metric": ["closed loop", "p99 at rate", "p99 at rate", "p99 at rate", "p99 at rate", None],
+        "ratio": [None, 1.30, 0.97, 1.10, 1.01, None], "low": [None, 1.15, 0.90, 1.06, 0.95, None],
+        "high": [None, 1.45, 1.05, 1.16, 1.08, None], "pairs": [None, 4, 6, 5, 6, None],
+        "min_effect": [None, 0.05, 0.05, 0.05, 0.05, None], "level": [None, 0.99, 0.99, 0.99, 0.99, None],
+        "rate": [10.0, 10.0, 13.0, 13.0, 15.0, None], "p50_ms": [100.0, 80.0, 90.0, 70.0, 72.0, None],
+        "p99_ms": [500.0, 380.0, 520.0, 400.0, 410.0, None], "capacity": [10.0, 13.0, None, 15.0, None, None]})
+    frame.attrs["device"] = SIMULATED
+    return frame
+
+
+def test_ladder_ratio_chart_shows_each_interval_and_the_keep_line():
+    frame = _ladder_frame()
+    fig = viz.ladder_ratio_chart(frame)
+    kept, dropped = (next(t for t in fig.data if t.name == n) for n in ("kept", "not kept"))
+    assert list(kept.x) == ["workers: num_workers=4", "batching: max_wait_ms=5.0"]
+    assert list(dropped.x) == ["batch: batch_size=8", "batching: max_wait_ms=5.0 (2)"]  # equal labels kept apart
+    assert list(kept.y) == [1.30, 1.10]
+    assert kept.error_y.array == pytest.approx((0.15, 0.06)) and kept.error_y.arrayminus == pytest.approx((0.15, 0.04))
+    assert len(fig.data) == 2  # the baseline and the skipped step have no ratio
+    assert 1.05 in [round(y, 6) for y in _hlines(fig)] and 1.0 in _hlines(fig)
+    assert fig.layout.yaxis.type == "log" and "×" in fig.layout.yaxis.title.text
+    assert "simulated" in _title(fig) and "99% interval" in _title(fig)
+    dispatched = viz.ladder_chart(frame)  # a ladder with ratios is drawn as what was judged
+    assert [t.name for t in dispatched.data] == ["kept", "not kept"]
+    assert 1.10 in [round(y, 6) for y in _hlines(viz.ladder_ratio_chart(frame, min_effect=0.10))]
+
+
+def test_wait_steps_chart_reads_the_waits_frame():
+    frame = pd.DataFrame({"max_wait_ms": [5.0, 20.0, 10.0], "batch_size": [8, 8, 16],
+                          "step": ["batching", "batching", "joint"], "status": ["kept", "not kept", "not kept"],
+                          "ratio": [1.2, 0.9, 1.0], "low": [1.1, 0.8, 0.95], "high": [1.3, 1.0, 1.06],
+                          "pairs": [4, 5, 6], "rate": [12.0, 14.0, 14.0], "qps": [12.0, 14.0, 14.0],
+                          "p50_ms": [60.0, 90.0, 70.0], "p99_ms": [300.0, 700.0, 350.0], "capacity": [14.0, None, None]})
+    frame.attrs["device"] = SIMULATED
+    fig = viz.wait_steps_chart(frame, min_effect=0.02, target_p99_ms=800.0)
+    ratio = fig.data[0]
+    assert list(ratio.x) == ["wait 5 ms, batch 8", "wait 20 ms, batch 8", "wait 10 ms, batch 16"]
+    assert ratio.error_y.array == pytest.approx((0.1, 0.1, 0.06)) and ratio.error_y.arrayminus == pytest.approx((0.1, 0.1, 0.05))
+    bars = {t.name: list(t.y) for t in fig.data if isinstance(t, go.Bar)}
+    assert bars == {"p50 (ms)": [60.0, 90.0, 70.0], "p99 (ms)": [300.0, 700.0, 350.0]}
+    assert {1.02, 800.0} <= {round(y, 6) for y in _hlines(fig)}
+    assert "ms" in fig.layout.yaxis2.title.text and "simulated" in _title(fig)

@@ -570,26 +570,29 @@ def ladder_ratio_chart(result: Any, device: Any = None, min_effect: float | None
         idx = [i for i, s in enumerate(statuses) if s == status]
         take = lambda values: [values[i] for i in idx]  # noqa: E731
         fig.add_trace(go.Scatter(
-            x=take(labels), y=take(col("ratio")), mode="markers+text", name=status or "?",
+            x=take(labels), y=take(col("ratio")), mode="markers", name=status or "?",
             marker=dict(size=11, color=STATUS_COLORS.get(status, "#4c78a8"),
-                        symbol="circle" if status == "kept" else "circle-open"),
+                        symbol="circle" if status == "kept" else "circle-open", line=dict(width=2)),
             error_y=_error_bars(take(col("ratio")), take(col("low")), take(col("high"))),
-            text=[f"{p} pairs" if p is not None else "" for p in take(col("pairs"))], textposition="middle right",
             hovertext=take(hover), hoverinfo="text"))
+    pairs = [_num(p) for p in col("pairs")]
+    ticks = [f"{n}<br>{c.replace(', ', ',<br>')}" + (f"<br>{p:.0f} pairs" if math.isfinite(p) else "")
+             for n, c, p in zip(names, changes, pairs)]
     fig.add_hline(y=1.0, line=dict(color="grey", dash="dot"), annotation_text="1: no change",
-                  annotation_position="bottom left")
+                  annotation_position="bottom right")
     if min_effect is not None:
         fig.add_hline(y=1 + min_effect, line=dict(color="#54a24b", dash="dash"),
-                      annotation_text=f"keep line 1 + min effect = {1 + min_effect:.2f}", annotation_position="top left")
+                      annotation_text=f"keep line 1 + min effect = {1 + min_effect:.2f}", annotation_position="top right")
     if not len(rows):
         fig.add_annotation(text="no step was measured against its reference", xref="paper", yref="paper", x=0.5,
                            y=0.5, showarrow=False, font=dict(size=14))
     fig.update_yaxes(title_text=_ratio_axis(metric), type="log")
-    fig.update_xaxes(title_text="step: change (each against the configuration kept before it)")
-    level = f"{100 * levels[0]:.0f}% " if levels else ""
-    at = "at the reference's capacity" if metric != "qps" else "in a closed loop"
-    return _finish(fig, _title(f"The ladder: paired ratio per step {at}, with its {level}interval", result, device),
-                   480)
+    fig.update_xaxes(title_text="step, change, pairs (each against the configuration kept before it)",
+                     tickvals=labels, ticktext=ticks, tickangle=0)
+    level = f"{100 * levels[0]:.3g}% " if levels else ""
+    at = "at one offered rate" if metric != "qps" else "in a closed loop"
+    return _finish(fig, _title(f"The ladder: each step's paired ratio against its reference {at}, with its {level}"
+                               "interval", result, device), 520)
 
 
 def wait_steps_chart(frame: pd.DataFrame, device: Any = None, min_effect: float | None = None,
@@ -647,6 +650,10 @@ def _capacity_summary(obj: Any) -> dict[str, Any] | None:
     raise TypeError(f"capacity_chart takes a capacity (with .summary()) or its summary dict, not {type(obj).__name__}")
 
 
+def _count(value: Any) -> str:
+    return str(value) if isinstance(value, int) and value >= 0 else "?"  # -1: a probe without its outcomes
+
+
 def _capacities(obj: Any) -> dict[str, dict[str, Any]]:
     """One capacity (object or summary) or a mapping label -> capacity, as label -> summary."""
     if isinstance(obj, Mapping) and "probes" not in obj:
@@ -660,7 +667,7 @@ _CONFIG_COLORS = ("#4c78a8", "#f58518", "#54a24b", "#b279a2", "#72b7b2")
 
 def capacity_chart(capacity: Any, device: Any = None, target_p99_ms: float | None = None) -> go.Figure:
     """The capacity search's probes: offered Poisson rate against the open-loop p99 with its interval
-    (error bars; an upper end the outcomes cannot bound runs to the top edge), each probe marked pass or fail (its
+    (error bars; an upper end the outcomes cannot bound runs off the top edge), each probe marked pass or fail (its
     verdict and rule in the hover), the p99 target as a horizontal line and each capacity as a vertical one.
 
     ``capacity``: a capacity (``tuning.experiments.capacity.Capacity``), its ``summary()`` dict, or a mapping
@@ -684,11 +691,11 @@ def capacity_chart(capacity: Any, device: Any = None, target_p99_ms: float | Non
                 continue
             p99 = [_num(p.get("p99_ms")) for p in part]
             y = [v if math.isfinite(v) else top for v in p99]
-            # an upper end the outcomes cannot bound (too few of them): the bar runs to the chart's top edge
-            high = [p.get("p99_high_ms") if p.get("p99_high_ms") is not None else top * 1.02 for p in part]
+            # an upper end the outcomes cannot bound (too few of them): the bar runs off the chart's top edge
+            high = [p.get("p99_high_ms") if p.get("p99_high_ms") is not None else top * 3 for p in part]
             bars = _error_bars(p99, [p.get("p99_low_ms") for p in part], high)
             hover = [f"{label + ': ' if label else ''}{_num(p.get('rate')):.1f} req/s: {p.get('verdict')} by "
-                     f"{p.get('by')} ({p.get('exceed')} of {p.get('n')} over the target or failed; "
+                     f"{p.get('by')} ({_count(p.get('exceed'))} of {p.get('n')} over the target or failed; "
                      f"{p.get('errors')} errors)<br>p50 {_num(p.get('p50_ms')):.0f} ms, p99 "
                      + (f"{v:.0f}" if math.isfinite(v) else "unbounded (over 1% failed)")
                      + f" [{_ms(p.get('p99_low_ms'))}-{_ms(p.get('p99_high_ms'), 'unbounded')}] ms"
@@ -713,6 +720,7 @@ def capacity_chart(capacity: Any, device: Any = None, target_p99_ms: float | Non
                            showarrow=False, font=dict(size=14))
     fig.update_xaxes(title_text="offered Poisson rate (req/s)", rangemode="tozero")
     fig.update_yaxes(title_text="p99 latency from the scheduled arrival (ms)", range=[0, top * 1.02])
+    fig.update_layout(showlegend=True)
     met = [f"{k + ' ' if k else ''}{_num(c['capacity']):.1f} req/s" for k, c in caps.items()
            if c.get("capacity") is not None]
     what = f"capacity {', '.join(met)}" if met else "no rate met the target"

@@ -2,8 +2,11 @@
 
 plotly.js is inlined once in the head; every chart is a ``<div>`` drawn by it, with no external
 script, stylesheet or font. Figures come from :mod:`tuning.viz`; each chart carries one sentence
-computed from the numbers it shows. Sections: trends, the stage ledger before and after, the
-ladder, the batch sweep, the what-if on the simulated device, and what to ship.
+computed from the numbers it shows. The head: a banner when the target was not met (or the run was cut
+short), and the headline: the confirm run against the baseline (capacity and p99 with their intervals).
+Sections: trends, the stage ledger before and after, the capacity at the target (every probe), the
+ladder (each step's paired ratio with its interval), the batch sweep, the what-if on the simulated
+device, and what to ship.
 """
 
 from __future__ import annotations
@@ -24,11 +27,12 @@ color:#222;line-height:1.45}
 h1{font-size:1.6em;margin-bottom:4px}h2{margin-top:40px;border-bottom:2px solid #eee;padding-bottom:4px}
 .banner{padding:8px 12px;border-left:4px solid #1f5f2a;background:#e9f5ec;color:#1f5f2a;font-weight:600}
 .banner.sim{border-color:#8a5a00;background:#fff4dc;color:#8a5a00}
+.banner.miss{border-color:#a4161a;background:#fdecea;color:#a4161a;margin:8px 0}
 .headline{font-size:1.15em;margin:12px 0}.muted{color:#666;font-size:.9em}
 figure{margin:18px 0}figcaption{font-size:.95em;color:#333;margin-top:4px}
 table{border-collapse:collapse;font-size:.88em;margin:10px 0}th,td{border:1px solid #ddd;padding:4px 8px;text-align:left}
 th{background:#f6f6f6}td.num{text-align:right;font-variant-numeric:tabular-nums}
-tr.kept td{background:#f0f8f1}tr.dropped td{color:#777}
+tr.kept td{background:#f0f8f1}tr.dropped td{color:#777}tr.failed td{background:#fdecea}
 pre{background:#f6f6f6;padding:10px;overflow-x:auto;white-space:pre-wrap}
 .note{background:#fff8e6;padding:6px 10px;border-left:3px solid #e0a800}
 """
@@ -178,9 +182,9 @@ def _capacity_text(cap: Any) -> str:
 
 def _compare_rate(ladder: Any) -> str:
     share = getattr(ladder.settings, "compare_at", None)
-    if isinstance(share, (int, float)) and share != 1:
-        return f"{100 * share:.0f}% of the reference's capacity"
-    return "the reference's capacity"
+    at = (f"{100 * share:.0f}% of the reference's capacity" if isinstance(share, (int, float)) and share != 1
+          else "the reference's capacity")
+    return at + " (where the reference has none, its lowest probed rate)"
 
 
 def ladder_sentence(ladder: Any) -> str:
@@ -262,16 +266,89 @@ def what_if_sentence(what_if: dict[str, Any]) -> str:
 
 # --- the report -----------------------------------------------------------------------------------
 
+def _confirm(inv: Any) -> dict[str, Any] | None:
+    """The confirm run's pooled figures (p50, p99 with its interval, failures) at the target, or None."""
+    from tuning.experiments.capacity import pooled_figures
+
+    if inv.after is None:
+        return None
+    f = pooled_figures([inv.after], inv.ladder.target_p99_ms)
+    f["failed"], f["submitted"], f["qps"] = inv.after.failed, inv.after.submitted, inv.after.qps
+    return f
+
+
+def _headline(inv: Any) -> str:
+    """The confirm run against the baseline: capacity (with its bracket) and p99 (with its interval)."""
+    ladder = inv.ladder
+    t = ladder.target_p99_ms
+    conf = _confirm(inv)
+    if ladder.objective == "target":
+        base, rec = ladder.baseline_capacity, ladder.capacity
+        best = base.best if base is not None else None
+        text = (f"Capacity at p99 ≤ {t:.0f} ms (errors within {100 * ladder.settings.error_budget:.1f}%): baseline "
+                f"<b>{_esc(_capacity_text(base))}</b> → recommended <b>{_esc(_capacity_text(rec))}</b>.")
+        if best is not None:
+            where = "at its capacity" if base.met else f"closest, at {best.rate:.1f} req/s"
+            text += (f" Baseline {where}: p99 {_esc(_p99_span(best.p99_ms, best.p99_low_ms, best.p99_high_ms))} ms, "
+                     f"{best.errors} of {best.n} failed.")
+    else:
+        b, r = ladder.baseline_figures, ladder.final_figures
+        text = (f"Closed-loop QPS at concurrency {ladder.settings.concurrency}: baseline <b>{_num(b.get('qps'))}</b> → "
+                f"recommended <b>{_num(r.get('qps'))}</b> (p99 target {t:.0f} ms). Baseline p99 "
+                f"{_esc(_p99_span(b.get('p99_ms'), b.get('p99_low_ms'), b.get('p99_high_ms')))} ms.")
+    if conf is not None:
+        at = f"open loop at {inv.confirm_rate:.1f} req/s" if inv.confirm_rate else "closed loop"
+        text += (f" Confirm run of the recommended ({at}, recorder on): p99 "
+                 f"<b>{_esc(_p99_span(conf['p99_ms'], conf['p99_low_ms'], conf['p99_high_ms']))} ms</b>, p50 "
+                 f"{_num(conf['p50_ms'], 0)} ms, {conf['failed']} of {conf['submitted']} failed.")
+    else:
+        text += " No confirm run (the investigation was cut short)."
+    if "-?]" in text or "[?-" in text:
+        text += " (Intervals are 95%; '?': too few outcomes to bound that end.)"
+    return text
+
+
+def _probe_rows(cap: Any) -> list[dict[str, Any]]:
+    return [{"rate": round(p.rate, 1), "passed": p.passed, "verdict": p.verdict, "by": p.by, "windows": p.windows, "n": p.n,
+             "exceed": p.exceed if p.exceed >= 0 else None, "errors": p.errors, "p50": _num(p.p50_ms, 0),
+             "p99": _p99_span(p.p99_ms, p.p99_low_ms, p.p99_high_ms)} for p in sorted(cap.probes, key=lambda p: p.rate)]
+
+
+_PROBE_COLUMNS = [("rate", "offered rate (req/s)"), ("passed", "passed"), ("verdict", "verdict"), ("by", "decided by"),
+                  ("windows", "windows"), ("n", "outcomes"), ("exceed", "over target or failed"), ("errors", "failed"),
+                  ("p50", "p50 (ms)"), ("p99", "p99 [95% interval] (ms)")]
+
+
+def _ladder_rows(ladder: Any) -> list[dict[str, Any]]:
+    rows = []
+    for x in ladder.steps:
+        f = x.figures
+        measured = bool(f) and _finite(f.get("n") if f.get("n") is not None else f.get("p99_ms"))
+        rows.append({
+            "step": x.name, "change": x.change or ("(baseline)" if x.status == "baseline" else ""), "status": x.status,
+            "ratio": _interval(f), "pairs": f.get("pairs"),
+            "rate": round(f["rate"], 1) if _finite(f.get("rate")) else None,
+            "p50": _num(f.get("p50_ms"), 0) if _finite(f.get("p50_ms")) else None,
+            "p99": _p99_span(f.get("p99_ms"), f.get("p99_low_ms"), f.get("p99_high_ms")) if measured else None,
+            "errors": (f"{f.get('errors', 0)} / {f.get('timeouts', 0)} of {f.get('n')}" if measured else None),
+            "capacity": round(f["capacity"], 1) if _finite(f.get("capacity")) else None,
+            "why": x.reason, "kept": x.kept, "failed": x.status == "failed"})
+    return rows
+
+
 def render_report(inv: Any) -> str:
     """The whole report for an :class:`~tuning.experiments.investigate.Investigation` as one HTML string."""
     from plotly.offline import get_plotlyjs
 
     from tuning import viz
+    from tuning.experiments.investigate import headline
 
     charts = _Charts()
     ladder = inv.ladder
     s = ladder.summary()
     dev = inv.device
+    settings = ladder.settings
+    target = ladder.target_p99_ms
     sections = []
 
     # trends
@@ -285,44 +362,95 @@ def render_report(inv: Any) -> str:
         body.append(charts.block(lambda: viz.threads_chart(p), lambda: threads_sentence(p)))
     if inv.after is not None and inv.after.profile is not None:
         pa = inv.after.profile
-        body.append(charts.block(lambda: viz.trend_chart(pa), lambda: trend_sentence(pa, "Recommended")))
+        body.append(charts.block(lambda: viz.trend_chart(pa), lambda: trend_sentence(pa, "Recommended (confirm run)")))
     sections.append(_section("trends", "Where the time went: trends under load", "".join(body)))
 
     # ledger before / after
     loads = {"baseline": inv.before.load}
-    after_load = inv.after.load if inv.after is not None else ladder.final.last_load
-    if after_load is not None:
-        loads["recommended"] = after_load
+    if inv.after is not None and inv.after.load is not None:
+        loads["recommended"] = inv.after.load
     loads = {k: v for k, v in loads.items() if v is not None}
-    body = ['<p>Per-request time by stage (ok requests), p50 next to p99: where a request spends its time.</p>']
+    confirm_mode = (f"open loop at {inv.confirm_rate:.1f} req/s" if inv.confirm_rate else "closed loop")
+    body = ["<p>Per-request time by stage (ok requests), p50 next to p99: where a request spends its time. "
+            f"Baseline: closed loop at concurrency {settings.concurrency}, recorder on"
+            + (f"; recommended: the confirm run, {_esc(confirm_mode)}, recorder on" if "recommended" in loads else "")
+            + ".</p>"]
     if loads:
         body.append(charts.block(lambda: viz.ledger_chart(loads, device=dev), lambda: ledger_sentence(loads)))
     sections.append(_section("ledger", "The stage ledger, before and after", "".join(body)))
 
+    # capacity at the target
+    caps: dict[str, Any] = {}
+    if ladder.baseline_capacity is not None:
+        same = ladder.capacity is None or ladder.capacity is ladder.baseline_capacity
+        caps["baseline" + (" = recommended" if same and ladder.recommended == ladder.baseline
+                           else "")] = ladder.baseline_capacity
+        if not same:
+            caps["recommended"] = ladder.capacity
+    if caps:
+        body = [f"<p>A configuration's capacity is the highest Poisson arrival rate whose open-loop p99 (from the "
+                f"scheduled arrival, over every outcome: a failure counts as over the target) stays within "
+                f"{target:.0f} ms with failures within the {100 * settings.error_budget:.1f}% budget. Each probe "
+                "passes or fails on a count of its outcomes over the target (a p99 within the target lets fewer than "
+                "1% exceed it); it fails fast past the knee, over the error budget, or when the load client fell "
+                "behind; a probe with too few outcomes to count is decided on its p99 estimate ('estimate'). The "
+                "search brackets the capacity and bisects it geometrically."
+                + (" No step was kept: the recommended configuration is the baseline." if len(caps) == 1
+                   and ladder.recommended == ladder.baseline else "") + "</p>",
+                charts.block(lambda: viz.capacity_chart(caps, device=dev, target_p99_ms=target),
+                             lambda: capacity_sentence(caps))]
+        for label, cap in caps.items():
+            body.append(f"<p><b>{_esc(label)}</b>: {_esc(cap.sentence())}</p>")
+            body.append(_table(_probe_rows(cap), _PROBE_COLUMNS, lambda r: "kept" if r["passed"] else "dropped"))
+        conf = _confirm(inv)
+        if conf is not None:
+            body.append(f"<p>Confirm run of the recommended configuration ({_esc(confirm_mode)}, recorder on): p99 "
+                        f"{_esc(_p99_span(conf['p99_ms'], conf['p99_low_ms'], conf['p99_high_ms']))} ms (95% interval), "
+                        f"p50 {_num(conf['p50_ms'], 0)} ms, {conf['failed']} of {conf['submitted']} failed.</p>")
+    else:
+        body = [f"<p>Objective {_esc(ladder.objective)}: no capacity search; every configuration was measured in a "
+                f"closed loop at concurrency {settings.concurrency}, its p99 checked against {target:.0f} ms.</p>"]
+    sections.append(_section("capacity", f"Capacity at the p99 target ({target:.0f} ms)", "".join(body)))
+
     # ladder
-    rows = ladder.to_frame().astype(object).where(lambda f: f.notna(), None).to_dict("records")
-    for r in rows:
-        for key in ("model_busy", "device_busy"):
-            r[key] = pct(r[key]) if r[key] is not None else None
-        r["gain"] = f"{100 * r['gain']:+.1f}%" if r["gain"] is not None else None
-        r["qps"] = round(r["qps"], 1) if r["qps"] is not None else None
-        r["p99_ms"] = round(r["p99_ms"]) if r["p99_ms"] is not None else None
-    table = _table(rows, [("step", "step"), ("change", "change"), ("qps", "QPS"), ("p99_ms", "p99 ms"),
-                          ("model_busy", "model busy"), ("device_busy", "device busy"), ("gain", "vs previous"),
-                          ("runs", "runs"), ("status", "status"), ("reason", "why")],
-                   lambda r: "kept" if r["kept"] else "dropped")
-    measured = ladder.to_frame()
-    measured = measured[measured.qps.notna()].reset_index(drop=True)
-    measured.attrs["device"] = dev
-    body = [f"<p>Closed-loop load at concurrency {ladder.settings.concurrency}, {ladder.settings.duration_s:g} s "
-            f"measured per run after {ladder.settings.warmup_s:g} s of warm-up, the same requests in the same order. "
-            "A step is kept only if its QPS beats the step before by more than the run-to-run spread; a gain within "
-            "the spread is measured again before it is judged.</p>", table,
-            charts.block(lambda: viz.ladder_chart(measured, device=dev), lambda: ladder_sentence(ladder))]
+    table = _table(_ladder_rows(ladder),
+                   [("step", "step"), ("change", "change"), ("status", "status"), ("ratio", "ratio [interval]"),
+                    ("pairs", "pairs"), ("rate", "tested at (req/s)"), ("p50", "p50 (ms)"),
+                    ("p99", "p99 [95% interval] (ms)"), ("errors", "errors / timeouts of n"),
+                    ("capacity", "capacity (req/s)"), ("why", "why")],
+                   lambda r: "failed" if r["failed"] else "kept" if r["kept"] else "dropped")
+    level = next((x.figures.get("level") for x in _judged(ladder)), None)
+    level_text = f"{100 * level:.1f}%" if _finite(level) else "the comparison's"
+    if ladder.objective == "target":
+        how = (f"Each step is measured against its reference (the configuration kept before it) in interleaved pairs "
+               f"(AB BA BA AB ...), both arms open loop at the same offered Poisson rate, {_esc(_compare_rate(ladder))}; "
+               f"{settings.duration_s:g} s measured per run after {settings.warmup_s:g} s of warm-up, "
+               f"{settings.min_pairs} to {settings.max_pairs} pairs. The figure per pair is the p99 ratio reference / "
+               f"candidate (above 1: the candidate is faster). A step is kept when the lower end of the ratio's "
+               f"{level_text} interval clears 1 + {settings.min_effect:g} and the candidate meets the {target:.0f} ms "
+               "target at that rate, or when it meets the target where the reference did not; a step that misses "
+               "the target is never kept. A kept step's own capacity is then searched, and it becomes the next "
+               "reference.")
+    else:
+        how = (f"Each step is measured against its reference in interleaved pairs (AB BA BA AB ...) in a closed loop "
+               f"at concurrency {settings.concurrency}, {settings.duration_s:g} s measured per run after "
+               f"{settings.warmup_s:g} s of warm-up, {settings.min_pairs} to {settings.max_pairs} pairs. The figure "
+               f"per pair is the QPS ratio candidate / reference; a step is kept when the lower end of its "
+               f"{level_text} interval clears 1 + {settings.min_effect:g}, and never when it takes a p99 that met "
+               f"the {target:.0f} ms target over it.")
+    body = [f"<p>{how} Errors count every outcome other than ok, timeouts included; the p50 and p99 are the "
+            "candidate's, pooled over its pair runs (the baseline's: its closed-loop run and its probe at its "
+            "capacity).</p>", table]
+    if _judged(ladder):
+        body.append(charts.block(lambda: viz.ladder_ratio_chart(ladder, device=dev), lambda: ladder_sentence(ladder)))
+    else:
+        body.append(f"<p>{_esc(ladder_sentence(ladder))}</p>")
     if ladder.waits is not None:
-        chosen = ladder.step("batching").change if any(x.name == "batching" for x in ladder.steps) else "-"
-        body.append(charts.block(lambda: viz.load_sweep_chart(ladder.waits, "max_wait_ms", device=dev),
-                                 lambda: waits_sentence(ladder.waits, ladder.target_p99_ms, chosen)))
+        kept_waits = [x.change for x in ladder.steps if x.status == "kept" and "max_wait_ms" in x.change]
+        chosen = ", ".join(kept_waits) or "none"
+        body.append(charts.block(lambda: viz.wait_steps_chart(ladder.waits, device=dev, min_effect=settings.min_effect,
+                                                              target_p99_ms=target),
+                                 lambda: waits_sentence(ladder.waits, target, chosen)))
     if hasattr(ladder.precision, "cosines"):
         body.append(charts.block(lambda: viz.precision_chart(ladder.precision), lambda: precision_sentence(ladder.precision)))
     sections.append(_section("ladder", "The ladder: one change at a time", "".join(body)))
@@ -365,12 +493,28 @@ def render_report(inv: Any) -> str:
     rec = s["recommended"]
     change_rows = [{"knob": k, "baseline": _knob(getattr(ladder.baseline, k, None)), "recommended": _knob(v)}
                    for k, v in rec["changes"].items()]
-    body = [f"<p>Measured on {_esc(dev['label'])}. Serve it:</p>",
-            f"<pre>python -m tuning serve {_esc(rec['set_line'])}</pre>",
-            "<p>or from Python:</p>",
-            f"<pre>import tuning\nknobs = {_esc(rec['python_call'])}</pre>",
-            _table(change_rows, [("knob", "knob"), ("baseline", "baseline"), ("recommended", "recommended")])
-            if change_rows else "<p>No change beat the run-to-run spread: keep the baseline.</p>"]
+    body = []
+    if not ladder.target_met:
+        body.append(f'<p class="note">TARGET NOT MET: no configuration measured met p99 ≤ {target:.0f} ms. What '
+                    "follows is the closest configuration, not one that meets the target.</p>")
+    body += [f"<p>Measured on {_esc(dev['label'])}. Serve it:</p>",
+             f"<pre>python -m tuning serve {_esc(rec['set_line'])}</pre>",
+             "<p>or from Python:</p>",
+             f"<pre>import tuning\nknobs = {_esc(rec['python_call'])}</pre>",
+             _table(change_rows, [("knob", "knob"), ("baseline", "baseline"), ("recommended", "recommended")])
+             if change_rows else "<p>No step was kept: keep the baseline.</p>"]
+    top = ladder.top()
+    if len(top):
+        key = "capacity" if ladder.objective == "target" else "qps"
+        top_rows = top.astype(object).where(top.notna(), None).to_dict("records")
+        for r in top_rows:
+            for k in (key, "p99_ms", "ratio"):
+                r[k] = round(r[k], 2 if k == "ratio" else 1) if _finite(r.get(k)) else None
+        body += [f"<p>The best configurations measured (by {'capacity, req/s' if key == 'capacity' else 'QPS'}; "
+                 "a capacity is searched only for a kept step):</p>",
+                 _table(top_rows, [("step", "step"), ("change", "change"), ("status", "status"),
+                                   (key, "capacity (req/s)" if key == "capacity" else "QPS (req/s)"),
+                                   ("p99_ms", "p99 (ms)"), ("ratio", "ratio"), ("knobs", "knobs vs baseline")])]
     sections.append(_section("ship", "What to ship", "".join(body)))
 
     # environment
@@ -381,19 +525,26 @@ def render_report(inv: Any) -> str:
                              + _table(data_rows, [("what", ""), ("value", "")])))
 
     banner_cls = "banner sim" if dev.get("simulated") else "banner"
+    alerts = ""
+    if inv.interrupted:
+        alerts += (f'<div class="banner miss">INTERRUPTED: the investigation was cut short; this report holds what '
+                   f"was measured. Go on with <code>--resume {_esc(inv.out)}</code>.</div>")
+    if not ladder.target_met:
+        alerts += (f'<div class="banner miss">TARGET NOT MET: no configuration kept p99 ≤ {target:.0f} ms '
+                   f"(errors within {100 * settings.error_budget:.1f}%) at any rate tried. The recommendation below is "
+                   "the closest measured, not one that meets the target.</div>")
     head = (f'<h1>Investigation: where the time goes and what to ship</h1>'
             f'<p class="muted">{_dt.datetime.now().isoformat(timespec="seconds")} · '
             f'{"quick" if inv.quick else "full"} run · {inv.wall_s:.0f} s · data {_esc(inv.data.get("path"))} '
             f'({inv.data.get("lines")} lines, {inv.data.get("invalid")} invalid)</p>'
-            f'<div class="{banner_cls}">{_esc(dev.get("banner") or dev["label"])}</div>'
+            + alerts
+            + f'<div class="{banner_cls}">{_esc(dev.get("banner") or dev["label"])}</div>'
             + (f'<p class="muted">{_esc(machine_line(inv.environment["machine"]))}</p>'
                if inv.environment.get("machine") else "")
             + (f'<p class="note">Note: {_esc(inv.environment["contended"])}.</p>' if inv.environment.get("contended")
                else "")
-            + f'<p class="headline">QPS <b>{_num(s["baseline"]["qps"])} → {_num(s["result"]["qps"])}</b>, p99 '
-            f'<b>{_num(s["baseline"]["p99_ms"], 0)} → {_num(s["result"]["p99_ms"], 0)} ms</b> (target '
-            f'{ladder.target_p99_ms:.0f} ms), model busy {pct(s["baseline"]["model_busy"])} → '
-            f'{pct(s["result"]["model_busy"])}. Ship: <code>{_esc(rec["set_line"])}</code></p>')
+            + f'<p class="headline">{_headline(inv)} Ship: <code>{_esc(rec["set_line"])}</code></p>'
+            + f'<p class="muted">{_esc(headline(inv))}</p>')
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<title>tuning investigate report</title>"
             f"<style>{_CSS}</style>"

@@ -170,27 +170,79 @@ def format_watch(result: WatchResult) -> str:
     return "\n".join(lines)
 
 
-def format_investigation(inv: Investigation) -> str:
-    """The terminal ending: the ladder table, the recommendation, where the files are."""
+def _span(f: dict[str, Any], digits: int = 2) -> str | None:
+    """``ratio [low-high]`` of a step's figures, or None."""
+    r = f.get("ratio")
+    if not isinstance(r, (int, float)) or not math.isfinite(r):
+        return None
+    return f"{r:.{digits}f} [{number(f.get('low'), digits)}-{number(f.get('high'), digits)}]"
 
-    rows = [{**r, "qps": r["qps"], "p99_ms": r["p99_ms"],
-             "model_busy": None if r["model_busy"] is None else f"{100 * r['model_busy']:.0f}%",
-             "device_busy": None if r["device_busy"] is None else f"{100 * r['device_busy']:.0f}%",
-             "gain": None if r["gain"] is None else f"{100 * r['gain']:+.0f}%"} for r in inv.ladder.to_frame()
-            .astype(object).where(lambda f: f.notna(), None).to_dict("records")]
-    s = inv.ladder.summary()
-    lines = [f"ladder on {inv.device['label']} (closed loop, concurrency {inv.ladder.settings.concurrency}, "
-             f"run-to-run spread ±{100 * inv.ladder.noise:.0f}%)",
-             table(rows, ["step", "change", "qps", "p99_ms", "model_busy", "device_busy", "gain", "runs", "status"]),
-             "",
-             f"QPS {s['baseline']['qps']:.1f} -> {s['result']['qps']:.1f}, p99 {s['baseline']['p99_ms']:.0f} -> "
-             f"{s['result']['p99_ms']:.0f} ms (target {inv.ladder.target_p99_ms:.0f} ms)",
-             f"ship: python -m tuning serve {inv.ladder.set_line()}",
-             f"      {inv.ladder.python_call()}"]
+
+def _ms(x: Any) -> str:
+    if x is None or not isinstance(x, (int, float)):
+        return "-"
+    return "inf" if math.isinf(x) else f"{x:.0f}"
+
+
+def _step_row(step: Any) -> dict[str, Any]:
+    f = step.figures
+    measured = bool(f) and f.get("n") is not None
+    cap = f.get("capacity")
+    return {"step": step.name, "change": step.change or "-", "status": step.status, "ratio [low-high]": _span(f),
+            "pairs": f.get("pairs"),
+            "p50/p99 ms": f"{_ms(f.get('p50_ms'))}/{_ms(f.get('p99_ms'))}" if measured else None,
+            "errors/timeouts": f"{f.get('errors', 0)}/{f.get('timeouts', 0)} of {f.get('n')}" if measured else None,
+            "capacity req/s": f"{cap:.1f}" if isinstance(cap, (int, float)) else None}
+
+
+def format_investigation(inv: Investigation) -> str:
+    """The terminal ending: a TARGET NOT MET banner when it was missed, the ladder table (each step's paired
+    ratio with its interval), the best configurations, the ship line, where the files are, and the headline."""
+    from tuning.experiments.investigate import headline
+
+    ladder = inv.ladder
+    t = ladder.target_p99_ms
+    lines = []
+    if inv.interrupted:
+        lines.append(f"INTERRUPTED: the ladder was cut short; the files hold what was measured (--resume {inv.out})")
+    if not inv.target_met:
+        lines.append(f"TARGET NOT MET: no configuration kept p99 <= {t:.0f} ms (errors within "
+                     f"{100 * ladder.settings.error_budget:.1f}%) at any rate tried; the ship line is the closest, "
+                     "not one that meets the target")
+    level = next((s.figures.get("level") for s in ladder.steps if s.figures.get("level") is not None), None)
+    level_text = f"{100 * level:.1f}% interval" if isinstance(level, (int, float)) else "interval"
+    effect = ladder.settings.min_effect
+    if ladder.objective == "target":
+        how = (f"objective: capacity at p99 <= {t:.0f} ms; each step in interleaved pairs against its reference, "
+               f"open loop at one rate below the reference's capacity; ratio = reference p99 / candidate p99 with its "
+               f"{level_text}, kept when the lower end clears {1 + effect:.2f} and the target is met there")
+    else:
+        how = (f"objective: closed-loop QPS at concurrency {ladder.settings.concurrency}; each step in interleaved "
+               f"pairs against its reference; ratio = candidate QPS / reference QPS with its {level_text}, kept "
+               f"when the lower end clears {1 + effect:.2f} without taking the p99 over {t:.0f} ms")
+    lines += [f"ladder on {inv.device.get('label', '?')} ({how})",
+              table([_step_row(s) for s in ladder.steps],
+                    ["step", "change", "status", "ratio [low-high]", "pairs", "p50/p99 ms", "errors/timeouts",
+                     "capacity req/s"])]
+    for s in ladder.steps:
+        if s.status == "failed":
+            lines.append(f"failed: {s.name} ({s.change}): {s.error or s.reason}")
+    top = ladder.top()
+    if len(top):
+        key = "capacity" if ladder.objective == "target" else "qps"
+        rows = top.astype(object).where(top.notna(), None).to_dict("records")
+        unit = "req/s; searched only for kept steps" if key == "capacity" else "req/s"
+        lines += ["", f"top configurations by {key} ({unit})",
+                  table(rows, ["step", "change", "status", key, "p99_ms", "ratio"])]
+    closest = "" if inv.target_met else "   (the closest; TARGET NOT MET)"
+    lines += ["", f"ship: python -m tuning serve {ladder.set_line()}{closest}", f"      {ladder.python_call()}"]
     for v in inv.what_if.get("verdicts", []):
         lines.append(f"what-if: {v}")
     if inv.environment.get("contended"):
         lines.append(f"note: {inv.environment['contended']}")
-    lines.append(f"report: {inv.files['report.html']}  ({inv.wall_s:.0f} s; also experiments.csv, summary.json, "
-                 "environment.json)")
+    names = ", ".join(n for n in inv.files if n != "report.html")
+    report = inv.files.get("report.html")
+    lines.append((f"report: {report}  ({inv.wall_s:.0f} s; also {names})" if report else
+                  f"files: {names or 'none'} under {inv.out} ({inv.wall_s:.0f} s)"))
+    lines.append(headline(inv))
     return "\n".join(lines)
