@@ -93,7 +93,7 @@ def test_a_probe_past_the_knee_fails_fast():
 
     def measure(knobs, *, rate=None, record=False):
         calls.append(rate)
-        lat = np.r_[np.full(95, 50.0), np.full(5, 900.0)]  # 5% over: undecided at n = 100
+        lat = np.r_[np.full(95, 50.0), np.full(5, 900.0)]  # 5% over: a fail by the count, after two windows
         return _trial(rate, lat, qps=0.8 * rate)  # completions 80% of the offered rate: the knee
     p = probe(measure, preset("baseline"), 50.0, 800.0, CapacitySettings(max_windows=4))
     assert (p.verdict, p.by, p.windows) == ("fail", "knee", 1) and len(calls) == 1
@@ -140,8 +140,9 @@ def test_noise_alone_rarely_ships_a_knob_closed_loop():
 
 
 def test_noise_alone_rarely_ships_a_knob_at_the_target():
+    """A queue's own noise (M/D/1, 5% run-to-run on the service rate), quick settings."""
     shipped = 0
-    runs = 40
+    runs = 80
     for seed in range(runs):
         ladder = _ladder(QueueStub(base_rate=40.0, noise=0.05, seed=seed), target_p99_ms=800.0)
         shipped += bool(ladder.changes())
@@ -172,12 +173,12 @@ def test_noise_alone_rarely_ships_a_knob_at_the_target_figure_noise():
 
 
 def test_a_true_ten_percent_capacity_step_is_kept_at_the_target():
-    """5% lognormal noise on each window's figures (the review's model); with a queue's own physics at 400
-    outcomes a window the p99 at 90% of the knee moves far more (see the closing note)."""
+    """A queue's own noise (M/D/1 at 400 outcomes a window, 5% run-to-run on the service rate), full
+    settings. (Quick mode's 5% minimum effect and 6 pairs keep about 1 in 12 of these: it finds 20%+.)"""
     kept = measured = 0
-    for seed in range(25):
+    for seed in range(15):
         rules = [(test, 1.10) for test, _ in _EVERY_STEP]
-        ladder = _ladder(SmoothStub(rules, noise=0.05, seed=seed), target_p99_ms=200.0,
+        ladder = _ladder(QueueStub(rules, base_rate=40.0, noise=0.05, seed=seed), target_p99_ms=800.0,
                          steps=("workers", "tokenizer", "precision"), settings=LadderSettings.full())
         for s in ladder.steps:
             if s.status in ("kept", "not kept"):
@@ -215,13 +216,17 @@ def test_step_figures_are_frozen_at_their_decision():
     drift = QueueStub([(lambda k: k.tokenizer == "fast", 1.6)], base_rate=40.0, noise=0.02)
     original = drift.service_rate
     drift.service_rate = lambda k: original(k) * (0.8 if len(drift.calls) > 40 else 1.0)
-    ladder = _ladder(drift, steps=("tokenizer", "workers", "precision"), target_p99_ms=800.0,
-                     on_step=lambda partial: seen.append(json.dumps(partial.summary()["steps"], default=str)))
-    final = json.loads(json.dumps(ladder.summary()["steps"], default=str))
-    for snapshot in seen:
-        rows = json.loads(snapshot)
-        assert rows == final[: len(rows)]
-    assert len(seen) == len(ladder.steps)
+
+    def snapshot(partial):
+        summary = partial.summary()
+        seen.append(json.dumps({"steps": summary["steps"], "experiments": summary["experiments"]}, default=str))
+    ladder = _ladder(drift, steps=("tokenizer", "workers", "precision"), target_p99_ms=800.0, on_step=snapshot)
+    final = json.loads(json.dumps(ladder.summary(), default=str))
+    for text in seen:
+        rows = json.loads(text)
+        assert rows["steps"] == final["steps"][: len(rows["steps"])]
+        assert rows["experiments"] == final["experiments"][: len(rows["experiments"])]
+    assert len(seen) >= len(ladder.steps) and drift.service_rate(preset("baseline")) < 40.0
 
 
 def test_a_baseline_with_no_ok_answer_is_a_failed_baseline():
@@ -274,9 +279,156 @@ def test_the_one_argument_seam_still_works_for_qps_with_a_warning():
 
 
 def test_the_ship_line_carries_only_what_the_server_reads():
+    import dataclasses
+
     stub = QueueStub([(lambda k: k.num_workers > 2, 1.5)], base_rate=40.0, noise=0.01)
     ladder = _ladder(stub, steps=("workers",), device="sim", target_p99_ms=800.0)
     assert ladder.step("workers").status == "kept"
     line = ladder.set_line()
     assert "num_workers" in line and "device=sim" not in line and "sim_profile" not in line
-    assert "prefetch_factor" not in line
+    offline_only = dataclasses.replace(ladder, recommended=ladder.recommended.replace(prefetch_factor=4))
+    assert "prefetch_factor" not in offline_only.set_line() and "num_workers" in offline_only.set_line()
+
+
+def test_a_kept_step_must_not_lower_the_capacity():
+    """Better latency at 90% of the reference's capacity, but a lower capacity (a knob that helps light load
+    and hurts the knee) is refused after its capacity search."""
+    def measure(knobs, *, rate=None, record=False, seed=None):
+        fast = knobs.tokenizer == "fast"
+        mu = 67.8 if fast else 100.0  # capacities at 400 ms: 63 against 68.4 req/s
+        base = 2.0 if fast else 40.0
+        if rate is None:
+            return Trial(qps=mu, p99_ms=base * 10, ok=1000, submitted=1000, window_s=1000 / mu)
+        p99 = base / max(1 - rate / mu, 0.01) ** 2
+        q = -np.log1p(-(np.arange(1000) + 0.5) / 1000)
+        lat = p99 * q / math.log(100)
+        return Trial(qps=min(rate, mu), p99_ms=float(np.percentile(lat, 99)), ok=1000, submitted=1000,
+                     window_s=1000 / rate, rate=rate, offered_rate=rate, latencies_ms=lat)
+    ladder = _ladder(measure, steps=("tokenizer",), target_p99_ms=400.0, settings=LadderSettings.full())
+    step = ladder.step("tokenizer")
+    assert step.status == "not kept" and "below the reference's" in step.reason, step.reason
+    assert ladder.recommended.tokenizer == "naive"
+
+
+def test_when_the_reference_misses_a_step_that_gets_closer_is_kept():
+    """Two steps each take 100 ms off a 900 ms floor: neither alone meets 800 ms; together they do."""
+    floor = lambda k: 900.0 - 100.0 * (k.tokenizer == "fast") - 100.0 * (k.dtype == "bf16")  # noqa: E731
+    stub = QueueStub(base_rate=40.0, noise=0.02, p99_floor_ms=floor)
+    ladder = _ladder(stub, steps=("tokenizer", "precision"), target_p99_ms=800.0)
+    assert ladder.step("tokenizer").status == "kept" and "closer" in ladder.step("tokenizer").reason
+    assert ladder.step("precision").status == "kept" and ladder.target_met
+
+
+# --- the command: exit codes and files ---------------------------------------------------------------
+
+def _cli(monkeypatch, tmp_path, measure, *extra):
+    import contextlib
+    import io
+
+    from tuning import cli
+    from tuning.experiments import investigate as inv_module
+
+    class Closing:
+        def __init__(self, fn):
+            self.fn = fn
+
+        def __call__(self, knobs, *, rate=None, record=False, seed=None):
+            return self.fn(knobs, rate=rate, record=record, seed=seed)
+
+        def close(self):
+            pass
+    monkeypatch.setattr(inv_module, "measure_for", lambda *a, **k: Closing(measure))
+    out = tmp_path / "out"
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = cli.main(["investigate", "--quick", "--limit", "20", "--device", "cpu", "--what-if", "none",
+                         "--out", str(out), *extra])
+    return code, stdout.getvalue(), stderr.getvalue(), out
+
+
+def _tiny_steps(monkeypatch):
+    from tuning.experiments import ladder as ladder_module
+
+    monkeypatch.setattr(ladder_module, "STEPS", ("tokenizer", "precision"))
+    original = ladder_module.run_ladder
+
+    def run(*a, **k):
+        k.setdefault("steps", ("tokenizer", "precision"))
+        k.setdefault("lengths", [12, 20, 31])
+        k.setdefault("accuracy", lambda d: {"bf16": 0.99999})
+        return original(*a, **k)
+    from tuning.experiments import investigate as inv_module
+    monkeypatch.setattr(inv_module, "run_ladder", run)
+
+
+def test_exit_3_when_no_configuration_meets_the_target(monkeypatch, tmp_path):
+    _tiny_steps(monkeypatch)
+    stub = QueueStub(base_rate=40.0, noise=0.02, p99_floor_ms=lambda k: 900.0)
+    code, stdout, _, out = _cli(monkeypatch, tmp_path, stub, "--target-p99-ms", "800")
+    assert code == 3, stdout[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["target_met"] is False and summary["partial"] is False
+    assert "TARGET NOT MET" in summary["headline"] and "TARGET NOT MET" in stdout.strip().splitlines()[-1]
+
+
+def test_exit_1_naming_the_first_error_when_the_baseline_gets_no_answer(monkeypatch, tmp_path):
+    _tiny_steps(monkeypatch)
+
+    def dead(knobs, *, rate=None, record=False, seed=None):
+        return Trial(qps=0.0, p99_ms=math.nan, ok=0, errors=20, submitted=20, first_error="error: connection refused")
+    code, _, stderr, _ = _cli(monkeypatch, tmp_path, dead)
+    assert code == 1 and "connection refused" in stderr
+
+
+def test_ctrl_c_writes_the_partial_report_and_resume_finishes_it(monkeypatch, tmp_path):
+    _tiny_steps(monkeypatch)
+    armed = {"on": True}
+    stub = QueueStub([(lambda k: k.tokenizer == "fast", 1.6), (lambda k: k.dtype == "bf16", 1.6)], base_rate=40.0,
+                     noise=0.02)
+
+    def measure(knobs, **kw):
+        if armed["on"] and knobs.dtype == "bf16":
+            raise KeyboardInterrupt
+        return stub(knobs, **kw)
+    code, stdout, _, out = _cli(monkeypatch, tmp_path, measure)
+    assert code == 130
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["partial"] is True and "--resume" in summary["headline"]
+    assert [s["step"] for s in summary["steps"]] == ["baseline", "tokenizer"]
+    assert (out / "experiments.csv").read_text().count("\n") == len(summary["experiments"]) + 1
+    armed["on"] = False
+    code, stdout, _, out2 = _cli(monkeypatch, tmp_path, measure, "--resume", str(out))
+    done = json.loads((out2 / "summary.json").read_text())
+    assert code == 0 and done["partial"] is False
+    assert [s["step"] for s in done["steps"]] == ["baseline", "tokenizer", "precision"]
+    assert done["steps"][:2] == summary["steps"] and "dtype=bf16" in done["recommended"]["set_line"]
+
+
+# --- the real measurement: the load from its own process ---------------------------------------------
+
+def test_load_measure_drives_the_server_from_another_process():
+    """Closed and open loop against an in-process server with a fast stand-in model; the load generator is a
+    separate process (its pid differs and it ends on close), each outcome counted once."""
+    import os
+
+    from tests.helpers import TinyModel
+    from tuning.experiments.measure import LoadMeasure
+
+    texts = [f"short text number {i}" for i in range(40)]
+    measure = LoadMeasure(texts, concurrency=4, duration_s=0.6, warmup_s=0.1, model=TinyModel(delay_s=0.002),
+                          min_outcomes=60, max_window_s=2.0, warmup_requests=5)
+    knobs = preset("tuned", device="cpu").replace(dtype="fp32")
+    try:
+        closed = measure(knobs)
+        child = measure._process.process
+        assert child.pid != os.getpid() and child.poll() is None
+        opened = measure(knobs, rate=40.0, seed=7)
+        again = measure(knobs, rate=40.0, seed=7)
+    finally:
+        measure.close()
+    assert measure._process is None and child.poll() is not None  # the load process ended with close()
+    assert closed.ok > 0 and closed.rate is None and closed.submitted == closed.ok + closed.errors + closed.timeouts \
+        + closed.rejected
+    assert opened.rate == 40.0 and opened.window_s >= 60 / 40.0 - 0.1  # stretched to hold 60 arrivals
+    assert len(opened.latencies_ms) == opened.submitted and opened.ok == opened.submitted
+    assert opened.submitted == again.submitted  # the same seed: the same arrivals

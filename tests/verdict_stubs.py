@@ -47,7 +47,7 @@ class QueueStub:
                 mu *= factor
         return mu
 
-    def __call__(self, knobs, *, rate=None, record=False):
+    def __call__(self, knobs, *, rate=None, record=False, seed=None):
         self.calls.append((knobs, rate))
         if self.fail is not None:
             self.fail(knobs)
@@ -57,12 +57,13 @@ class QueueStub:
             lat = np.full(n, 16 / mu * 1000) + self.floor(knobs)
             return Trial(qps=mu, p99_ms=float(np.percentile(lat, 99)), p50_ms=float(np.median(lat)), ok=n,
                          submitted=n, window_s=n / mu, latencies_ms=lat, model_busy=0.9)
-        if rate >= mu * 1.5:  # far past the knee: the queue only grows (computing it would take long)
+        if rate >= mu:  # past the knee the queue only grows: in steady state every latency is unbounded
             n = self.window
             lat = np.linspace(1000, 60000, n)
             return Trial(qps=mu, p99_ms=float(np.percentile(lat, 99)), p50_ms=float(np.median(lat)), ok=n, submitted=n,
                          window_s=n / rate, rate=rate, offered_rate=rate, latencies_ms=lat)
-        lat, window = md1_latencies(rate, 1.0 / mu, self.window, self.warm, self.rng)
+        arrivals = self.rng if seed is None else np.random.default_rng(seed)  # the same seed: the same bursts
+        lat, window = md1_latencies(rate, 1.0 / mu, self.window, self.warm, arrivals)
         served = float((lat / 1000 <= window).sum()) / window  # answered before the window closed (roughly)
         lat = lat + self.floor(knobs)
         return Trial(qps=served, p99_ms=float(np.percentile(lat, 99)), p50_ms=float(np.median(lat)), ok=lat.size,

@@ -15,7 +15,7 @@ the ratio is ``exp(mean d)`` with a t interval. The ladder looks after every pai
 ``max_pairs``: *kept* when the interval's lower end clears ``1 + min_effect``, *dropped* when its upper end
 is below it, *not distinguishable* at the cap. Looking after every pair with a fixed-n interval inflates
 false keeps; the chosen guard is a strict level (99%, two-sided) together with the minimum effect, checked
-by simulation rather than assumed (``tests/test_decide.py``): with 5% run-to-run noise and no real effect,
+by simulation rather than assumed (``tests/test_verdict.py``): with 5% run-to-run noise and no real effect,
 3 to 16 pairs keep 0.7% of decisions (so about 5-7% of ladders with 7-10 decisions ship any no-op knob),
 while a true +10% is kept 92% of the time after about 19 runs; 3 to 8 pairs (quick) keep 0.4% and 79%.
 Bonferroni over the 14 looks (each at 1 - 0.02/14) kept a true +10% only half the time at 12 pairs: the
@@ -69,7 +69,7 @@ def pass_limits(n: int, share: float = EXCEED_SHARE, alpha: float = PROBE_ALPHA)
 def quantile_interval(values: Sequence[float], q: float = 0.99,
                       level: float = P99_LEVEL) -> tuple[float | None, float | None]:
     """Distribution-free interval of the ``q`` quantile from order statistics (None where the sample cannot
-    bound it: an upper bound of the p99 at 95% needs at least 367 values)."""
+    bound it: an upper bound of the p99 at 95% needs at least 368 values)."""
     x = np.sort(np.asarray(values, dtype=float))
     n = x.size
     if n == 0:
@@ -108,7 +108,8 @@ class Paired:
 
     @staticmethod
     def order(i: int) -> tuple[str, str]:
-        """The arms of pair ``i`` (0-based): AB, BA, BA, AB, BA, AB, AB, BA, ... (each four runs ABBA or BAAB)."""
+        """The arms of pair ``i`` (0-based): AB, BA, BA, AB, AB, BA, BA, AB, ... (every four runs ABBA or BAAB; a
+        linear drift cancels over every two pairs, and leaves a third of one run's drift after an odd count)."""
         flips = (i % 2) ^ ((i // 2) % 2)
         return ("B", "A") if flips else ("A", "B")
 

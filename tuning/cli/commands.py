@@ -537,10 +537,7 @@ def cmd_investigate(args: argparse.Namespace) -> int:
     code = _emit(args, inv.summary(), lambda: format_investigation(inv))
     if inv.interrupted:
         return cliguard.EXIT_INTERRUPTED
-    return code if inv.target_met else EXIT_TARGET_MISSED
-
-
-EXIT_TARGET_MISSED = 3  # investigate: no configuration met the p99 target (the files and the closest are there)
+    return code if inv.target_met else cliguard.EXIT_TARGET_MISSED  # the files and the closest are there
 
 
 def _add_investigate_flags(p: argparse.ArgumentParser) -> None:

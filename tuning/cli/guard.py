@@ -13,7 +13,7 @@ import threading
 import warnings
 from typing import Any, Iterator
 
-EXIT_OK, EXIT_NOTHING, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_NOTHING, EXIT_USAGE, EXIT_TARGET_MISSED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 DATA_FORMATS = ("accepted: record JSONL (one JSON object a line with id, title, category, attributes, body), "
                 "JSONL with a text field ({\"text\": ...}, or --text-field NAME), CSV/TSV/Parquet with a text column "
@@ -29,7 +29,10 @@ TERMS = """terms:
                      fills (too few requests in flight): raise concurrency or max_wait_ms
   model busy         share of the measured window the model was running
   knee               the smallest batch within 5% of the best per-sample cost
-exit codes: 0 done, 1 nothing achieved (no valid input, no answer), 2 usage error, 130 interrupted (Ctrl-C)"""
+  capacity           the highest Poisson arrival rate whose open-loop p99 (from the scheduled arrival, every
+                     outcome) is within the target with errors within the budget
+exit codes: 0 done, 1 nothing achieved (no valid input, no answer), 2 usage error, 3 investigate: the p99 target
+            was not met by any configuration (the report shows the closest), 130 interrupted (Ctrl-C)"""
 
 
 class NothingAchieved(Exception):

@@ -7,17 +7,18 @@ within ``target_p99_ms`` and whose error rate is within ``error_budget``. One pr
 outcomes of its windows, ``c`` exceeded the target or failed. It fails fast at the knee (ok answers below
 :data:`KNEE_COMPLETION` of the offered rate), when errors are significantly above the budget, or when the
 load client fell behind its schedule (more than 1% of sends late); otherwise an undecided probe gets
-another window, up to ``max_windows``, and is then decided on the pooled p99 estimate, labelled so. A
+another window, up to ``max_windows``, and is then decided on the pooled p99 estimate, labelled so, unless
+its windows disagree (:func:`windows_agree`): then it says so and does not pass. A
 count decides only after ``min_windows`` windows: latencies in one window are correlated by queue bursts,
 and one burst can put a dozen consecutive requests over the target. The
-search brackets (from the closed-loop saturation rate: ``hi`` = that rate, ``lo`` = ``hi / 2`` checked
-to pass, halved while it fails; or from a rate known to pass: doubled until one fails), then bisects
-geometrically until ``hi / lo <= 1 + tolerance``.
+search brackets (from the closed-loop saturation rate: ``hi`` = that rate, assumed failing, ``lo`` =
+``hi / 2`` checked to pass, halved while it fails; or from a rate known to pass: doubled until one fails),
+then bisects geometrically until ``hi / lo <= 1 + tolerance``.
 
 **Comparison** (:func:`compare_at`): a reference A and a candidate B in interleaved pairs (AB, BA, BA,
-AB, ...) at the same offered rate (open loop) or the same concurrency (closed loop), judged by
-:class:`tuning.base.decide.Paired` on the p99 (the reference's over the candidate's: above 1 is better)
-or on QPS.
+AB, ...) at the same offered rate (open loop, both arms of a pair with the same arrivals) or the same
+concurrency (closed loop), judged by :class:`tuning.base.decide.Paired` on the latency at that rate
+(:func:`latency_figure`, the reference's over the candidate's: above 1 is better) or on QPS.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from scipy import stats
 
 from tuning.base.decide import EXCEED_SHARE, PROBE_ALPHA, Paired, count_verdict, quantile_interval
 from tuning.base.format import rounded
-from tuning.experiments.trial import Measure, Trial
+from tuning.experiments.trial import Measure, Trial, as_measure, p99_of
 from tuning.knobs import Knobs
 
 KNEE_COMPLETION = 0.97  # a probe whose ok answers fall below this share of the offered rate is past the knee
@@ -83,13 +84,15 @@ class Probe:
     p99_low_ms: float | None
     p99_high_ms: float | None
     trials: list[Trial] = field(default_factory=list, repr=False)
+    windows_agree: bool = True  # the windows' exceedance shares are one share (chi-square, p >= 0.01)
 
     def row(self) -> dict[str, Any]:
         return {"rate": rounded(self.rate), "verdict": self.verdict, "by": self.by, "passed": self.passed,
                 "windows": self.windows, "n": self.n, "exceed": self.exceed, "errors": self.errors,
                 "offered_rate": rounded(self.offered_rate), "achieved_rate": rounded(self.achieved_rate),
                 "late": self.late, "p50_ms": rounded(self.p50_ms), "p99_ms": rounded(self.p99_ms),
-                "p99_low_ms": rounded(self.p99_low_ms), "p99_high_ms": rounded(self.p99_high_ms)}
+                "p99_low_ms": rounded(self.p99_low_ms), "p99_high_ms": rounded(self.p99_high_ms),
+                "windows_agree": self.windows_agree}
 
     def sentence(self) -> str:
         hi = f"{self.p99_high_ms:.0f}" if self.p99_high_ms is not None and math.isfinite(self.p99_high_ms) else "?"
@@ -120,8 +123,9 @@ class Capacity:
 
     @property
     def decided(self) -> bool:
-        """Every probe decided by a count or a fail-fast rule (none on the p99 estimate alone)."""
-        return all(p.by != "estimate" for p in self.probes)
+        """Every probe decided by a count or a fail-fast rule (none on the p99 estimate alone, none whose
+        windows disagreed)."""
+        return all(p.by not in ("estimate", "windows disagree") for p in self.probes)
 
     def at(self, rate: float | None) -> Probe | None:
         return next((p for p in self.probes if rate is not None and math.isclose(p.rate, rate, rel_tol=1e-9)), None)
@@ -150,7 +154,7 @@ class Capacity:
     def from_summary(cls, s: dict[str, Any]) -> "Capacity":
         """Back from :meth:`summary` (a resumed run): the probes keep their figures, not their runs."""
         keys = ("rate", "verdict", "by", "passed", "windows", "n", "exceed", "errors", "offered_rate", "achieved_rate",
-                "late", "p50_ms", "p99_ms", "p99_low_ms", "p99_high_ms")
+                "late", "p50_ms", "p99_ms", "p99_low_ms", "p99_high_ms")  # windows_agree: the default
         nan = lambda v: math.nan if v is None else v  # noqa: E731
         probes = [Probe(**{k: (nan(p.get(k)) if k in ("offered_rate", "achieved_rate", "p50_ms", "p99_ms") else p.get(k))
                            for k in keys}) for p in s.get("probes") or []]
@@ -192,13 +196,15 @@ def pooled_figures(trials: list[Trial], target_p99_ms: float) -> dict[str, Any]:
            "offered_rate": sum(t.submitted for t in trials) / window if window > 0 else math.nan}
     if lat is not None and lat.size:
         lo, hi = quantile_interval(lat, 0.99)
-        out.update(n=int(lat.size), exceed=int((lat > target_p99_ms).sum()), p50_ms=float(np.percentile(lat, 50)),
-                   p99_ms=float(np.percentile(lat, 99)) if np.isfinite(lat).mean() >= 0.99 else math.inf,
-                   p99_low_ms=lo, p99_high_ms=hi, counted=True)
+        finite = lat[np.isfinite(lat)]
+        out.update(n=int(lat.size), exceed=int((lat > target_p99_ms).sum()),
+                   p50_ms=float(np.percentile(lat, 50, method="inverted_cdf")), p99_ms=p99_of(lat),
+                   p99_low_ms=lo, p99_high_ms=hi, counted=True,
+                   mean_ms=float(finite.mean()) if finite.size else math.nan)
     else:
         p99 = _median([t.p99_ms for t in trials])
         out.update(exceed=None, p50_ms=_median([t.p50_ms for t in trials]), p99_ms=p99, p99_low_ms=None,
-                   p99_high_ms=None, counted=False)
+                   p99_high_ms=None, counted=False, mean_ms=_median([t.p50_ms for t in trials]))
     return out
 
 
@@ -207,19 +213,40 @@ def _median(values: list[float]) -> float:
     return float(np.median(finite)) if finite else math.nan
 
 
+def knee_reached(f: dict[str, Any], windows: int) -> bool:
+    """Completions fell short of arrivals by more than the window edges explain: ok answers below
+    :data:`KNEE_COMPLETION` of the offered rate *and* a deficit beyond 3 sigma of the edge effect (the
+    requests in flight at each window's two edges, about rate x mean latency each, Poisson-like)."""
+    offered, achieved = f["offered_rate"], f["achieved_rate"]
+    if not (offered > 0 and math.isfinite(achieved)) or achieved >= KNEE_COMPLETION * offered:
+        return False
+    window = f["n"] / offered
+    deficit = (offered - achieved) * window
+    mean_s = f.get("mean_ms", math.nan) / 1000
+    in_flight = offered * mean_s if math.isfinite(mean_s) else 0.0
+    return deficit > 3 * math.sqrt(2 * max(in_flight, 1.0) * max(windows, 1))
+
+
+def _seed(rate: float, window: int) -> int:
+    """A different arrival seed per probe rate and window (windows are independent draws, not replays)."""
+    return (int(round(rate * 1000)) * 7919 + window * 104729) % (2**31 - 1)
+
+
 def probe(measure: Measure, knobs: Knobs, rate: float, target_p99_ms: float,
           settings: CapacitySettings = CapacitySettings(), on_trial: Callable[[Trial], None] | None = None) -> Probe:
-    """Decide whether ``knobs`` meets the target at ``rate`` req/s (see the module docstring)."""
+    """Decide whether ``knobs`` meets the target at ``rate`` req/s (see the module docstring). A pass also
+    needs the errors within the budget (at most ``error_budget`` of the outcomes)."""
+    measure, _ = as_measure(measure)
     trials: list[Trial] = []
     while True:
-        trial = measure(knobs, rate=rate)
+        trial = measure(knobs, rate=rate, seed=_seed(rate, len(trials)))
         trials.append(trial)
         if on_trial:
             on_trial(trial)
         f = pooled_figures(trials, target_p99_ms)
         n, errors = f["n"], f["errors"]
         over_budget = errors > 0 and n > 0 and stats.binom.sf(errors - 1, n, settings.error_budget) <= PROBE_ALPHA
-        knee = f["offered_rate"] > 0 and f["achieved_rate"] < KNEE_COMPLETION * f["offered_rate"]
+        knee = knee_reached(f, len(trials))
         late = n > 0 and f["late"] > LATE_SHARE * n
         verdict = count_verdict(min(f["exceed"], n), n, EXCEED_SHARE) if f["counted"] and n else "undecided"
         by = "count"
@@ -229,6 +256,8 @@ def probe(measure: Measure, knobs: Knobs, rate: float, target_p99_ms: float,
             verdict, by = "fail", "errors"
         elif verdict == "pass" and late:
             verdict, by = "fail", "late sends"
+        elif verdict == "pass" and errors > settings.error_budget * n:
+            verdict = "undecided"  # fast enough, but more failures than the budget allows: look again
         elif verdict != "pass" and knee:
             verdict, by = "fail", "knee"
         elif verdict == "undecided" and late:
@@ -236,14 +265,32 @@ def probe(measure: Measure, knobs: Knobs, rate: float, target_p99_ms: float,
         if verdict != "undecided" and (by != "count" or len(trials) >= settings.min_windows):
             return _probe(rate, verdict, by, verdict == "pass", trials, f)
         if len(trials) >= settings.max_windows:
+            if not windows_agree(trials, target_p99_ms):  # a busy machine: the windows measured different things
+                return _probe(rate, "undecided", "windows disagree", False, trials, f, agree=False)
             passed = math.isfinite(f["p99_ms"]) and f["p99_ms"] <= target_p99_ms and errors <= settings.error_budget * n
             return _probe(rate, "undecided", "estimate", passed, trials, f)
 
 
-def _probe(rate: float, verdict: str, by: str, passed: bool, trials: list[Trial], f: dict[str, Any]) -> Probe:
+def windows_agree(trials: list[Trial], target_p99_ms: float, alpha: float = 0.01) -> bool:
+    """Whether the windows' shares over the target could be one share (a chi-square test of homogeneity at
+    ``alpha``); True with fewer than two counted windows or no exceedance at all."""
+    counts = []
+    for t in trials:
+        if t.latencies_ms is None or not len(t.latencies_ms):
+            return True
+        lat = np.asarray(t.latencies_ms, dtype=float)
+        counts.append([int((lat > target_p99_ms).sum()), int((lat <= target_p99_ms).sum())])
+    table = np.asarray(counts)
+    if len(counts) < 2 or table[:, 0].sum() == 0 or table[:, 1].sum() == 0:
+        return True
+    return bool(stats.chi2_contingency(table)[1] >= alpha)
+
+
+def _probe(rate: float, verdict: str, by: str, passed: bool, trials: list[Trial], f: dict[str, Any],
+           agree: bool = True) -> Probe:
     return Probe(rate, verdict, by, passed, len(trials), f["n"], f["exceed"] if f["exceed"] is not None else -1,
                  f["errors"], f["offered_rate"], f["achieved_rate"], f["late"], f["p50_ms"], f["p99_ms"],
-                 f["p99_low_ms"], f["p99_high_ms"], trials)
+                 f["p99_low_ms"], f["p99_high_ms"], trials, agree)
 
 
 def capacity_at_target(measure: Measure, knobs: Knobs, target_p99_ms: float, *, saturation: float | None = None,
@@ -252,11 +299,12 @@ def capacity_at_target(measure: Measure, knobs: Knobs, target_p99_ms: float, *, 
                        on_trial: Callable[[Trial], None] | None = None) -> Capacity:
     """The highest Poisson rate at which ``knobs`` meets ``target_p99_ms`` within the error budget.
 
-    Start from ``saturation`` (a closed-loop completion rate: the bracket's top, assumed failing until the
-    bisection reaches it) or from ``known_pass`` (a probe that passed: doubled until a rate fails).
+    Start from ``saturation`` (a closed-loop completion rate: the bracket's top, assumed failing; it is never
+    probed, so the capacity found is below it) or from ``known_pass`` (a probe that passed: doubled until a rate fails).
     """
     if not target_p99_ms > 0:
         raise ValueError(f"target_p99_ms={target_p99_ms!r} must be > 0 (milliseconds)")
+    measure, _ = as_measure(measure)
     if known_pass is None and not (saturation is not None and saturation > 0):
         raise ValueError(f"capacity search needs a saturation rate > 0 or a passing probe; got saturation={saturation!r}")
     probes: list[Probe] = [known_pass] if known_pass is not None else []
@@ -301,10 +349,9 @@ def capacity_at_target(measure: Measure, knobs: Knobs, target_p99_ms: float, *, 
             lo = mid
         else:
             hi, hi_probed = mid, True
-    if hi is not None and not hi_probed and hi / lo <= 1 + settings.tolerance and len(probes) < settings.max_probes:
-        if at(hi):  # the closed loop did not saturate it
-            lo, hi = hi, None
-            note = f"the closed loop's completion rate {lo:.1f} req/s passed too: the capacity is at least that"
+    if hi is not None and not hi_probed:
+        note = (f"the bracket's top {hi:.1f} req/s is the closed loop's completion rate (not probed: a rate the "
+                "server only just keeps up with has no bounded p99 in steady state)")
     if hi is not None and hi / lo > 1 + settings.tolerance:
         note = note or f"stopped at {len(probes)} probes with the bracket {lo:.1f}-{hi:.1f} req/s still open"
     return Capacity(target_p99_ms, settings.error_budget, lo, lo, hi, probes, note)
@@ -328,10 +375,10 @@ class CompareSettings:
 class Comparison:
     """A reference and a candidate measured in interleaved pairs, and the verdict."""
 
-    metric: str  # "p99 at rate" (open loop) or "qps" (closed loop)
+    metric: str  # "latency at rate" (open loop) or "qps" (closed loop)
     rate: float | None
     verdict: str  # better | not better | not distinguishable
-    ratio: float  # candidate over reference, larger is better (QPS ratio, or reference p99 / candidate p99)
+    ratio: float  # candidate over reference, larger is better (QPS, or the reference's latency over the candidate's)
     low: float
     high: float
     median_ratio: float
@@ -365,7 +412,7 @@ class Comparison:
         return _meets(pooled_figures(self.reference, target_p99_ms), target_p99_ms, error_budget)
 
     def sentence(self) -> str:
-        what = "p99 (reference / candidate)" if self.rate is not None else "QPS (candidate / reference)"
+        what = "latency (reference / candidate)" if self.rate is not None else "QPS (candidate / reference)"
         at = f" at {self.rate:.1f} req/s" if self.rate is not None else ""
         return (f"{what}{at}: {self.ratio:.3f} [{self.low:.3f}-{self.high:.3f}] at {100 * self.level:.0f}% after "
                 f"{self.pairs} pairs ({self.order}); median {self.median_ratio:.3f}; minimum effect "
@@ -386,12 +433,27 @@ def _meets(f: dict[str, Any], target: float, budget: float) -> tuple[bool, str]:
     return ok, f"p99 {_ms(f['p99_ms'])} ms {'<=' if ok else '>'} {target:.0f} ms (estimate: too few outcomes to count)"
 
 
+def latency_figure(t: Trial, cap_ms: float) -> float:
+    """The open-loop comparison's figure of one run: the geometric mean latency over every outcome (a failure
+    at ``cap_ms``). One window's p99 is an order statistic of the few slowest requests and swings 2-5x run to
+    run near the knee; the geometric mean uses every outcome and moves with the same queueing. Whether the
+    target is met is decided separately, by the count over the pooled runs."""
+    lat = t.latencies_ms
+    if lat is None or not len(lat):
+        return min(t.p99_ms, cap_ms) if math.isfinite(t.p99_ms) and t.ok else cap_ms
+    x = np.minimum(np.asarray(lat, dtype=float), cap_ms)
+    return float(np.exp(np.mean(np.log(np.maximum(x, 1e-3)))))
+
+
 def compare_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: float | None,
                target_p99_ms: float, settings: CompareSettings = CompareSettings(),
                status: Callable[[str], None] | None = None,
-               on_trial: Callable[[Trial], None] | None = None) -> Comparison:
-    """Interleaved pairs of ``reference`` and ``candidate`` at ``rate`` (open loop; the figure is the p99,
-    capped at 20x the target so that a failing arm stays finite) or closed loop (``rate=None``; QPS)."""
+               on_trial: Callable[[Trial], None] | None = None, seed: int = 0) -> Comparison:
+    """Interleaved pairs of ``reference`` and ``candidate`` at ``rate`` (open loop; the figure is
+    :func:`latency_figure`, the reference's over the candidate's) or closed loop (``rate=None``; QPS). Both
+    arms of a pair get the same arrival seed (common random numbers: the same bursts for both), each pair
+    another one."""
+    measure, _ = as_measure(measure)
     paired = Paired(settings.min_effect, settings.min_pairs, settings.max_pairs, settings.level)
     ref_trials: list[Trial] = []
     cand_trials: list[Trial] = []
@@ -400,18 +462,16 @@ def compare_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: fl
     cap = 20 * target_p99_ms
 
     def figure(t: Trial) -> float:
-        if rate is None:
-            return t.qps
-        p99 = t.p99_ms if math.isfinite(t.p99_ms) and t.ok else cap
-        return 1.0 / min(max(p99, 1e-3), cap)
+        return t.qps if rate is None else 1.0 / latency_figure(t, cap)
 
     while True:
         order = Paired.order(paired.pairs)
         orders.append("".join(order))
         got = {}
+        pair_seed = (seed * 1_000_003 + paired.pairs * 7919 + 1) % (2**31 - 1)
         for arm in order:
             say(f"pair {paired.pairs + 1}: {'reference' if arm == 'A' else 'candidate'}")
-            got[arm] = measure(reference if arm == "A" else candidate, rate=rate)
+            got[arm] = measure(reference if arm == "A" else candidate, rate=rate, seed=pair_seed)
             if on_trial:
                 on_trial(got[arm])
         ref_trials.append(got["A"])
@@ -421,6 +481,6 @@ def compare_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: fl
         if verdict != "undecided":
             break
     ratio, lo, hi = paired.interval()
-    return Comparison("p99 at rate" if rate is not None else "qps", rate, verdict, ratio, lo, hi,
+    return Comparison("latency at rate" if rate is not None else "qps", rate, verdict, ratio, lo, hi,
                       paired.median_ratio(), settings.min_effect, settings.level, ref_trials, cand_trials,
                       " ".join(orders))

@@ -40,9 +40,9 @@ from tuning.experiments.ladder import (
     device_block,
     input_texts,
     load_inputs,
+    measure_for,
     run_ladder,
 )
-from tuning.experiments.measure import LoadMeasure
 from tuning.experiments.trial import Trial
 from tuning.knobs import preset
 from tuning.sim.device import device_for
@@ -69,6 +69,7 @@ class Investigation:
     files: dict[str, str] = field(default_factory=dict)
     confirm_rate: float | None = None
     interrupted: bool = False
+    partial: bool = False  # the files of a run still going (or cut short): what was done so far
 
     @property
     def target_met(self) -> bool:
@@ -84,7 +85,7 @@ class Investigation:
             "environment": {k: v for k, v in self.environment.items() if k != "machine"},
             "machine": self.environment.get("machine"),
             "target_p99_ms": ladder.pop("target_p99_ms"),
-            "headline": headline(self), "interrupted": self.interrupted,
+            "headline": headline(self), "interrupted": self.interrupted, "partial": self.partial,
             "diagnosis": _diagnosis(self.before),
             "before": _trial_summary(self.before), "after": _trial_summary(self.after),
             "confirm_rate": rounded(self.confirm_rate),
@@ -224,8 +225,8 @@ def _write_files(inv: "Investigation", env: dict[str, Any], render: Callable[["I
     (out / "environment.json").write_text(json.dumps(with_schema(env), indent=2, default=str))
     if render is not None:
         (out / "report.html").write_text(render(inv), encoding="utf-8")
+    inv.partial = partial
     summary = inv.summary()
-    summary["partial"] = partial
     tmp = out / "summary.json.tmp"
     tmp.write_text(json.dumps(with_schema(summary), indent=2, default=str))
     tmp.replace(out / "summary.json")  # never half a file, even on Ctrl-C
@@ -289,8 +290,7 @@ def run_investigation(data: Any = None, device: str = "auto", quick: bool = Fals
         data_info["path"] = str(DEFAULT_DATA)
     bar.update(1)
     own = measure is None
-    measure = measure or LoadMeasure(inputs, settings.concurrency, settings.duration_s, settings.warmup_s, model,
-                                     seed=settings.seed, tokenizer=tokenizer, formatter=formatter)
+    measure = measure or measure_for(inputs, settings, model, tokenizer, formatter)
     base = preset("baseline", device=dev.knob)
     if dev.knob == "sim" and what_if:
         base = base.replace(sim_profile=what_if)
@@ -312,7 +312,7 @@ def run_investigation(data: Any = None, device: str = "auto", quick: bool = Fals
             inv.ladder = partial
             inv.wall_s = time.perf_counter() - t_start
             env["machine"] = watch.info()
-            _write_files(inv, env, None, partial=True)
+            _write_files(inv, env, render, partial=True)  # the report of what was done so far, too
 
         ladder = run_ladder(inputs, dev, settings=settings, target_p99_ms=target_p99_ms, measure=measure,
                             progress=progress, first=before, sim_profile=what_if if dev.knob == "sim" else None,
@@ -381,6 +381,9 @@ def headline(inv: Investigation) -> str:
     that no configuration met the target, or that the run was cut short."""
     lad = inv.ladder
     t = lad.target_p99_ms
+    if inv.partial and not inv.interrupted:
+        return (f"IN PROGRESS: {len([s for s in lad.steps if s.status != 'baseline'])} steps done so far; "
+                f"nothing to ship yet (best so far: {lad.set_line()})")
     if inv.interrupted:
         return (f"INTERRUPTED after {len([s for s in lad.steps if s.status != 'baseline'])} steps: the files hold what "
                 f"was done; go on with --resume {inv.out}")
@@ -398,8 +401,10 @@ def headline(inv: Investigation) -> str:
             best = r.best if r is not None else None
             closest = f"; closest: {lad.set_line()} with p99 {_num(best.p99_ms)} ms at {best.rate:.1f} req/s" if best else ""
             return f"TARGET NOT MET: no configuration kept p99 <= {t:.0f} ms at any rate tried{closest}{p99}"
-        was = f"{b.capacity:.1f}" if b is not None and b.met else "none (the baseline missed the target)"
-        return f"capacity at p99 <= {t:.0f} ms: {was} -> {r.capacity:.1f} req/s{p99}; ship: {lad.set_line()}"
+        was = (f"{b.capacity:.1f} [{_num(b.low, '.1f')}-{_num(b.high, '.1f')}]" if b is not None and b.met
+               else "none (the baseline missed the target)")
+        return (f"capacity at p99 <= {t:.0f} ms: {was} -> {r.capacity:.1f} [{_num(r.low, '.1f')}-{_num(r.high, '.1f')}]"
+                f" req/s{p99}; ship: {lad.set_line()}")
     bq, rq = lad.baseline_figures.get("qps"), lad.final_figures.get("qps")
     met = "" if lad.target_met else f" (TARGET NOT MET: closed-loop p99 over {t:.0f} ms)"
     return f"QPS (closed loop): {_num(bq, '.1f')} -> {_num(rq, '.1f')}{met}{p99}; ship: {lad.set_line()}"

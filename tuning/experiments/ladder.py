@@ -18,7 +18,7 @@ Steps, in the investigation's order (INVESTIGATION.md, step 4), then a joint pas
 6. ``graph``: CUDA-graph capture (a GPU or the simulated one; with planned buckets if they were not kept,
    since capture needs fixed shapes) or ``torch.compile`` (CPU, not in quick mode);
 7. ``batching``: dynamic batching, each ``max_wait_ms`` in turn;
-8. ``joint``: the knobs that interact (``batch_size``, ``max_wait_ms``) by coordinate descent from the
+8. ``joint``: the knobs that interact (``batch_size``, ``max_wait_ms``, ``max_batch_tokens``) by coordinate descent from the
    ladder's result, with the knee re-measured under the final dtype and graph mode, until a round keeps
    nothing (coordinate descent and not a Bayesian search: two or three knobs with a handful of values each,
    where every trial is a paired comparison that costs seconds; a search model would need more trials
@@ -97,6 +97,9 @@ class LadderSettings:
     concurrency: int = 32  # the closed loop's clients (saturation rate; the qps objective)
     duration_s: float = 10.0
     warmup_s: float = 2.0
+    min_outcomes: int = 1000  # an open-loop window is stretched to hold this many arrivals (a p99 needs outcomes)...
+    max_window_s: float = 30.0  # ...up to this long
+    warmup_requests: int = 200  # open loop: at least this many arrivals warm the queue before the window
     objective: str = "target"
     min_effect: float = 0.02
     min_pairs: int = 3
@@ -124,12 +127,15 @@ class LadderSettings:
             raise ValueError(f"min_effect={self.min_effect!r} must be a share in [0, 1): 0.02 is 2%")
         if not isinstance(self.concurrency, int) or self.concurrency < 1:
             raise ValueError(f"concurrency={self.concurrency!r} must be an integer >= 1")
+        if self.capacity.error_budget != self.error_budget:  # one budget: the probes use the ladder's
+            object.__setattr__(self, "capacity", dataclasses.replace(self.capacity, error_budget=self.error_budget))
 
     @classmethod
     def quick(cls, **changes: Any) -> "LadderSettings":
-        """A few minutes on a 2-core CPU: 3 s windows, a 5% minimum effect, at most 6 pairs per step, a 12%
-        capacity bracket, three batch sizes and two waits, one joint round."""
-        base = dict(concurrency=16, duration_s=3.0, warmup_s=0.5, min_effect=0.05, max_pairs=6,
+        """A few minutes on a 2-core CPU: 3-6 s windows (300 outcomes where the rate allows), a 5% minimum effect,
+        at most 6 pairs per step, a 12% capacity bracket, three batch sizes and two waits, one joint round."""
+        base = dict(concurrency=16, duration_s=3.0, warmup_s=0.5, min_outcomes=300, max_window_s=6.0,
+                    warmup_requests=30, min_effect=0.05, max_pairs=6,
                     capacity=CapacitySettings.quick(), sweep_sizes=(1, 4, 16), sweep_repeats=1, sweep_rounds=2,
                     waits_ms=(5.0, 20.0), joint_rounds=1, precision_texts=32, compile_on_cpu=False)
         base.update(changes)
@@ -562,19 +568,20 @@ class Ladder:
                                 figures, ids, capacity=cap))
 
     def judge(self, name: str, title: str, change: str, knobs: Knobs, note: str = "") -> Step:
-        """Pairs of the reference and ``knobs`` at the reference's capacity (or closed loop), the verdict, and
-        the candidate's own capacity when it is kept."""
+        """Pairs of the reference and ``knobs`` at 90% of the reference's capacity (or closed loop), the
+        verdict, and the candidate's own capacity when it is kept (a kept step whose capacity comes out below
+        the reference's is refused after all)."""
         ref = self.current
         s = self.settings
         if self.target_mode:
-            # a step below the knee: at the capacity itself 5% of run-to-run noise moves the p99 2-5x, and a
-            # run past the knee is a queue that only grows; at 90% of it the p99 still answers to the change
+            # a step below the knee: at the capacity itself 5% of run-to-run noise moves the latency 2-5x, and a
+            # run past the knee is a queue that only grows; at 90% of it the latency still answers to the change
             cap = self.capacity
             rate = cap.capacity * s.compare_at if cap.met else cap.lowest_rate
         else:
             cap, rate = None, None
-        cmp = compare_at(self.measure, ref, knobs, rate=rate, target_p99_ms=self.target,
-                         settings=s.compare_settings(), status=lambda t: self.status(f"{name}: {change}: {t}"))
+        cmp = compare_at(self.measure, ref, knobs, rate=rate, target_p99_ms=self.target, settings=s.compare_settings(),
+                         status=lambda t: self.status(f"{name}: {change}: {t}"), seed=s.seed + len(self.steps))
         ids = [self.experiment(name, "reference", change, ref, cmp.reference, rate).id,
                self.experiment(name, "candidate", change, knobs, cmp.candidate, rate).id]
         cand, refd = cmp.figures("candidate", self.target), cmp.figures("reference", self.target)
@@ -585,50 +592,44 @@ class Ladder:
                                                        "timeouts", "n", "exceed", "model_busy", "device_busy",
                                                        "mean_batch")},
                    **{f"reference_{k}": _round(refd.get(k)) for k in ("qps", "p50_ms", "p99_ms", "errors")}}
-        interval = f"{cmp.ratio:.2f} [{cmp.low:.2f}-{cmp.high:.2f}] after {cmp.pairs} pairs"
-        if self.target_mode:
-            meets, why = cmp.meets(self.target, s.error_budget)
-            figures.update(meets_target=meets, reference_capacity=rounded(cap.capacity))
-            at = f"at {rate:.1f} req/s"
-            if not meets:
-                status, reason = "not kept", f"misses the {self.target:.0f} ms target {at} ({why})"
-            elif not cap.met:
-                status, reason = "kept", (f"meets the target {at} where the reference did not ({why}); "
-                                          f"p99 ratio {interval}")
-            elif cmp.verdict == "better":
-                status, reason = "kept", (f"p99 ratio (reference / candidate) {interval} clears +{100 * cmp.min_effect:.0f}% "
-                                          f"{at}; meets the target there ({why})")
-            elif cmp.verdict == "not better":
-                status, reason = "not kept", f"not better: p99 ratio {interval} {at}, below +{100 * cmp.min_effect:.0f}%"
-            else:
-                status, reason = "not kept", (f"not distinguishable: p99 ratio {interval} {at} "
-                                              f"(the cap) straddles +{100 * cmp.min_effect:.0f}%")
+        what = "latency ratio (reference / candidate)" if self.target_mode else "QPS ratio"
+        interval = f"{what} {cmp.ratio:.2f} [{cmp.low:.2f}-{cmp.high:.2f}] after {cmp.pairs} pairs"
+        at = f" at {rate:.1f} req/s" if rate is not None else " (closed loop)"
+        bar = f"+{100 * cmp.min_effect:.0f}%"
+        meets, why = cmp.meets(self.target, s.error_budget)
+        ref_meets = cap.met if self.target_mode else cmp.reference_meets(self.target, s.error_budget)[0]
+        figures.update(meets_target=meets, reference_capacity=rounded(cap.capacity) if cap is not None else None)
+        if ref_meets and not meets:
+            status, reason = "not kept", f"misses the {self.target:.0f} ms target{at} ({why})"
+        elif meets and not ref_meets:
+            status, reason = "kept", f"meets the target{at} where the reference did not ({why}); {interval}"
+        elif cmp.verdict == "better":
+            status, reason = "kept", f"{interval} clears {bar}{at}" + (f"; meets the target there ({why})" if meets else
+                                                                      "; neither meets the target yet: closer to it")
+        elif cmp.verdict == "not better":
+            status, reason = "not kept", f"not better: {interval}{at}, below {bar}"
         else:
-            ref_ok = math.isfinite(refd["p99_ms"]) and refd["p99_ms"] <= self.target
-            cand_ok = math.isfinite(cand["p99_ms"]) and cand["p99_ms"] <= self.target
-            figures["meets_target"] = cand_ok
-            if ref_ok and not cand_ok:
-                status, reason = "not kept", (f"QPS ratio {interval}, but the closed-loop p99 {cand['p99_ms']:.0f} ms goes "
-                                              f"over the {self.target:.0f} ms target (was {refd['p99_ms']:.0f} ms)")
-            elif cand_ok and not ref_ok:
-                status, reason = "kept", (f"the closed-loop p99 {cand['p99_ms']:.0f} ms meets the {self.target:.0f} ms "
-                                          f"target where the reference's {refd['p99_ms']:.0f} ms did not; QPS ratio {interval}")
-            elif cmp.verdict == "better":
-                status, reason = "kept", f"QPS ratio {interval} clears +{100 * cmp.min_effect:.0f}%"
-            elif cmp.verdict == "not better":
-                status, reason = "not kept", f"not better: QPS ratio {interval}, below +{100 * cmp.min_effect:.0f}%"
-            else:
-                status, reason = "not kept", (f"not distinguishable: QPS ratio {interval} (the cap) straddles "
-                                              f"+{100 * cmp.min_effect:.0f}%")
-        figures["gain"] = rounded(cmp.ratio - 1)
+            status, reason = "not kept", f"not distinguishable: {interval}{at} (the cap) straddles {bar}"
+        figures["gain"] = rounded(cmp.ratio - 1) if not self.target_mode else None
         new_cap = None
         if status == "kept" and self.target_mode:
-            passed = _probe_from(rate, cmp.candidate, self.target)
-            new_cap, probe_ids = self.search(name, knobs, known_pass=passed)
+            if meets:
+                new_cap, probe_ids = self.search(name, knobs, known_pass=_probe_from(rate, cmp.candidate, self.target))
+            else:  # closer to the target but not there: search from its own closed-loop rate
+                closed = self.measure(knobs)
+                ids.append(self.experiment(name, "candidate", f"{change} (closed loop)", knobs, [closed]).id)
+                new_cap, probe_ids = self.search(name, knobs, saturation=closed.qps)
             ids += probe_ids
+            gain = new_cap.capacity / cap.capacity - 1 if cap.met and new_cap.met else None
             figures.update(capacity=rounded(new_cap.capacity), capacity_bracket=[rounded(new_cap.low), rounded(new_cap.high)],
-                           gain=rounded(new_cap.capacity / cap.capacity - 1) if cap.met and new_cap.met else None)
-            reason += f"; capacity now {new_cap.sentence()}"
+                           gain=rounded(gain))
+            if gain is not None and gain < -s.capacity.tolerance:
+                status = "not kept"
+                reason += (f"; but its capacity {new_cap.capacity:.1f} req/s is below the reference's "
+                           f"{cap.capacity:.1f} ({100 * gain:+.0f}%): not kept")
+                new_cap = None
+            else:
+                reason += f"; capacity now {new_cap.sentence()}"
         reason = f"{note}; {reason}" if note else reason
         return self.finish(Step(name, title, change, status, reason, knobs, ref, figures, ids, cmp, new_cap))
 
@@ -661,7 +662,8 @@ class Ladder:
 
     def result(self, base: Knobs, extra: dict[str, Any], interrupted: bool = False) -> LadderResult:
         dev = self.device
-        state = {"done": list(self.done), "current": (self.current or base).as_dict(),
+        started = any(st.status == "baseline" for st in self.steps)
+        state = {} if not started else {"done": list(self.done), "current": (self.current or base).as_dict(),
                  "capacity": self.capacity.summary() if self.capacity is not None else None,
                  "baseline_capacity": self.baseline_capacity.summary() if self.baseline_capacity is not None else None,
                  "baseline_figures": self.baseline_figures, "figures": self.figures, "knee": extra.get("knee"),
@@ -683,15 +685,13 @@ class Ladder:
             raise ValueError(f"cannot resume: that run used objective={state.get('objective')!r} and "
                              f"target_p99_ms={state.get('target_p99_ms')!r}; give the same, or run without --resume")
         done = list(state.get("done") or [])
-        keep = set(done) | {"baseline"}
-        for row in summary.get("steps") or []:
-            if row["step"] in keep:
-                figures = {k: row.get(k) for k in _STEP_FIGURES if row.get(k) is not None}
-                self.steps.append(Step(row["step"], row["title"], row["change"], row["status"], row["reason"],
-                                       None, None, figures, list(row.get("experiments") or []), error=row.get("error")))
+        for row in summary.get("steps") or []:  # every row was decided before it was written: all stay
+            figures = {k: row.get(k) for k in _STEP_FIGURES if row.get(k) is not None}
+            self.steps.append(Step(row["step"], row["title"], row["change"], row["status"], row["reason"],
+                                   None, None, figures, list(row.get("experiments") or []), error=row.get("error")))
         self.experiments = [Experiment(int(r["experiment"]), r["step"], r["role"], r["change"], None, r["device"],
                                        bool(r["simulated"]), r.get("rate"), [], self.target, frozen=r)
-                            for r in summary.get("experiments") or [] if r["step"] in keep]
+                            for r in summary.get("experiments") or []]
         self.current = Knobs(**{k: tuple(v) if isinstance(v, list) else v for k, v in state["current"].items()})
         self.capacity = Capacity.from_summary(state["capacity"]) if state.get("capacity") else None
         self.baseline_capacity = (Capacity.from_summary(state["baseline_capacity"])
@@ -778,6 +778,14 @@ def _min_cosines(report: Any) -> dict[str, Any]:
     return out
 
 
+def measure_for(inputs: Sequence[Any], settings: LadderSettings, model: Any = None, tokenizer: Any = None,
+                formatter: Any = None) -> LoadMeasure:
+    """The real measurement with the ladder's load settings (windows, warm-up, seed)."""
+    return LoadMeasure(inputs, settings.concurrency, settings.duration_s, settings.warmup_s, model, seed=settings.seed,
+                       tokenizer=tokenizer, formatter=formatter, min_outcomes=settings.min_outcomes,
+                       max_window_s=settings.max_window_s, warmup_requests=settings.warmup_requests)
+
+
 def run_ladder(data: Any = None, device: Any = "auto", quick: bool = False,
                target_p99_ms: float = DEFAULT_TARGET_P99_MS, measure: Callable[..., Any] | None = None,
                progress: bool | Callable[[str], None] = True, settings: LadderSettings | None = None,
@@ -818,8 +826,7 @@ def run_ladder(data: Any = None, device: Any = "auto", quick: bool = False,
     inputs = load_inputs(data, settings.limit) if measure is None or lengths is None or accuracy is None else []
     texts, bad = input_texts(inputs, formatter) if inputs else ([], {})
     own_measure = measure is None
-    raw_measure = measure or LoadMeasure(inputs, settings.concurrency, settings.duration_s, settings.warmup_s, model,
-                                         seed=settings.seed, tokenizer=tokenizer, formatter=formatter)
+    raw_measure = measure or measure_for(inputs, settings, model, tokenizer, formatter)
     measure_fn, open_loop = as_measure(raw_measure)
     if settings.objective == "target" and not open_loop:
         raise ValueError("objective='target' needs an open loop: give measure(knobs, *, rate=None, record=False), "
@@ -952,6 +959,8 @@ def run_ladder(data: Any = None, device: Any = "auto", quick: bool = False,
                 _joint_pass(ladder, settings, extra, sweep or _default_sweep(raw_measure, settings, median_len),
                             median_len, cap_batch)
             ladder.done.append(name)
+            if ladder.on_step and ladder.steps:
+                ladder.on_step(ladder.steps[-1])  # the checkpoint again, now with the step marked done
             bar.update(1)
     except KeyboardInterrupt:
         interrupted = True
@@ -965,8 +974,9 @@ def run_ladder(data: Any = None, device: Any = "auto", quick: bool = False,
 
 def _joint_pass(ladder: Ladder, settings: LadderSettings, extra: dict[str, Any], sweep_fn: Callable,
                 length: int, cap_batch: Callable[[int], int]) -> None:
-    """Coordinate descent over batch_size and max_wait_ms from the ladder's result, with the knee re-measured
-    under the final dtype and graph mode; rounds until one keeps nothing (or ``joint_rounds``)."""
+    """Coordinate descent over batch_size, max_wait_ms and (with buckets) max_batch_tokens from the ladder's
+    result, with the knee re-measured under the final dtype and graph mode; rounds until one keeps nothing (or
+    ``joint_rounds``)."""
     k = ladder.current
     if k.batch_size == 1:
         ladder.skip("joint", "batch size and max wait together", "", "batch size 1: nothing batches to tune jointly")
@@ -984,9 +994,14 @@ def _joint_pass(ladder: Ladder, settings: LadderSettings, extra: dict[str, Any],
         sizes += [cap_batch(k.batch_size * 2), k.batch_size // 2]
         waits = [w for w in (k.max_wait_ms * 2 if k.max_wait_ms else min(settings.waits_ms), k.max_wait_ms / 2)
                  if w and w >= 0.5]
+        budgets = []
+        if k.padding == "bucket" and k.max_batch_tokens is None:
+            # a padded-token budget: long buckets get smaller batches, short ones the full batch size
+            budgets = [max(k.max_length, k.batch_size * length)]
         tried = []
         for changes in ([{"batch_size": b} for b in dict.fromkeys(sizes) if b >= 2 and b != k.batch_size]
-                        + [{"max_wait_ms": float(w)} for w in dict.fromkeys(waits) if w != k.max_wait_ms]):
+                        + [{"max_wait_ms": float(w)} for w in dict.fromkeys(waits) if w != k.max_wait_ms]
+                        + [{"max_batch_tokens": int(t)} for t in budgets]):
             if round_ == 0 and settings.joint_rounds == 1 and len(tried) >= 2:
                 break  # quick: the re-measured knee and one doubling only
             tried.append(ladder.try_change("joint", "batch size and max wait together", changes,

@@ -28,6 +28,7 @@ def _load_client(address: str, authkey: bytes) -> None:
     from tuning.load.generator import PipeTarget, run_load
 
     control, data = Client(address, authkey=authkey), Client(address, authkey=authkey)
+    _exit_with_parent()
     inputs = control.recv()
     while (kw := control.recv()) is not None:
         try:
@@ -38,6 +39,21 @@ def _load_client(address: str, authkey: bytes) -> None:
             control.send(("ok", result))
         except Exception as exc:  # the parent reports it as the step's error
             control.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def _exit_with_parent() -> None:
+    """End this process when the parent goes (killed, crashed): a thread polls the parent's pid."""
+    import os
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(3)
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 class LoadProcess:
@@ -81,6 +97,9 @@ class LoadProcess:
             raise RuntimeError(f"the load process exited (code {self.process.returncode})")
         done = serve_pipe(server, self.data)
         self.control.send(kw)
+        limit = 4 * (kw.get("duration_s") or 0) + 4 * (kw.get("warmup_s") or 0) + 120
+        if not self.control.poll(limit):  # a hung server or client: fail this run, not the whole session
+            raise TimeoutError(f"the load test gave no result within {limit:.0f} s (the server stopped answering?)")
         kind, payload = self.control.recv()
         done()
         if kind == "error":
@@ -90,11 +109,11 @@ class LoadProcess:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def close(self) -> None:
+    def close(self, kill: bool = False) -> None:
         import shutil
 
         try:
-            if self.alive():
+            if self.alive() and not kill:
                 self.control.send(None)
                 self.process.wait(5)
         except Exception:
@@ -114,7 +133,8 @@ class LoadMeasure:
     def __init__(self, inputs: Sequence[Any], concurrency: int = 32, duration_s: float = 15.0,
                  warmup_s: float = 2.0, model: Any = None, on_start: Callable[[Knobs], None] | None = None,
                  seed: int = 0, open_concurrency: int = 256, separate_process: bool = True,
-                 tokenizer: Any = None, formatter: Any = None):
+                 tokenizer: Any = None, formatter: Any = None, min_outcomes: int = 0, max_window_s: float | None = None,
+                 warmup_requests: int = 0):
         if not inputs:
             raise ValueError("no inputs to load-test with: the data file is empty")
         self.inputs = list(inputs)
@@ -123,6 +143,7 @@ class LoadMeasure:
         self.on_start = on_start
         self.seed, self.open_concurrency = seed, open_concurrency
         self.separate_process = separate_process
+        self.min_outcomes, self.max_window_s, self.warmup_requests = min_outcomes, max_window_s, warmup_requests
         self.serve_kwargs = {k: v for k, v in (("tokenizer", tokenizer), ("formatter", formatter)) if v is not None}
         self._engines: dict[tuple, Any] = {}
         self._process: LoadProcess | None = None
@@ -154,12 +175,24 @@ class LoadMeasure:
             self._process = LoadProcess(self.inputs)
         try:
             return self._process.run(server, **kw)
-        except BaseException:
-            self._process.close()  # a broken exchange (Ctrl-C mid-run) leaves the pipe unusable: start afresh
+        except BaseException as exc:
+            # a broken exchange (Ctrl-C mid-run, a timeout) leaves the pipe unusable: end it now, start afresh
+            self._process.close(kill=not isinstance(exc, RuntimeError))
             self._process = None
             raise
 
-    def __call__(self, knobs: Knobs, *, rate: float | None = None, record: bool = False) -> Trial:
+    def window_s(self, rate: float | None) -> float:
+        """The measured window: ``duration_s``, stretched in the open loop to hold ``min_outcomes`` arrivals
+        (at most ``max_window_s``): a p99 needs outcomes, not seconds."""
+        if rate is None or not self.min_outcomes:
+            return self.duration_s
+        want = max(self.duration_s, self.min_outcomes / rate)
+        return min(want, self.max_window_s) if self.max_window_s else want
+
+    def __call__(self, knobs: Knobs, *, rate: float | None = None, record: bool = False,
+                 seed: int | None = None) -> Trial:
+        """One load test of ``knobs``: closed loop (``rate=None``) or Poisson arrivals at ``rate`` req/s drawn
+        from ``seed`` (default: the measurement's own); ``record`` runs the profilers."""
         from tuning.online.serve import Server
 
         if rate is not None and not (math.isfinite(rate) and rate > 0):
@@ -167,9 +200,10 @@ class LoadMeasure:
         if self.on_start:
             self.on_start(knobs)
         self.runs += 1
-        kw: dict[str, Any] = {"duration_s": self.duration_s, "warmup_s": self.warmup_s, "rate": rate,
+        kw: dict[str, Any] = {"duration_s": self.window_s(rate), "warmup_s": self.warmup_s, "rate": rate,
                               "concurrency": self.concurrency if rate is None else self.open_concurrency,
-                              "seed": self.seed}
+                              "seed": self.seed if seed is None else seed,
+                              "warmup_requests": self.warmup_requests if rate is not None else 0}
         with Server(knobs, engine=self.engine(knobs), **self.serve_kwargs) as server:
             if not record:
                 return Trial.from_load(self._load(server, **kw))

@@ -81,7 +81,8 @@ LATE_MS = 10.0  # an open-loop send this late after its scheduled arrival counts
 
 
 class Measure(Protocol):
-    def __call__(self, knobs: Knobs, *, rate: float | None = None, record: bool = False) -> Trial: ...
+    def __call__(self, knobs: Knobs, *, rate: float | None = None, record: bool = False,
+                 seed: int | None = None) -> Trial: ...
 
 
 def as_trial(got: Any) -> Trial:
@@ -89,30 +90,39 @@ def as_trial(got: Any) -> Trial:
 
 
 def as_measure(fn: Callable[..., Any]) -> tuple[Measure, bool]:
-    """``(measure(knobs, *, rate=None, record=False) -> Trial, open_loop)``: ``fn`` itself when it takes
-    ``rate``; a one-argument ``fn(knobs)`` (the older seam) is wrapped with a DeprecationWarning and can
-    measure only the closed loop (``open_loop`` False)."""
+    """``(measure(knobs, *, rate=None, record=False, seed=None) -> Trial, open_loop)``: ``fn`` itself when it
+    takes ``rate`` (``seed``, the open loop's arrival seed, is passed only to a ``fn`` that takes it); a
+    one-argument ``fn(knobs)`` (the older seam) is wrapped with a DeprecationWarning and can measure only the
+    closed loop (``open_loop`` False)."""
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
         params = {}
-    takes_rate = "rate" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    if takes_rate:
-        takes_record = "record" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-
-        def measure(knobs: Knobs, *, rate: float | None = None, record: bool = False) -> Trial:
+    any_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    takes = {name: name in params or any_kw for name in ("rate", "record", "seed")}
+    if takes["rate"]:
+        def measure(knobs: Knobs, *, rate: float | None = None, record: bool = False, seed: int | None = None) -> Trial:
             kw: dict[str, Any] = {"rate": rate}
-            if takes_record:
+            if takes["record"]:
                 kw["record"] = record
+            if takes["seed"] and seed is not None:
+                kw["seed"] = seed
             return as_trial(fn(knobs, **kw))
         return measure, True
     warnings.warn("measure(knobs) with one argument is deprecated: give measure(knobs, *, rate=None, record=False) "
                   "-> Trial (rate: an open loop at that Poisson rate); the one-argument form only works with "
                   "objective='qps'", DeprecationWarning, stacklevel=3)
 
-    def closed(knobs: Knobs, *, rate: float | None = None, record: bool = False) -> Trial:
+    def closed(knobs: Knobs, *, rate: float | None = None, record: bool = False, seed: int | None = None) -> Trial:
         if rate is not None:
             raise ValueError("this measure takes only knobs and cannot run an open loop at a rate: use "
                              "objective='qps', or give measure(knobs, *, rate=None, record=False)")
         return as_trial(fn(knobs))
     return closed, False
+
+
+def p99_of(latencies_ms: Any) -> float:
+    """The 99th percentile as an order statistic (no interpolation: a failure coded as infinity gives infinity,
+    never NaN), the same sample the exceedance count uses."""
+    lat = np.asarray(latencies_ms, dtype=float)
+    return float(np.percentile(lat, 99, method="inverted_cdf")) if lat.size else math.nan

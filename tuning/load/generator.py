@@ -699,11 +699,17 @@ class PipeTarget:
         self._reader.join()
 
     def _read(self) -> None:
-        while (msg := self.conn.recv()) is not None:
-            key, answer = msg
+        try:
+            while (msg := self.conn.recv()) is not None:
+                key, answer = msg
+                with self._lock:
+                    future = self._pending.pop(key)
+                future.set_result(Response(**answer) if isinstance(answer, dict) else answer)
+        except (EOFError, OSError) as exc:  # the server's side is gone: every pending request gets an outcome
             with self._lock:
-                future = self._pending.pop(key)
-            future.set_result(Response(**answer) if isinstance(answer, dict) else answer)
+                pending, self._pending = list(self._pending.values()), {}
+            for future in pending:
+                future.set_exception(ConnectionError(f"the server's pipe closed: {exc or type(exc).__name__}"))
 
     def _ask(self, kind: str, raw: Any = None) -> Any:
         key, future = next(self._ids), Future()
@@ -728,28 +734,38 @@ def serve_pipe(server: Server, conn: Any) -> Callable[[], None]:
 
     def read() -> None:
         n = 0
-        while (msg := conn.recv()) is not None:
-            kind, key, raw = msg
-            if kind == "busy":
-                answers.put((key, server.busy_total_s))
-            else:
-                server.submit(raw, embedding=False).add_done_callback(lambda f, key=key: answers.put((key, f.result())))
-            n += 1
+        try:
+            while (msg := conn.recv()) is not None:
+                kind, key, raw = msg
+                if kind == "busy":
+                    answers.put((key, server.busy_total_s))
+                else:
+                    server.submit(raw, embedding=False).add_done_callback(
+                        lambda f, key=key: answers.put((key, f.result())))
+                n += 1
+        except (EOFError, OSError):  # the client went away (Ctrl-C, a killed load process): stop quietly
+            answers.put((None, -1))
+            return
         answers.put((None, n))
 
     def write() -> None:
         sent, expected = 0, None
-        while expected is None or sent < expected:
-            key, answer = answers.get()
-            if key is None:
-                expected = answer
-                continue
-            if isinstance(answer, Response):
-                answer = answer.as_dict()
-                answer.pop("latency_ms")
-            conn.send((key, answer))
-            sent += 1
-        conn.send(None)
+        try:
+            while expected is None or sent < expected:
+                key, answer = answers.get()
+                if key is None:
+                    if answer < 0:
+                        return
+                    expected = answer
+                    continue
+                if isinstance(answer, Response):
+                    answer = answer.as_dict()
+                    answer.pop("latency_ms")
+                conn.send((key, answer))
+                sent += 1
+            conn.send(None)
+        except (OSError, EOFError):  # the client went away mid-answer
+            return
 
     threads = [threading.Thread(target=fn, name=name, daemon=True) for fn, name in ((read, "pipe-in"),
                                                                                    (write, "pipe-out"))]
