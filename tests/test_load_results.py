@@ -170,7 +170,8 @@ def test_summary_names_every_figure():
     result = _result("open", [("ok", U)] * 2, engine="locust", engine_stats={"workers": 2}, client_cpu=0.5)
     s = result.summary()
     assert list(s) == [
-        "mode", "concurrency", "rate", "latency_from", "qps", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "error_rate",
+        "mode", "concurrency", "rate", "latency_from", "qps", "texts_per_s", "texts_per_request", "p50_ms", "p90_ms",
+        "p95_ms", "p99_ms", "error_rate",
         "ok_p50_ms", "ok_p90_ms", "ok_p95_ms", "ok_p99_ms", "offered_rate", "achieved_rate", "send_lag_p50_ms",
         "send_lag_p99_ms", "submitted", "ok", "errors", "timeouts", "rejected", "warmup_requests",
         "cooldown_requests", "window_s", "busy_s", "model_busy", "device_busy", "device", "mean_batch", "stages",

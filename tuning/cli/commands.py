@@ -96,6 +96,63 @@ def _inputs(args: argparse.Namespace) -> list[Any]:
     return [raw for _, raw in read_inputs(args.data, args.limit, **_data_kwargs(args))]
 
 
+def _add_api_flags(p: argparse.ArgumentParser) -> None:
+    """The request schema of the service at --url (tuning.load.apis)."""
+    from tuning.load.apis import API_NAMES
+
+    p.add_argument("--api", choices=list(API_NAMES), default=None,
+                   help="the service's request schema: tuning (POST /embed {\"text\"}), tei (/embed {\"inputs\": [...]}), "
+                        "openai (/v1/embeddings), kserve (/v2/models/NAME/infer, Triton), custom (--body); "
+                        "default tuning, or custom with --body")
+    p.add_argument("--body", default=None, metavar="JSON",
+                   help="a request template: a string value exactly \"{text}\" is the text, \"{texts}\" the list "
+                        "(e.g. '{\"input\": \"{text}\"}'); nothing else is substituted")
+    p.add_argument("--route", default=None, help="the path to POST to (default: the URL's own, else the API's)")
+    p.add_argument("--model-name", default=None, help="openai: the model field; kserve: the model in the route")
+    p.add_argument("--input-name", default="TEXT", help="kserve: the input tensor's name (default TEXT)")
+    p.add_argument("--output-name", default=None, help="kserve: the output holding the embeddings (default: the first)")
+    p.add_argument("--header", action="append", default=None, metavar="'K: V'",
+                   help="an HTTP header for every request (repeatable; values of Authorization and API keys are "
+                        "never printed)")
+    p.add_argument("--timeout", type=_positive_float, default=60.0, help="seconds per request before it is an error")
+    p.add_argument("--client-batch", type=_positive_int, default=1,
+                   help="texts per request, as TEI and OpenAI clients send (latency per request; throughput as qps "
+                        "and texts_per_s)")
+    p.add_argument("--no-validate", action="store_true",
+                   help="count any 2xx as ok (for a service whose answer is not one embedding per text)")
+
+
+def api_from_args(args: argparse.Namespace) -> Any:
+    """The :class:`tuning.load.apis.Api` the flags describe (an ApiError, exit 2, names a bad one)."""
+    from tuning.load.apis import Api, parse_headers, parse_template
+
+    template = parse_template(getattr(args, "body", None))
+    name = getattr(args, "api", None) or ("custom" if template is not None else "tuning")
+    if template is not None and name != "custom":
+        raise UsageError(f"--body goes with --api custom (or no --api), not --api {name}: that API has its own body")
+    return Api(name, route=args.route, template=template, model_name=args.model_name, input_name=args.input_name,
+               output_name=args.output_name, headers=parse_headers(args.header), client_batch=args.client_batch,
+               validate=not args.no_validate, timeout_s=args.timeout)
+
+
+def _api_inputs(args: argparse.Namespace, api: Any, inputs: list[Any]) -> list[Any]:
+    """Request bodies for ``api``: this package's own as read; any other API's encoded once from the model texts
+    (a bad row stays its own error outcome, not sent)."""
+    if api.name == "tuning":
+        return inputs
+    from tuning.inputs.records import RecordError
+    from tuning.runtime.custom import resolve_formatter
+    from tuning.runtime.engine import Preparer
+
+    formatter = resolve_formatter(getattr(args, "formatter", None))
+    prep = Preparer(preset("baseline"), None, *([formatter] if formatter else []))
+    items: list[Any] = []
+    for i, raw in enumerate(inputs, start=1):
+        item, text = prep.to_text(i, raw)
+        items.append(text if text is not None else RecordError(i, item.error or "invalid", item.id))
+    return api.encode(items)
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -289,11 +346,12 @@ def cmd_loadtest_locust(args: argparse.Namespace) -> int:
         # the locust master and its local workers are processes this command starts: their cores are not the model's
         engine = Engine(knobs, custom.pop("model"), reserved_cores=(args.workers or 1) + 1)
         front = HttpFront(Server(knobs, engine=engine, **custom))
+    api = api_from_args(args) if args.url else None
     with front or nullcontext():
-        url = args.url or front.url + "/embed"
-        result = run_locust(url, inputs, args.concurrency, args.duration, workers=args.workers or 1,
-                            warmup_s=args.warmup_s if args.warmup_s is not None else 2.0,
-                            remote_workers=args.remote_workers, master_host=args.master_host)
+        url = api.url(args.url) if api else front.url + "/embed"
+        result = run_locust(url, _api_inputs(args, api, inputs) if api else inputs, args.concurrency, args.duration,
+                            workers=args.workers or 1, warmup_s=args.warmup_s if args.warmup_s is not None else 2.0,
+                            remote_workers=args.remote_workers, master_host=args.master_host, api=api)
     summary = result.summary()
     summary["target"] = url
     _nothing_done(summary["ok"], summary["submitted"], summary["error_reasons"], args.url)
@@ -313,7 +371,10 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
                 warmup_requests=args.warmup, warmup_s=args.warmup_s or 0.0)
     if args.url:  # the async keep-alive client (a bad row is its own error outcome, not sent); the server's
         # busy total is read when the measured window opens and when it closes
-        result = run_load(args.url, inputs, busy_probe=lambda: metrics_busy_total(args.url), **load)
+        api = api_from_args(args)
+        url = api.url(args.url)
+        result = run_load(url, _api_inputs(args, api, inputs), busy_probe=lambda: metrics_busy_total(url), api=api,
+                          **load)
     else:
         from tuning.online.serve import Server
 
@@ -343,9 +404,14 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
     if args.url is None and args.concurrency is not None:
         raise UsageError("watch: --concurrency drives load at --url; give --url too")
-    inputs = _inputs(args) if args.url else None
-    result = watch(args.pid, args.url, inputs, concurrency=args.concurrency or 8, duration_s=args.duration,
-                   interval=args.interval)
+    api = api_from_args(args) if args.url else None
+    url = api.url(args.url) if api else None
+    inputs = _api_inputs(args, api, _inputs(args)) if args.url else None
+    result = watch(args.pid, url, inputs, concurrency=args.concurrency or 8, duration_s=args.duration,
+                   interval=args.interval, api=api)
+    if result.load is not None:  # an honest watch: no ok answer, no diagnosis (as loadtest)
+        s = result.load.summary()
+        _nothing_done(s["ok"], s["submitted"], s["error_reasons"], url)
     return _emit(args, result.summary(), lambda: format_watch(result))
 
 
@@ -654,6 +720,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="seconds to watch (with --url: measured seconds of load)")
             p.add_argument("--interval", type=_interval, default=0.5, help="sampling interval in seconds (>= 0.1)")
             _add_data_flags(p)
+            _add_api_flags(p)
             p.add_argument("--json", action="store_true", help="print the tables as JSON frames and the diagnosis")
             continue
         if name == "calibrate":
@@ -714,6 +781,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 "tuning/load/locustfile.py --worker --master-host THIS_HOST)")
             p.add_argument("--master-host", default="127.0.0.1",
                            help="--engine locust: address the master binds (loopback unless remote workers join)")
+            _add_api_flags(p)
     return parser
 
 

@@ -29,14 +29,14 @@ from tuning.profile.outside import OutsideDiagnosis, OutsideSignals, diagnose_ou
 MAX_TREND_ROWS = 20
 
 
-def url_target(url: str) -> Callable[[Any], Any]:
+def url_target(url: str, api: Any = None) -> Callable[[Any], Any]:
     """POST each input to ``url``; an input that cannot be a request (a :class:`~tuning.inputs.records.RecordError`,
     a bad row of the data) is its own error outcome with its reason, without being sent."""
     from tuning.inputs.records import RecordError
     from tuning.load.generator import http_target
     from tuning.online.response import Response
 
-    send = http_target(url)
+    send = http_target(url, timeout_s=api.timeout_s if api is not None else 60.0, api=api)
 
     def target(raw: Any) -> Any:
         if isinstance(raw, RecordError):
@@ -240,12 +240,13 @@ class WatchResult:
 def watch(pid: int, url: str | None = None, inputs: Sequence[Any] | None = None, concurrency: int = 8,
           duration_s: float = 10.0, interval: float = 0.5, warmup_requests: int = 16,
           busy_probe: Callable[[], float | None] | None = None, nvml: Any = None,
-          gpu_device: int | str | None = None) -> WatchResult:
+          gpu_device: int | str | None = None, api: Any = None) -> WatchResult:
     """Sample process ``pid`` (threads, memory, disk; the GPU through NVML) for ``duration_s`` seconds, or
     while driving ``concurrency`` clients at ``url`` for ``duration_s`` measured seconds; diagnose it.
 
     ``busy_probe``: the service's running model-busy seconds (default: tuning's own metric on its ``/metrics``,
-    None for other services, where model busy is reported as unseen)."""
+    None for other services, where model busy is reported as unseen). ``api``: the service's request schema
+    (:class:`tuning.load.apis.Api`; ``inputs`` are then its encoded bodies)."""
     from tuning.load.generator import run_load
 
     if isinstance(pid, bool) or not isinstance(pid, int) or pid < 1:
@@ -270,9 +271,9 @@ def watch(pid: int, url: str | None = None, inputs: Sequence[Any] | None = None,
             if url is not None:
                 if not inputs:
                     raise ValueError("watch with --url needs request bodies (--data)")
-                load = run_load(url_target(url), list(inputs), concurrency=concurrency, duration_s=duration_s,
+                load = run_load(url_target(url, api), list(inputs), concurrency=concurrency, duration_s=duration_s,
                                 warmup_requests=warmup_requests,
-                                busy_probe=busy_probe or (lambda: metrics_busy_total(url)))
+                                busy_probe=busy_probe or (lambda: metrics_busy_total(url)), api=api)
             else:
                 threading.Event().wait(duration_s)
             process_gpu_mb = gpu_sampler.process_memory()

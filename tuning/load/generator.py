@@ -48,8 +48,11 @@ from tuning.base import clock as _clock
 from tuning.base.stats import clean, ledger_dict, stage_ledger, summarize
 from tuning.inputs.records import RecordError
 from tuning.knobs import Knobs
+from tuning.load.apis import Api
 from tuning.online.response import SERVE_STAGES, Response
 from tuning.online.serve import Server
+
+TUNING_API = Api("tuning", validate=False)  # this package's own server: status decides (its answer is checked in tests)
 
 Target = Callable[[Any], Response]
 
@@ -69,20 +72,24 @@ def request_body(raw: Any) -> bytes:
 
 
 def http_response(rid: int, status: int | None, payload: Any, t0: float, t1: float,
-                   failure: str | None = None) -> Response:
-    """One HTTP exchange as a :class:`Response`: 200 ok, 503 rejected, 504 timeout, anything else (or no
-    answer at all) an error with the reason."""
-    payload = payload if isinstance(payload, dict) else {}
+                  failure: str | None = None, api: Api | None = None, data: bytes | None = None,
+                  headers: Any = None, texts: int | None = None) -> Response:
+    """One HTTP exchange as a :class:`Response`. With an ``api`` (:mod:`tuning.load.apis`): ok only for a 2xx
+    answer that carries one embedding per text sent, 503/429 rejected, 504 timeout, anything else an error with
+    the reason from the body. Without one (this package's own server): 2xx ok, the same reasons."""
     if failure is not None:
-        outcome, reason = "error", f"connection failed: {failure}"
-    elif status == 200:
-        outcome, reason = "ok", None
-    else:
-        outcome = {503: "rejected", 504: "timeout"}.get(status, "error")
-        reason = f"HTTP {status}: {payload.get('error', 'no error message')}"
-    stages = payload.get("timings_ms", {}) if outcome == "ok" else {}
-    return Response(rid, outcome, reason, payload.get("id"), None, int(payload.get("n_tokens", 0) or 0),
-                    bool(payload.get("truncated", False)), int(payload.get("batch_size", 0) or 0), t0, t1,
+        return Response(rid, "error", f"connection failed: {failure}", t_submit=t0, t_done=t1)
+    if data is None:
+        data = json.dumps(payload).encode() if isinstance(payload, (dict, list)) else b""
+    outcome, reason, parsed = (api or TUNING_API).check(status, data, texts)
+    payload = parsed if isinstance(parsed, dict) else {}
+    stages = payload.get("timings_ms", {}) if outcome == "ok" and isinstance(payload.get("timings_ms"), dict) else {}
+    if api is not None and outcome == "ok":
+        stages = {**stages, **api.server_stages(headers)}
+    return Response(rid, outcome, reason, payload.get("id") if isinstance(payload.get("id"), str) else None, None,
+                    int(payload.get("n_tokens", 0) or 0) if isinstance(payload.get("n_tokens", 0), (int, float)) else 0,
+                    bool(payload.get("truncated", False)), int(payload.get("batch_size", 0) or 0)
+                    if isinstance(payload.get("batch_size", 0), (int, float)) else 0, t0, t1,
                     **{f"{s}_ms": float(stages.get(s, 0.0)) for s in SERVE_STAGES})
 
 
@@ -91,8 +98,11 @@ class AsyncHttpClient:
     (aiohttp). Use inside the event loop that runs it: ``async with AsyncHttpClient(...) as c: await c(raw)``.
     Never raises for a request: a transport failure is that request's error outcome."""
 
-    def __init__(self, url: str, connections: int, timeout_s: float = 60.0, clock: _clock.Clock | None = None):
-        self.url, self.connections, self.timeout_s = url, connections, timeout_s
+    def __init__(self, url: str, connections: int, timeout_s: float = 60.0, clock: _clock.Clock | None = None,
+                 api: Api | None = None):
+        self.url, self.connections = url, connections
+        self.api = api
+        self.timeout_s = api.timeout_s if api is not None else timeout_s
         self.clock = clock or _clock.now
         self._ids = itertools.count()
         self.session = None
@@ -102,8 +112,9 @@ class AsyncHttpClient:
 
         connector = aiohttp.TCPConnector(limit=self.connections, limit_per_host=self.connections,
                                          force_close=False, enable_cleanup_closed=True)
+        headers = self.api.header_dict() if self.api is not None else {"Content-Type": "application/json"}
         self.session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-                                             headers={"Content-Type": "application/json"})
+                                             headers=headers)
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -118,8 +129,8 @@ class AsyncHttpClient:
         try:
             async with self.session.post(self.url, data=body) as resp:
                 data = await resp.read()
-                status = resp.status
-            return http_response(rid, status, _json_or_empty(data), t0, self.clock())
+                status, headers = resp.status, resp.headers
+            return http_response(rid, status, None, t0, self.clock(), api=self.api, data=data, headers=headers)
         except Exception as exc:  # refused, reset, timed out, protocol error: this request's one outcome
             text = str(exc) or type(exc).__name__
             return http_response(rid, None, {}, t0, self.clock(), f"{type(exc).__name__}: {text}")
@@ -131,8 +142,8 @@ class HttpTarget:
     URL) drives the URL with the async client directly; called from threads, it still reuses
     connections. ``close()`` ends its loop (it is a daemon thread otherwise)."""
 
-    def __init__(self, url: str, timeout_s: float = 60.0, connections: int = 256):
-        self.url, self.timeout_s, self.connections = url, timeout_s, connections
+    def __init__(self, url: str, timeout_s: float = 60.0, connections: int = 256, api: Api | None = None):
+        self.url, self.timeout_s, self.connections, self.api = url, timeout_s, connections, api
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: AsyncHttpClient | None = None
@@ -144,7 +155,7 @@ class HttpTarget:
                 loop = asyncio.new_event_loop()
                 self._thread = threading.Thread(target=loop.run_forever, name="http-target", daemon=True)
                 self._thread.start()
-                client = AsyncHttpClient(self.url, self.connections, self.timeout_s)
+                client = AsyncHttpClient(self.url, self.connections, self.timeout_s, api=self.api)
                 asyncio.run_coroutine_threadsafe(client.__aenter__(), loop).result()
                 self._loop, self._client = loop, client
                 self._finalizer = weakref.finalize(self, _stop_loop, loop, client)  # when dropped, or at exit
@@ -175,9 +186,9 @@ def _stop_loop(loop: asyncio.AbstractEventLoop, client: AsyncHttpClient) -> None
         asyncio.run_coroutine_threadsafe(close(), loop)
 
 
-def http_target(url: str, timeout_s: float = 60.0) -> HttpTarget:
+def http_target(url: str, timeout_s: float = 60.0, api: Api | None = None) -> HttpTarget:
     """A blocking callable POSTing to ``url`` over a keep-alive pool (see :class:`HttpTarget`)."""
-    return HttpTarget(url, timeout_s)
+    return HttpTarget(url, timeout_s, api=api)
 
 
 def metrics_busy_total(url: str) -> float | None:
@@ -234,6 +245,8 @@ class LoadResult:
     device_timeline: Any = field(default=None, repr=False)  # the simulated device's DeviceTimeline (None: real)
     client_cpu: float | None = None  # HTTP client: CPU of its loop thread / wall time of the run (1.0 = a core)
     engine: str = "tuning"  # the load generator: "tuning" (ours) or "locust"
+    texts_per_request: int = 1  # --client-batch: texts each request carries
+    api: dict[str, Any] | None = None  # the request schema spoken (tuning.load.apis.Api.describe), secrets masked
     engine_stats: dict[str, Any] = field(default_factory=dict)  # the load generator's own figures (locust's)
 
     @property
@@ -353,7 +366,8 @@ class LoadResult:
         return {
             "mode": self.mode, "concurrency": self.concurrency, "rate": self.rate,
             "latency_from": "scheduled arrival" if self.mode == "open" else "send",
-            "qps": clean(self.qps), "p50_ms": clean(lat["p50"]), "p90_ms": clean(lat["p90"]),
+            "qps": clean(self.qps), "texts_per_s": clean(self.qps * self.texts_per_request),
+            "texts_per_request": self.texts_per_request, "p50_ms": clean(lat["p50"]), "p90_ms": clean(lat["p90"]),
             "p95_ms": clean(lat["p95"]), "p99_ms": clean(lat["p99"]), "error_rate": clean(self.error_rate),
             **{f"ok_p{q}_ms": clean(ok_lat[f"p{q}"]) for q in (50, 90, 95, 99)},
             "offered_rate": clean(offered) if offered is not None else None,
@@ -371,6 +385,7 @@ class LoadResult:
             "client_cpu": clean(self.client_cpu) if self.client_cpu is not None else None,
             "engine": self.engine, **({"engine_stats": self.engine_stats} if self.engine_stats else {}),
             "knobs": self.knobs.as_dict() if self.knobs else None,
+            **({"api": self.api} if self.api else {}),
         }
 
 
@@ -474,7 +489,7 @@ def run_load(target: Target | Server | str, inputs: Sequence[Any], concurrency: 
              requests: int | None = None, duration_s: float | None = None, rate: float | None = None,
              warmup_s: float = 0.0, warmup_requests: int = 0, seed: int = 0,
              clock: _clock.Clock | None = None, busy_probe: Callable[[], float | None] | None = None,
-             keep_embeddings: bool = False) -> LoadResult:
+             keep_embeddings: bool = False, api: Api | None = None) -> LoadResult:
     """Closed loop (``rate=None``): ``concurrency`` clients, each sends its next request when the last
     returns. Open loop (``rate`` req/s): Poisson arrivals, at most ``concurrency`` in flight on the client
     side; latency runs from each arrival's scheduled time. Measures ``requests`` requests or ``duration_s``
@@ -482,7 +497,8 @@ def run_load(target: Target | Server | str, inputs: Sequence[Any], concurrency: 
 
     ``busy_probe`` returns the server's running busy seconds (an in-process server's is used by default);
     it is read when the window opens and when it closes. Responses keep their embeddings only with
-    ``keep_embeddings=True`` (in-process server).
+    ``keep_embeddings=True`` (in-process server). ``api`` (:class:`tuning.load.apis.Api`): the schema, headers
+    and answer check for a URL target (``inputs`` then are bodies it encoded, see ``Api.encode``).
     """
     if (requests is None) == (duration_s is None):
         raise ValueError("give exactly one of requests=N or duration_s=S")
@@ -519,7 +535,8 @@ def run_load(target: Target | Server | str, inputs: Sequence[Any], concurrency: 
     interrupted = None
     try:
         if url is not None:
-            client_cpu = _async_http_load(url, run, rate, concurrency, seed, clock)
+            client_cpu = _async_http_load(url, run, rate, concurrency, seed, clock,
+                                          api if api is not None else getattr(target, "api", None))
         elif rate is None:
             _run_threads(closed_client, concurrency)
         else:
@@ -536,6 +553,8 @@ def run_load(target: Target | Server | str, inputs: Sequence[Any], concurrency: 
     result.ok_in_window = sum(r.outcome == "ok" and t0 <= recv < t1 for r, _, _, _, recv in run.records)
     result.cooldown_requests = run.n_cool
     result.client_cpu = client_cpu
+    if api is not None:
+        result.texts_per_request, result.api = api.client_batch, api.describe()
     if len(run.busy) == 2 and run.busy[0][1] is not None and run.busy[1][1] is not None:
         result.busy_s = max(run.busy[1][1] - run.busy[0][1], 0.0)
         result.busy_window = (run.busy[0][0], run.busy[1][0])
@@ -615,7 +634,7 @@ def _open_loop(send: Target, run: _Run, rate: float, concurrency: int, seed: int
 
 
 def _async_http_load(url: str, run: _Run, rate: float | None, concurrency: int, seed: int,
-                     clock: _clock.Clock) -> float:
+                     clock: _clock.Clock, api: Api | None = None) -> float:
     """Drive ``url`` with the pooled async client on a thread of its own (so it also works where an event
     loop is already running, as in a notebook): ``concurrency`` client tasks in the closed loop, the
     Poisson schedule in the open loop (at most ``concurrency`` in flight). Returns the client's CPU share
@@ -624,7 +643,7 @@ def _async_http_load(url: str, run: _Run, rate: float | None, concurrency: int, 
     failure: list[BaseException] = []
 
     async def drive() -> None:
-        async with AsyncHttpClient(url, concurrency, clock=clock) as client:
+        async with AsyncHttpClient(url, concurrency, clock=clock, api=api) as client:
             if rate is None:
                 async def closed_client() -> None:
                     while (ticket := run.ticket(sent := clock())) is not None:

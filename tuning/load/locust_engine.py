@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from tuning.load.generator import CLIENT_BOTTLENECK, LoadResult, http_response, request_body
+from tuning.online.response import Response
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 
@@ -68,9 +69,11 @@ def _locust_stats(prefix: Path) -> dict[str, Any]:
 def run_locust(url: str, inputs: Sequence[Any], concurrency: int, duration_s: float, workers: int = 1,
                warmup_s: float = 2.0, cooldown_s: float = 2.0, spawn_rate: float | None = None,
                remote_workers: int = 0, master_host: str = "127.0.0.1", master_port: int | None = None,
-               timeout_s: float | None = None, stop_timeout_s: float = 60.0) -> LoadResult:
+               timeout_s: float | None = None, stop_timeout_s: float = 60.0, api: Any = None) -> LoadResult:
     """Closed loop at ``concurrency`` locust users over ``workers`` local worker processes (plus
-    ``remote_workers`` joining from elsewhere) against ``url`` (``http://host:port/embed``)."""
+    ``remote_workers`` joining from elsewhere) against ``url`` (``http://host:port/embed``). ``api``
+    (:class:`tuning.load.apis.Api`): the route, headers and answer check, the same as our own client's
+    (``inputs`` are then the bodies it encoded)."""
     if workers < 0 or remote_workers < 0 or workers + remote_workers < 1:
         raise ValueError(f"workers={workers}, remote_workers={remote_workers}: give at least one worker")
     if concurrency < 1 or duration_s <= 0:
@@ -85,7 +88,13 @@ def run_locust(url: str, inputs: Sequence[Any], concurrency: int, duration_s: fl
         warnings.warn(f"{bad} rows of the data cannot be requests (bad rows): locust replays the other "
                       f"{len(inputs)} (our own engine counts each bad row as an error outcome)", RuntimeWarning,
                       stacklevel=2)
-    base = url[: -len("/embed")] if url.endswith("/embed") else url.rstrip("/")
+    from urllib.parse import urlsplit
+
+    from tuning.load.apis import Api
+
+    api = api if api is not None else Api("tuning", validate=False)
+    parts = urlsplit(api.url(url))
+    base, route = f"{parts.scheme}://{parts.netloc}", parts.path + (f"?{parts.query}" if parts.query else "")
     spawn_rate = spawn_rate or float(concurrency)  # every user within about a second: the ramp is warm-up
     ramp_s = concurrency / spawn_rate
     run_time = warmup_s + ramp_s + duration_s + cooldown_s
@@ -94,8 +103,9 @@ def run_locust(url: str, inputs: Sequence[Any], concurrency: int, duration_s: fl
         folder = Path(tmp)
         payloads, records = folder / "payloads.jsonl", folder / "records.jsonl"
         payloads.write_bytes(b"".join(request_body(raw).replace(b"\n", b" ") + b"\n" for raw in inputs))
+        spec = {k: (list(map(list, v)) if k == "headers" else v) for k, v in vars(api).items() if not k.startswith("_")}
         env = {**os.environ, "TUNING_LOCUST_PAYLOADS": str(payloads), "TUNING_LOCUST_OUT": str(records),
-               "PYTHONUNBUFFERED": "1"}
+               "TUNING_LOCUST_ROUTE": route, "TUNING_LOCUST_API": json.dumps(spec), "PYTHONUNBUFFERED": "1"}
         common = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--loglevel", "WARNING"]
         master_cmd = common + [
             "--headless", "--master", "--master-bind-host", master_host, "--master-bind-port", str(port),
@@ -143,13 +153,18 @@ def run_locust(url: str, inputs: Sequence[Any], concurrency: int, duration_s: fl
     for i, (start, rt_ms, status, reason) in enumerate(measured):
         done = start + rt_ms / 1000
         failure = reason if status == 0 else None
-        payload = {"error": reason} if reason else {}
-        responses.append(http_response(i, status or None, payload, start, done, failure or (
-            "no HTTP answer" if not status else None)))
+        if reason and 200 <= status < 300:  # answered, but the answer failed the API's check in the worker
+            responses.append(Response(i, "error", reason, t_submit=start, t_done=done))
+        else:
+            payload = {"error": reason} if reason else {}
+            responses.append(http_response(i, status or None, payload, start, done, failure or (
+                "no HTTP answer" if not status else None)))
         timings.append((start, start, done))
-    result = LoadResult("closed", concurrency, None, responses, t0, t1, engine="locust")
+    result = LoadResult("closed", concurrency, None, responses, t0, t1, engine="locust",
+                        texts_per_request=api.client_batch, api=api.describe())
     result.timings = timings
-    result.ok_in_window = sum(status == 200 and t0 <= start + rt / 1000 <= t1 for start, rt, status, _ in rows)
+    result.ok_in_window = sum(200 <= status < 300 and not reason and t0 <= start + rt / 1000 <= t1
+                              for start, rt, status, reason in rows)
     result.warmup_requests = sum(r[0] < t0 for r in rows)
     result.cooldown_requests = sum(r[0] >= t1 for r in rows)
     cpu = (usage1.ru_utime - usage0.ru_utime) + (usage1.ru_stime - usage0.ru_stime)

@@ -1,7 +1,8 @@
 """The locust user that ``python -m tuning loadtest --engine locust`` runs (see :mod:`tuning.load.locust_engine`).
 
 Loaded by locust's own processes (master and workers, gevent-patched); nothing in ``tuning`` imports it.
-Each user posts the replayed request bodies to ``/embed`` back to back on one keep-alive connection
+Each user posts the replayed request bodies to the API's route (``TUNING_LOCUST_ROUTE``, default ``/embed``)
+back to back on one keep-alive connection
 (``FastHttpUser``, no wait: a closed loop at the user count). Every request's start time (epoch),
 response time, status and failure are sent to the master with the workers' own stats reports, and the
 master appends them to ``TUNING_LOCUST_OUT`` (JSON lines), so the result is computed from every request
@@ -17,8 +18,14 @@ import random
 
 from locust import FastHttpUser, constant, events, task
 
+from tuning.load.apis import Api
+
 PAYLOADS: list[bytes] = []
 _records: list[list] = []
+ROUTE = os.environ.get("TUNING_LOCUST_ROUTE", "/embed")
+_spec = json.loads(os.environ.get("TUNING_LOCUST_API") or "{}")
+API = Api(**{**_spec, "headers": tuple(tuple(h) for h in _spec.get("headers", ()))}) if _spec else Api(validate=False)
+HEADERS = API.header_dict()
 
 
 def _load(path: str | None) -> None:
@@ -81,4 +88,9 @@ class EmbedUser(FastHttpUser):
     def embed(self) -> None:
         body = PAYLOADS[self.next % len(PAYLOADS)]
         self.next += 1
-        self.client.post("/embed", data=body, headers={"Content-Type": "application/json"})
+        with self.client.post(ROUTE, data=body, headers=HEADERS, catch_response=True) as resp:
+            status = resp.status_code or 0
+            if 200 <= status < 300:
+                outcome, reason, _ = API.check(status, resp.content or b"")
+                if outcome != "ok":
+                    resp.failure(reason)  # recorded with its reason: the same check as our own client's

@@ -1,0 +1,140 @@
+"""Any service: the request builder and the answer check of each API on its documented example bodies, and
+``loadtest``/``watch`` against stand-ins of TEI, an OpenAI endpoint, KServe v2 and a LitServe-style app."""
+
+import contextlib
+import io
+import json
+import os
+
+import pytest
+
+from tests.standin_services import StandIn
+from tuning import cli
+from tuning.load.apis import Api, ApiError, error_text, parse_headers
+
+
+def test_request_bodies_follow_each_documented_schema():
+    texts = ["a", "bb"]
+    assert json.loads(Api("tei", client_batch=2).body(texts)) == {"inputs": texts, "truncate": True}
+    assert json.loads(Api("openai", model_name="m", client_batch=2).body(texts)) == {"input": texts, "model": "m"}
+    assert json.loads(Api("kserve", model_name="minilm", client_batch=2).body(texts)) == {
+        "inputs": [{"name": "TEXT", "shape": [2, 1], "datatype": "BYTES", "data": texts}]}
+    assert json.loads(Api("tuning").body(["a"])) == {"text": "a"}
+    custom = Api("custom", template={"input": "{text}", "params": {"norm": True, "note": "{text} x"}})
+    assert json.loads(custom.body(["a"])) == {"input": "a", "params": {"norm": True, "note": "{text} x"}}
+    many = Api("custom", template={"batch": "{texts}"}, client_batch=2)
+    assert json.loads(many.body(texts)) == {"batch": texts}
+
+
+def test_routes_from_the_api_the_url_or_route():
+    assert Api("tei").url("http://h:8080") == "http://h:8080/embed"
+    assert Api("openai").url("https://h/") == "https://h/v1/embeddings"
+    assert Api("kserve", model_name="minilm").url("http://h:8000") == "http://h:8000/v2/models/minilm/infer"
+    assert Api("openai").url("http://h/api/v1/embeddings") == "http://h/api/v1/embeddings"
+    assert Api("custom", template={"input": "{text}"}, route="/predict").url("http://h:8200/x") == "http://h:8200/predict"
+
+
+def test_answers_are_checked_for_one_embedding_per_text():
+    tei = Api("tei", client_batch=2)
+    assert tei.check(200, b"[[0.1, 0.2], [0.3, 0.4]]")[0] == "ok"
+    outcome, reason, _ = tei.check(200, b"[[0.1, 0.2]]")
+    assert outcome == "error" and "1 embeddings for 2" in reason
+    assert tei.check(200, b"[[0.1, 0.2], [0.3]]")[0] == "error"  # dimensions differ
+    openai = Api("openai", client_batch=2)
+    ok = {"data": [{"embedding": [1, 2], "index": 1}, {"embedding": [3, 4], "index": 0}]}
+    assert openai.check(200, json.dumps(ok).encode())[0] == "ok"
+    ks = Api("kserve", model_name="m", client_batch=2)
+    answer = {"outputs": [{"name": "emb", "shape": [2, 3], "datatype": "FP32", "data": [1, 2, 3, 4, 5, 6]}]}
+    assert ks.check(200, json.dumps(answer).encode())[0] == "ok"
+    assert "no output named 'x'" in Api("kserve", model_name="m", output_name="x").check(200, json.dumps(answer).encode())[1]
+    assert Api("custom", template={"input": "{text}"}).check(200, b'{"output": [0.1, 0.2]}')[0] == "ok"
+    assert Api("custom", template={"input": "{text}"}, validate=False).check(200, b"not json")[0] == "ok"
+    assert Api("custom", template={"input": "{text}"}).check(200, b"not json")[0] == "error"
+
+
+def test_error_reasons_come_from_the_body():
+    assert error_text({"detail": [{"msg": "Field required"}]}, b"") == '[{"msg": "Field required"}]'
+    assert error_text({"error": {"message": "Incorrect API key"}}, b"") == "Incorrect API key"
+    assert error_text(None, b"Internal Server Error") == "Internal Server Error"
+    outcome, reason, _ = Api("tei").check(503, b'{"error": "Model is overloaded"}')
+    assert outcome == "rejected" and reason == "HTTP 503: Model is overloaded"
+
+
+def test_bad_settings_name_the_value_and_the_fix():
+    with pytest.raises(ApiError, match="--model-name"):
+        Api("kserve")
+    with pytest.raises(ApiError, match="no string value is exactly"):
+        Api("custom", template={"input": "text"})
+    with pytest.raises(ApiError, match="one text per request"):
+        Api("tuning", client_batch=4)
+    with pytest.raises(ApiError, match="'Name: value'"):
+        parse_headers(["Authorization Bearer x"])
+    with pytest.raises(ApiError, match="http:// or https://"):
+        Api("tei").url("localhost:8080")
+    assert Api("openai", headers=parse_headers(["Authorization: Bearer s3cret"])).describe()["headers"] == {
+        "Authorization": "***"}
+
+
+def _run(*argv):
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = cli.main(list(argv))
+    return code, stdout.getvalue(), stderr.getvalue()
+
+
+@pytest.fixture(scope="module")
+def standin():
+    with StandIn() as url:
+        yield url
+
+
+@pytest.mark.parametrize("flags", [
+    ["--api", "tei", "--client-batch", "4"],
+    ["--api", "openai", "--model-name", "minilm", "--header", "Authorization: Bearer s3cret", "--client-batch", "2"],
+    ["--api", "kserve", "--model-name", "minilm", "--output-name", "embedding", "--client-batch", "3"],
+    ["--body", '{"input": "{text}"}', "--route", "/predict"],
+])
+def test_loadtest_speaks_each_api_with_no_errors(standin, flags):
+    code, out, err = _run("loadtest", "--url", standin, "--requests", "40", "--concurrency", "4", "--limit", "30",
+                          "--json", *flags)
+    assert code == 0, err
+    s = json.loads(out)
+    assert s["errors"] == 0 and s["ok"] == 40 and s["texts_per_s"] == pytest.approx(s["qps"] * s["texts_per_request"])
+    assert "s3cret" not in out  # a bearer token is never echoed
+    if "tei" in flags:
+        assert s["stages"]["inference"]["p50_ms"] == pytest.approx(3.0)  # TEI's own x-inference-time header
+
+
+def test_the_wrong_schema_fails_with_the_services_reason(standin):
+    code, out, err = _run("loadtest", "--url", standin + "/predict", "--requests", "10", "--limit", "10")
+    assert code == 1 and "Internal Server Error" in err  # LitServe's KeyError on {"text": ...}
+    code, out, err = _run("loadtest", "--url", standin, "--api", "openai", "--requests", "10", "--limit", "10")
+    assert code == 1 and "Incorrect API key" in err
+    code, out, err = _run("loadtest", "--url", standin + "/wrong", "--body", '{"input": "{text}"}', "--requests", "10",
+                          "--limit", "10")
+    assert code == 1 and "not 1 embedding" in err
+    code, out, err = _run("loadtest", "--url", standin + "/wrong", "--body", '{"input": "{text}"}', "--requests", "10",
+                          "--limit", "10", "--no-validate", "--json")
+    assert code == 0 and json.loads(out)["ok"] == 10
+
+
+def test_watch_gets_no_diagnosis_without_an_ok_answer(standin):
+    code, out, err = _run("watch", "--pid", str(os.getpid()), "--url", standin + "/predict", "--duration", "1",
+                          "--limit", "10")
+    assert code == 1 and "Internal Server Error" in err
+    code, out, err = _run("watch", "--pid", str(os.getpid()), "--url", standin + "/predict", "--duration", "1",
+                          "--limit", "10", "--body", '{"input": "{text}"}', "--json")
+    assert code == 0, err
+
+
+@pytest.mark.slow
+@pytest.mark.thirdparty
+def test_locust_sends_the_same_bodies_to_the_same_route(standin):
+    code, out, err = _run("loadtest", "--engine", "locust", "--url", standin, "--api", "tei", "--client-batch", "2",
+                          "--duration", "3", "--concurrency", "2", "--limit", "20", "--warmup-s", "1", "--json")
+    assert code == 0, err
+    s = json.loads(out)
+    assert s["errors"] == 0 and s["ok"] > 0 and s["texts_per_request"] == 2
+    code, out, err = _run("loadtest", "--engine", "locust", "--url", standin + "/wrong", "--body", '{"input": "{text}"}',
+                          "--duration", "2", "--concurrency", "2", "--limit", "10", "--warmup-s", "0.5")
+    assert code == 1 and "not 1 embedding" in err  # the worker ran the same answer check

@@ -1,0 +1,306 @@
+"""The request schemas of the common embedding servers: one builder of request bodies and one check of
+answers, used by the asyncio client (:mod:`tuning.load.generator`) and the locust engine alike, so both
+send the same bodies to the same route and judge the answers the same way.
+
+=========  ==========================================  ===============================================
+``--api``  request (``POST``)                          answer
+=========  ==========================================  ===============================================
+tuning     ``/embed {"text": ...}`` (or a record)      ``{"id": ..., "embedding": [...], ...}``
+tei        ``/embed {"inputs": [...], "truncate":      ``[[float, ...], ...]``
+           true}`` (text-embeddings-inference)
+openai     ``/v1/embeddings {"input": [...],           ``{"data": [{"embedding": [...], "index": i}]}``
+           "model": M}`` (vLLM, Infinity, LitServe)
+kserve     ``/v2/models/NAME/infer {"inputs": [{"name":  ``{"outputs": [{"name": ..., "shape": [B, D],
+           N, "shape": [B, 1], "datatype": "BYTES",    "data": [...]}]}``
+           "data": [...]}]}`` (KServe v2, Triton)
+custom     ``--body`` template with ``--route``        one embedding per text (a list of vectors, one
+                                                       vector, or a dict holding them), or anything
+                                                       with ``--no-validate``
+=========  ==========================================  ===============================================
+
+A custom template is parsed as JSON; a string value exactly ``"{text}"`` becomes the text and one exactly
+``"{texts}"`` the list of texts; nothing else is substituted. An answer is ok only when its status is 2xx
+and its body parses, for its API, to one embedding per text sent, all of one dimension; otherwise it is an
+error whose reason comes from the body (``error``, ``detail``, ``message``, or its first 200 bytes).
+Pure Python and JSON: the locust workers import it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+from urllib.parse import urlsplit, urlunsplit
+
+API_NAMES = ("tuning", "tei", "openai", "kserve", "custom")
+DEFAULT_ROUTES = {"tuning": "/embed", "tei": "/embed", "openai": "/v1/embeddings"}
+SECRET_HEADERS = ("authorization", "x-api-key", "api-key", "proxy-authorization", "cookie")
+# TEI's response headers (milliseconds) -> this package's server-side stages
+TEI_TIMING_HEADERS = {"x-tokenization-time": "preprocess", "x-queue-time": "queue_wait", "x-inference-time": "inference"}
+
+
+class ApiError(ValueError):
+    """A bad ``--api`` setting: the message names the value and the fix."""
+
+
+@dataclass(frozen=True)
+class Api:
+    """How to talk to one service: its schema, route, headers, texts per request and whether answers are checked."""
+
+    name: str = "tuning"
+    route: str | None = None
+    template: Any = None  # the parsed --body template (custom)
+    model_name: str | None = None
+    input_name: str = "TEXT"
+    output_name: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+    client_batch: int = 1
+    validate: bool = True
+    timeout_s: float = 60.0
+    _has_texts: bool = field(default=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.name not in API_NAMES:
+            raise ApiError(f"--api {self.name!r} is not known; use one of {', '.join(API_NAMES)} "
+                           "(custom: give --body and --route)")
+        if not isinstance(self.client_batch, int) or self.client_batch < 1:
+            raise ApiError(f"--client-batch {self.client_batch!r}: give an integer >= 1 (texts per request)")
+        if self.name == "tuning" and self.client_batch != 1:
+            raise ApiError("--client-batch: this package's /embed takes one text per request; use --api tei, openai, "
+                           "kserve or a --body with \"{texts}\" for batches")
+        if self.name == "kserve" and not self.model_name and not self.route:
+            raise ApiError("--api kserve needs --model-name NAME (the route is /v2/models/NAME/infer) or --route")
+        if self.name == "custom":
+            if self.template is None:
+                raise ApiError("--api custom needs --body, e.g. --body '{\"input\": \"{text}\"}'")
+            has_text, has_texts = _placeholders(self.template)
+            if not (has_text or has_texts):
+                raise ApiError(f"--body {json.dumps(self.template)}: no string value is exactly \"{{text}}\" or "
+                               "\"{texts}\", so no text would be sent; e.g. --body '{\"input\": \"{text}\"}'")
+            if self.client_batch > 1 and not has_texts:
+                raise ApiError(f"--client-batch {self.client_batch} needs a \"{{texts}}\" list in --body; "
+                               "\"{text}\" holds one text")
+            object.__setattr__(self, "_has_texts", has_texts)
+        if not self.timeout_s > 0:
+            raise ApiError(f"--timeout {self.timeout_s!r}: give seconds > 0")
+
+    # --- where and how ---
+
+    def url(self, url: str) -> str:
+        """``url`` with the API's route: ``--route`` if given, else the URL's own path, else the default."""
+        parts = urlsplit(str(url))
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ApiError(f"--url {url!r}: give an http:// or https:// URL, e.g. http://127.0.0.1:8000")
+        path = self.route or (parts.path if parts.path not in ("", "/") else self.default_route())
+        if not path.startswith("/"):
+            path = "/" + path
+        return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+    def default_route(self) -> str:
+        if self.name == "kserve":
+            return f"/v2/models/{self.model_name}/infer"
+        return DEFAULT_ROUTES.get(self.name, "/")
+
+    def header_dict(self) -> dict[str, str]:
+        return {"Content-Type": "application/json", **dict(self.headers)}
+
+    def describe(self) -> dict[str, Any]:
+        """For outputs: the API, route and header names, secrets never echoed."""
+        return {"api": self.name, "route": self.route, "model_name": self.model_name, "client_batch": self.client_batch,
+                "validate": self.validate, "headers": {k: ("***" if k.lower() in SECRET_HEADERS else v)
+                                                       for k, v in self.headers}}
+
+    # --- requests ---
+
+    def body(self, texts: Sequence[str]) -> bytes:
+        """The request body for ``texts`` (exactly ``client_batch`` of them)."""
+        texts = list(texts)
+        if self.name == "tuning":
+            return json.dumps({"text": texts[0]}).encode()
+        if self.name == "tei":
+            return json.dumps({"inputs": texts, "truncate": True}).encode()
+        if self.name == "openai":
+            obj: dict[str, Any] = {"input": texts}
+            if self.model_name:
+                obj["model"] = self.model_name
+            return json.dumps(obj).encode()
+        if self.name == "kserve":
+            return json.dumps({"inputs": [{"name": self.input_name, "shape": [len(texts), 1], "datatype": "BYTES",
+                                           "data": texts}]}).encode()
+        return json.dumps(_fill(self.template, texts)).encode()
+
+    def encode(self, items: Sequence[Any]) -> list[Any]:
+        """Request bodies, encoded once, from model texts (a :class:`tuning.inputs.records.RecordError` stays
+        itself: the client makes it that request's error outcome without sending it). With ``client_batch``
+        N, consecutive texts go N to a request, wrapping around so every request holds N."""
+        good = [x for x in items if isinstance(x, str)]
+        bad = [x for x in items if not isinstance(x, str)]
+        if self.client_batch == 1:
+            return [self.body([x]) if isinstance(x, str) else x for x in items]
+        if not good:
+            return bad
+        n = self.client_batch
+        groups = max(1, math.ceil(len(good) / n))
+        bodies = [self.body([good[(g * n + j) % len(good)] for j in range(n)]) for g in range(groups)]
+        return bodies + bad
+
+    # --- answers ---
+
+    def check(self, status: int | None, data: bytes, texts: int | None = None) -> tuple[str, str | None, Any]:
+        """``(outcome, reason, payload)`` of one answer: ok only for 2xx whose body carries one embedding per
+        text sent (``texts``, default ``client_batch``), all of one dimension (unless ``validate`` is off)."""
+        payload = _json(data)
+        if status is None or not 200 <= status < 300:
+            outcome = {503: "rejected", 504: "timeout", 429: "rejected"}.get(status, "error")
+            return outcome, f"HTTP {status}: {error_text(payload, data)}", payload
+        if not self.validate:
+            return "ok", None, payload
+        n = texts or self.client_batch
+        try:
+            vectors = self.embeddings(payload, n)
+        except ValueError as exc:
+            return "error", f"HTTP {status} but the answer is not {n} embedding(s): {exc}", payload
+        if len(vectors) != n:
+            return "error", f"HTTP {status} but the answer holds {len(vectors)} embeddings for {n} text(s)", payload
+        dims = {len(v) for v in vectors}
+        if len(dims) != 1 or 0 in dims:
+            return "error", f"HTTP {status} but the embeddings' dimensions differ or are empty: {sorted(dims)}", payload
+        return "ok", None, payload
+
+    def embeddings(self, payload: Any, n: int) -> list[list[float]]:
+        """The embeddings an answer carries, for this API (raises ValueError naming what is missing)."""
+        if payload is _NOT_JSON:
+            raise ValueError("the body is not JSON")
+        if self.name == "tuning":
+            if isinstance(payload, dict) and "error" not in payload:
+                emb = payload.get("embedding")
+                return [_vector(emb)] if emb is not None else [[0.0]]  # the server sends embeddings only when asked
+            raise ValueError("expected a JSON object without an 'error'")
+        if self.name == "tei":
+            return _matrix(payload, "a list of vectors")
+        if self.name == "openai":
+            if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
+                raise ValueError("expected {\"data\": [{\"embedding\": [...], \"index\": i}, ...]}")
+            rows = sorted(payload["data"], key=lambda d: d.get("index", 0) if isinstance(d, dict) else 0)
+            return [_vector(d.get("embedding") if isinstance(d, dict) else None) for d in rows]
+        if self.name == "kserve":
+            outputs = payload.get("outputs") if isinstance(payload, dict) else None
+            if not isinstance(outputs, list) or not outputs:
+                raise ValueError("expected {\"outputs\": [{\"name\": ..., \"shape\": [B, D], \"data\": [...]}]}")
+            out = next((o for o in outputs if isinstance(o, dict) and o.get("name") == self.output_name), None) \
+                if self.output_name else outputs[0]
+            if out is None:
+                raise ValueError(f"no output named {self.output_name!r} (outputs: "
+                                 f"{[o.get('name') for o in outputs if isinstance(o, dict)]}); set --output-name")
+            shape, flat = out.get("shape"), out.get("data")
+            if not (isinstance(shape, list) and len(shape) == 2 and isinstance(flat, list)):
+                raise ValueError(f"output {out.get('name')!r} has shape {shape!r}: expected [B, D] with flat data")
+            b, d = int(shape[0]), int(shape[1])
+            if len(flat) != b * d:
+                raise ValueError(f"output {out.get('name')!r}: {len(flat)} values for shape {shape}")
+            return [_vector(flat[i * d:(i + 1) * d]) for i in range(b)]
+        # custom: a list of vectors, one vector (one text), or a dict holding either under a usual key
+        if isinstance(payload, dict):
+            for key in ("embeddings", "embedding", "data", "output", "outputs", "vectors", "predictions"):
+                if key in payload:
+                    return self.embeddings(payload[key], n)
+            raise ValueError(f"no embeddings under the usual keys (found {sorted(payload)[:8]}); use --no-validate")
+        if isinstance(payload, list) and payload and isinstance(payload[0], dict) and "embedding" in payload[0]:
+            return [_vector(d["embedding"]) for d in payload]
+        if isinstance(payload, list) and payload and all(isinstance(x, (int, float)) for x in payload):
+            return [_vector(payload)]
+        return _matrix(payload, "one embedding per text")
+
+    def server_stages(self, headers: Any) -> dict[str, float]:
+        """Server-side stage times (ms) from the answer's headers: TEI's ``x-*-time`` headers."""
+        out = {}
+        if headers is None:
+            return out
+        for header, stage in TEI_TIMING_HEADERS.items():
+            value = headers.get(header)
+            if value is not None:
+                try:
+                    out[stage] = float(value)
+                except ValueError:
+                    pass
+        return out
+
+
+_NOT_JSON = object()
+
+
+def _json(data: bytes) -> Any:
+    try:
+        return json.loads(data) if data else _NOT_JSON
+    except (ValueError, TypeError):
+        return _NOT_JSON
+
+
+def error_text(payload: Any, data: bytes) -> str:
+    """The reason an answer gives: its ``error``, ``detail`` or ``message`` (FastAPI, OpenAI, TEI), or its first
+    200 bytes."""
+    if isinstance(payload, dict):
+        for key in ("error", "detail", "message"):
+            value = payload.get(key)
+            if value:
+                if isinstance(value, dict):
+                    value = value.get("message") or value.get("msg") or json.dumps(value)
+                if isinstance(value, list):
+                    value = json.dumps(value)
+                return str(value)[:300]
+    text = (data or b"")[:200].decode("utf-8", errors="replace").strip()
+    return text or "no error message"
+
+
+def _vector(x: Any) -> list[float]:
+    if not isinstance(x, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in x):
+        raise ValueError(f"expected a list of numbers, got {type(x).__name__}")
+    return x
+
+
+def _matrix(x: Any, what: str) -> list[list[float]]:
+    if not isinstance(x, list):
+        raise ValueError(f"expected {what}, got {type(x).__name__}")
+    return [_vector(v) for v in x]
+
+
+def _placeholders(obj: Any) -> tuple[bool, bool]:
+    if isinstance(obj, str):
+        return obj == "{text}", obj == "{texts}"
+    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, list) else []
+    found = [_placeholders(v) for v in items]
+    return any(a for a, _ in found), any(b for _, b in found)
+
+
+def _fill(obj: Any, texts: list[str]) -> Any:
+    if obj == "{text}":
+        return texts[0]
+    if obj == "{texts}":
+        return list(texts)
+    if isinstance(obj, dict):
+        return {k: _fill(v, texts) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_fill(v, texts) for v in obj]
+    return obj
+
+
+def parse_headers(values: Sequence[str] | None) -> tuple[tuple[str, str], ...]:
+    """``--header 'K: V'`` values as pairs (the message names a malformed one)."""
+    out = []
+    for value in values or ():
+        name, sep, rest = value.partition(":")
+        if not sep or not name.strip():
+            raise ApiError(f"--header {value!r}: give 'Name: value', e.g. --header 'Authorization: Bearer TOKEN'")
+        out.append((name.strip(), rest.strip()))
+    return tuple(out)
+
+
+def parse_template(text: str | None) -> Any:
+    """``--body`` as JSON (the message names the value and the fix)."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ApiError(f"--body {text!r} is not JSON ({exc}); e.g. --body '{{\"input\": \"{{text}}\"}}'") from None
