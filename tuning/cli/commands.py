@@ -606,6 +606,65 @@ def cmd_investigate(args: argparse.Namespace) -> int:
     return code if inv.target_met else cliguard.EXIT_TARGET_MISSED  # the files and the closest are there
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    """``tune``: start the service from --cmd per configuration, measure its capacity at the target, stop it."""
+    from tuning.experiments.tune import TuneSettings, parse_space, run_tune
+    from tuning.present.tables import format_tune
+
+    space = parse_space(args.space)
+    if "{port}" not in args.cmd:
+        raise UsageError("tune --cmd: put {port} where the server takes its port, e.g. --cmd 'python app.py --port {port}'")
+    missing = [n for n in space if "{" + n + "}" not in args.cmd]
+    if missing:
+        raise UsageError(f"tune --cmd: no {{{missing[0]}}} in the command, so --space {missing[0]} would change nothing")
+    api = api_from_args(args)
+    api.url(args.url.replace("{port}", "1"))  # a bad URL is named now, not per configuration
+    settings = TuneSettings.quick() if args.quick else TuneSettings()
+    if args.startup_timeout is not None:
+        import dataclasses
+
+        settings = dataclasses.replace(settings, startup_timeout_s=args.startup_timeout)
+    bodies = _api_inputs(args, api, _inputs(args))
+    out = args.out
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+
+    def save(result: Any) -> None:
+        if out is not None:
+            (out / "tune.json").write_text(json.dumps(with_schema(result.summary()), indent=2, default=str))
+    say = (lambda line: None) if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
+    result = run_tune(args.cmd, space, args.url, bodies, api, args.target_p99_ms, settings, ready_url=args.ready_url,
+                      say=say, on_row=save)
+    save(result)
+    code = _emit(args, result.summary(), lambda: format_tune(result))
+    if result.interrupted:
+        from tuning.cli import guard as cliguard
+
+        return cliguard.EXIT_INTERRUPTED
+    if not result.rows or all(r.error for r in result.rows):
+        from tuning.cli import guard as cliguard
+
+        return cliguard.EXIT_NOTHING
+    return code if result.best is not None else 3
+
+
+def _add_tune_flags(p: argparse.ArgumentParser) -> None:
+    _add_data_flags(p)
+    p.add_argument("--cmd", required=True, help="the service's command line, with {port} and a {name} per --space")
+    p.add_argument("--space", action="append", required=True, metavar="NAME=V1,V2",
+                   help="a knob of the service and its values (repeatable)")
+    p.add_argument("--url", required=True, help="the endpoint, with {port}, e.g. http://127.0.0.1:{port}/predict")
+    p.add_argument("--ready-url", default=None, help="GET this (with {port}) until 2xx before measuring "
+                   "(default: until a first request is ok)")
+    p.add_argument("--startup-timeout", type=_positive_float, default=None,
+                   help="seconds a configuration may take to answer (default 180)")
+    p.add_argument("--target-p99-ms", type=_positive_float, default=500.0, help="the p99 target of the capacity")
+    p.add_argument("--quick", action="store_true", help="short windows (about 30 s a configuration)")
+    p.add_argument("--out", type=Path, default=None, help="write tune.json here, rewritten after every configuration")
+    _add_api_flags(p)
+    p.add_argument("--json", action="store_true", help="print only the JSON summary")
+
+
 def _add_investigate_flags(p: argparse.ArgumentParser) -> None:
     from tuning.experiments.investigate import DEFAULT_OUT
     from tuning.experiments.ladder import DEFAULT_TARGET_P99_MS, OBJECTIVES
@@ -682,6 +741,8 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
     "investigate": (cmd_investigate, "the main job: baseline under load, the ladder one change at a time, what-if, "
                                      "HTML report"),
     "run": (cmd_run, "replay the records through the offline pipeline and print throughput and the stage ledger"),
+    "tune": (cmd_tune, "a service's own knobs: start it from --cmd per configuration, measure its capacity at the "
+                       "p99 target, print the best command line"),
     "profile": (cmd_profile, "run the offline pipeline under every profiler and print the diagnosis"),
     "serve": (cmd_serve, "serve POST /embed, GET /healthz and GET /metrics over HTTP (loopback by default)"),
     "loadtest": (cmd_loadtest_any, "load-test the in-process server (or --url) at fixed concurrency or rate; "
@@ -710,6 +771,9 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         if name == "investigate":
             _add_investigate_flags(p)
+            continue
+        if name == "tune":
+            _add_tune_flags(p)
             continue
         if name == "watch":
             p.add_argument("--pid", type=_positive_int, required=True, help="process id of the running service")

@@ -246,3 +246,38 @@ def format_investigation(inv: Investigation) -> str:
                   f"files: {names or 'none'} under {inv.out} ({inv.wall_s:.0f} s)"))
     lines.append(headline(inv))
     return "\n".join(lines)
+
+
+def format_tune(result: Any) -> str:
+    """``tune``'s table: per configuration the capacity with its bracket, p50/p99 at capacity, errors, peak
+    memory, load tests; then the best configuration as its exact command line."""
+    rows = []
+    for r in result.rows:
+        row = r.row()
+        bracket = row["bracket"] or [None, None]
+        rows.append({**{k: row[k] for k in result.space},
+                     "capacity req/s": "error" if row["error"] else (f"{row['capacity']:.1f}" if row["capacity"] else "none"),
+                     "bracket": "-" if row["error"] else f"{_num(bracket[0], '.1f')}-{_num(bracket[1], '.1f')}",
+                     "p50 ms": _num(row["p50_ms"], ".0f"), "p99 ms": _num(row["p99_ms"], ".0f"),
+                     "errors": row["errors"] if row["errors"] is not None else "-",
+                     "peak MB": _num(row["peak_memory_mb"], ".0f"), "load tests": row["load_tests"]})
+    lines = [f"tune: {len(result.rows)} configurations ({result.search}), capacity at p99 <= {result.target_p99_ms:.0f} ms"]
+    if rows:
+        lines.append(table(rows, list(rows[0])))
+    for r in result.rows:
+        if r.error:
+            lines.append(f"error in {' '.join(f'{k}={v}' for k, v in r.values.items())}: {r.error}")
+    if result.interrupted:
+        lines.append("INTERRUPTED: the table holds what was measured")
+    best = result.best
+    if best is None:
+        lines.append(f"TARGET NOT MET: no configuration kept p99 <= {result.target_p99_ms:.0f} ms at any rate tried")
+    else:
+        lines.append(f"best: {best.capacity.capacity:.1f} req/s at p99 <= {result.target_p99_ms:.0f} ms with "
+                     f"{' '.join(f'{k}={v}' for k, v in best.values.items())}")
+        lines.append(f"run it: {best.command}")
+    return "\n".join(lines)
+
+
+def _num(x: Any, spec: str) -> str:
+    return "-" if x is None or not isinstance(x, (int, float)) or x != x else format(x, spec)

@@ -1,0 +1,360 @@
+"""``python -m tuning tune``: a service's own knobs, each configuration measured by its capacity at the p99 target.
+
+    python -m tuning tune --cmd "python server.py --port {port} --max-batch-size {batch} --batch-timeout {timeout}" \\
+        --space batch=1,4,8 --space timeout=0.002,0.05 --url "http://127.0.0.1:{port}/predict" \\
+        --body '{"input": "{text}"}' --target-p99-ms 500
+
+For each configuration: the command starts in its own process group on a free port (``{port}`` and each
+``--space`` name are filled in; nothing else), it is waited for until it answers (``--ready-url``, or the
+first ok request, within ``startup_timeout_s``), warmed up by a short closed loop whose completion rate
+brackets the search, measured by :func:`tuning.experiments.capacity.capacity_at_target` (open loop, latency
+from the scheduled arrival), and the whole group is stopped (SIGTERM, then SIGKILL: a LitServe parent killed
+alone leaves its workers behind). The peak memory of the group is sampled meanwhile. A configuration whose
+server never comes up, or dies, is that configuration's error with the last lines of its output; the rest go
+on. The search: every configuration up to :data:`EXHAUSTIVE_MAX`; beyond, coordinate descent from the first
+value of each knob (each knob's values in turn, the others fixed, until a round changes nothing), then the
+best's neighbours (the adjacent value of each knob).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from tuning.base.format import rounded
+from tuning.experiments.capacity import Capacity, CapacitySettings, capacity_at_target
+from tuning.experiments.trial import Trial
+
+EXHAUSTIVE_MAX = 16
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    duration_s: float = 5.0  # one load window (open loop: stretched to min_outcomes arrivals, up to max_window_s)
+    warmup_s: float = 1.0
+    concurrency: int = 16  # the closed loop that warms the service and brackets its capacity
+    min_outcomes: int = 300
+    max_window_s: float = 10.0
+    startup_timeout_s: float = 180.0
+    capacity: CapacitySettings = field(default_factory=CapacitySettings.quick)
+
+    @classmethod
+    def quick(cls) -> "TuneSettings":
+        return cls(duration_s=2.0, warmup_s=0.5, concurrency=8, min_outcomes=100, max_window_s=4.0)
+
+
+def parse_space(items: Sequence[str]) -> dict[str, list[str]]:
+    """``--space name=v1,v2`` values as {name: [values]} (the message names a malformed one)."""
+    space: dict[str, list[str]] = {}
+    for item in items or ():
+        name, sep, values = item.partition("=")
+        name = name.strip()
+        vals = [v.strip() for v in values.split(",") if v.strip()]
+        if not sep or not name.isidentifier() or not vals:
+            raise ValueError(f"--space {item!r}: give name=v1,v2,... with a name usable in {{name}}, e.g. --space batch=1,4,8")
+        if name == "port":
+            raise ValueError("--space port=...: {port} is the free port tune chooses; name the knob otherwise")
+        if name in space:
+            raise ValueError(f"--space {name} given twice; put every value in one: --space {name}=a,b,c")
+        space[name] = vals
+    if not space:
+        raise ValueError("tune needs at least one --space name=v1,v2")
+    return space
+
+
+def fill(template: str, values: dict[str, str], port: int) -> str:
+    """``template`` with ``{port}`` and each ``{name}`` replaced (a placeholder without a value is named)."""
+    out = template.replace("{port}", str(port))
+    for name, value in values.items():
+        out = out.replace("{" + name + "}", value)
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServiceGroup:
+    """A command in its own process group: started, watched for memory, stopped with every process it forked."""
+
+    def __init__(self, command: str):
+        self.command = command
+        self.log = tempfile.NamedTemporaryFile(prefix="tuning-tune-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(shlex.split(command), stdout=self.log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        self.peak_rss = 0
+        self._stop = threading.Event()
+        self._sampler = threading.Thread(target=self._sample, name="tune-memory", daemon=True)
+        self._sampler.start()
+
+    def _sample(self) -> None:
+        import psutil
+
+        while not self._stop.wait(0.5):
+            total = 0
+            for p in psutil.process_iter(["pid"]):
+                with contextlib.suppress(psutil.Error):
+                    if os.getpgid(p.info["pid"]) == self.proc.pid:
+                        total += p.memory_info().rss
+            self.peak_rss = max(self.peak_rss, total)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def tail(self, lines: int = 12) -> str:
+        self.log.flush()
+        with open(self.log.name, "rb") as fh:
+            text = fh.read()[-8000:].decode("utf-8", errors="replace")
+        return "\n".join(text.strip().splitlines()[-lines:])
+
+    def gone(self) -> bool:
+        try:
+            os.killpg(self.proc.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+    def stop(self) -> None:
+        self._stop.set()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(15)
+        for _ in range(50):
+            if self.gone():
+                break
+            time.sleep(0.1)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(10)
+        self.log.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.log.name)
+
+
+@dataclass
+class TuneRow:
+    """One configuration: its values, the exact command, and its capacity or its error."""
+
+    values: dict[str, str]
+    command: str
+    capacity: Capacity | None = None
+    error: str | None = None
+    peak_memory_mb: float = math.nan
+    startup_s: float = math.nan
+    wall_s: float = math.nan
+    load_tests: int = 0
+
+    def row(self) -> dict[str, Any]:
+        cap = self.capacity
+        best = cap.best if cap is not None else None
+        return {**self.values, "capacity": rounded(cap.capacity) if cap else None,
+                "bracket": [rounded(cap.low), rounded(cap.high)] if cap else None, "met": bool(cap and cap.met),
+                "p50_ms": rounded(best.p50_ms) if best else None, "p99_ms": rounded(best.p99_ms) if best else None,
+                "errors": best.errors if best else None, "peak_memory_mb": rounded(self.peak_memory_mb),
+                "startup_s": rounded(self.startup_s), "load_tests": self.load_tests, "wall_s": rounded(self.wall_s),
+                "error": self.error, "command": self.command}
+
+
+@dataclass
+class TuneResult:
+    space: dict[str, list[str]]
+    rows: list[TuneRow]
+    search: str
+    target_p99_ms: float
+    interrupted: bool = False
+
+    @property
+    def best(self) -> TuneRow | None:
+        met = [r for r in self.rows if r.capacity is not None and r.capacity.met]
+        return max(met, key=lambda r: r.capacity.capacity, default=None)
+
+    def to_frame(self) -> Any:
+        import pandas as pd
+
+        return pd.DataFrame([r.row() for r in self.rows])
+
+    def summary(self) -> dict[str, Any]:
+        best = self.best
+        return {"command": "tune", "search": self.search, "space": self.space, "target_p99_ms": self.target_p99_ms,
+                "configurations": len(self.rows), "interrupted": self.interrupted,
+                "best": best.row() if best else None, "target_met": best is not None,
+                "rows": [r.row() for r in self.rows],
+                "capacities": {_label(r.values): r.capacity.summary() for r in self.rows if r.capacity is not None}}
+
+
+def _label(values: dict[str, str]) -> str:
+    return " ".join(f"{k}={v}" for k, v in values.items())
+
+
+class HttpMeasure:
+    """``measure(config, *, rate=None, record=False, seed=None) -> Trial`` against a URL: closed loop at
+    ``concurrency`` or Poisson arrivals at ``rate`` (windows sized by outcomes), through ``api``."""
+
+    def __init__(self, url: str, bodies: Sequence[Any], api: Any, settings: TuneSettings):
+        self.url, self.bodies, self.api, self.settings = url, list(bodies), api, settings
+        self.runs = 0
+
+    def __call__(self, config: Any = None, *, rate: float | None = None, record: bool = False,
+                 seed: int | None = None) -> Trial:
+        import warnings
+
+        from tuning.load.generator import run_load
+
+        s = self.settings
+        duration = s.duration_s if rate is None else min(max(s.duration_s, s.min_outcomes / rate), s.max_window_s)
+        self.runs += 1
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            result = run_load(self.url, self.bodies, concurrency=s.concurrency if rate is None else 256,
+                              duration_s=duration, rate=rate, warmup_s=s.warmup_s, seed=seed or 0, api=self.api)
+        return Trial.from_load(result)
+
+
+def run_tune(cmd: str, space: dict[str, list[str]], url: str, bodies: Sequence[Any], api: Any, target_p99_ms: float,
+             settings: TuneSettings = TuneSettings(), ready_url: str | None = None,
+             say: Callable[[str], None] | None = None, on_row: Callable[[TuneResult], None] | None = None) -> TuneResult:
+    """Measure each configuration of ``space`` (see the module docstring); Ctrl-C keeps what was measured."""
+    say = say or (lambda line: None)
+    names = list(space)
+    combos = [dict(zip(names, vals)) for vals in itertools.product(*space.values())]
+    search = "exhaustive" if len(combos) <= EXHAUSTIVE_MAX else "coordinate descent, then the best's neighbours"
+    result = TuneResult(space, [], search, target_p99_ms)
+    done: dict[tuple, TuneRow] = {}
+
+    def evaluate(values: dict[str, str]) -> TuneRow:
+        key = tuple(values[n] for n in names)
+        if key in done:
+            return done[key]
+        row = measure_config(cmd, values, url, bodies, api, target_p99_ms, settings, ready_url, say)
+        done[key] = row
+        result.rows.append(row)
+        say(_row_line(row))
+        if on_row:
+            on_row(result)
+        return row
+
+    def score(row: TuneRow) -> float:
+        return row.capacity.capacity if row.capacity is not None and row.capacity.met else -1.0
+
+    try:
+        if search == "exhaustive":
+            for values in combos:
+                evaluate(values)
+        else:
+            current = {n: space[n][0] for n in names}
+            best = evaluate(current)
+            for _ in range(3):
+                changed = False
+                for n in names:
+                    for v in space[n]:
+                        row = evaluate({**current, n: v})
+                        if score(row) > score(best):
+                            best, current, changed = row, {**current, n: v}, True
+                if not changed:
+                    break
+            for n in names:  # the best's neighbours: the adjacent value of each knob
+                i = space[n].index(current[n])
+                for j in (i - 1, i + 1):
+                    if 0 <= j < len(space[n]):
+                        evaluate({**current, n: space[n][j]})
+    except KeyboardInterrupt:
+        result.interrupted = True
+        say("interrupted: what was measured is kept")
+    return result
+
+
+def measure_config(cmd: str, values: dict[str, str], url: str, bodies: Sequence[Any], api: Any, target_p99_ms: float,
+                   settings: TuneSettings, ready_url: str | None, say: Callable[[str], None]) -> TuneRow:
+    """One configuration from start to stop (its error, not an exception, when the server fails)."""
+    port = _free_port()
+    command = fill(cmd, values, port)
+    target = api.url(fill(url, values, port))
+    t0 = time.perf_counter()
+    row = TuneRow(dict(values), command)
+    say(f"starting: {command}")
+    group = ServiceGroup(command)
+    try:
+        measure = HttpMeasure(target, bodies, api, settings)
+        error = _wait_ready(group, measure, fill(ready_url, values, port) if ready_url else None,
+                            settings.startup_timeout_s)
+        row.startup_s = time.perf_counter() - t0
+        if error:
+            row.error = error
+            return row
+        closed = measure(values)
+        if closed.ok == 0:
+            row.error = f"no ok answer under load (first reason: {closed.first_error}); its output ends: {group.tail()}"
+            return row
+        row.capacity = capacity_at_target(measure, values, target_p99_ms, saturation=closed.qps,
+                                          settings=settings.capacity, status=say)
+        if not group.alive():
+            row.error = f"the server exited with {group.proc.returncode} while measured; its output ends: {group.tail()}"
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # this configuration's error; the rest go on
+        row.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        row.peak_memory_mb = group.peak_rss / 2**20 if group.peak_rss else math.nan
+        group.stop()
+        row.wall_s = time.perf_counter() - t0
+        row.load_tests = measure.runs if "measure" in locals() else 0
+    return row
+
+
+def _wait_ready(group: ServiceGroup, measure: HttpMeasure, ready_url: str | None, timeout_s: float) -> str | None:
+    """None once the service answers (``ready_url`` with a 2xx, or a first ok request), else the error."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    last = "no answer yet"
+    while time.monotonic() < deadline:
+        if not group.alive():
+            return f"the server exited with {group.proc.returncode} before it answered; its output ends:\n{group.tail()}"
+        try:
+            if ready_url:
+                with urllib.request.urlopen(ready_url, timeout=5) as resp:
+                    if 200 <= resp.status < 300:
+                        return None
+            else:
+                from tuning.load.generator import http_target
+
+                send = http_target(measure.url, timeout_s=10.0, api=measure.api)
+                first = next((b for b in measure.bodies if isinstance(b, (bytes, str, dict))), measure.bodies[0])
+                try:
+                    answer = send(first)
+                finally:
+                    send.close()
+                if answer.outcome == "ok":
+                    return None
+                last = answer.reason or answer.outcome
+                if "connection failed" not in last:
+                    return f"the server answers, but not ok: {last}"
+        except OSError as exc:
+            last = str(exc)
+        time.sleep(1.0)
+    return f"not ready within {timeout_s:.0f} s ({last}); its output ends:\n{group.tail()}"
+
+
+def _row_line(row: TuneRow) -> str:
+    head = _label(row.values)
+    if row.error:
+        return f"{head}: error: {row.error.splitlines()[0][:200]}"
+    return f"{head}: {row.capacity.sentence()}; peak memory {row.peak_memory_mb:.0f} MB"
