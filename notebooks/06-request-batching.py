@@ -87,7 +87,7 @@ print("; ".join(f"{r.concurrency} in flight: {r.qps:.0f} QPS, p99 {r.p99_ms:.0f}
 #
 # From `baseline`, each rung changes one thing and is measured against the rung before it in interleaved
 # pairs (AB, BA, BA, AB, ...) at the same offered rate, the reference's capacity at the p99 target. A change
-# is kept only when the paired p99 ratio's interval clears the minimum effect and the candidate meets the
+# is kept only when the paired latency ratio's interval clears the minimum effect and the candidate meets the
 # target there; its own capacity is then searched. What each row shows is what was judged: the ratio, its
 # interval, the pairs. This is the package function the `investigate` command runs.
 

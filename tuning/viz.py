@@ -492,7 +492,7 @@ def _unique(labels: Sequence[str]) -> list[str]:
 def _ratio_axis(metric: str | None) -> str:
     if metric == "qps":
         return "QPS ratio, candidate / reference (×, larger is better)"
-    return "p99 ratio, reference / candidate (×, larger is better)"
+    return "latency ratio (geometric mean), reference / candidate (×, larger is better)"
 
 
 def ladder_chart(result: Any, device: Any = None) -> go.Figure:

@@ -424,13 +424,15 @@ def render_report(inv: Any) -> str:
     if ladder.objective == "target":
         how = (f"Each step is measured against its reference (the configuration kept before it) in interleaved pairs "
                f"(AB BA BA AB ...), both arms open loop at the same offered Poisson rate, {_esc(_compare_rate(ladder))}; "
-               f"{settings.duration_s:g} s measured per run after {settings.warmup_s:g} s of warm-up, "
-               f"{settings.min_pairs} to {settings.max_pairs} pairs. The figure per pair is the p99 ratio reference / "
-               f"candidate (above 1: the candidate is faster). A step is kept when the lower end of the ratio's "
-               f"{level_text} interval clears 1 + {settings.min_effect:g} and the candidate meets the {target:.0f} ms "
-               "target at that rate, or when it meets the target where the reference did not; a step that misses "
-               "the target is never kept. A kept step's own capacity is then searched, and it becomes the next "
-               "reference.")
+               f"windows of at least {settings.duration_s:g} s (stretched to {settings.min_outcomes} arrivals where the "
+               f"rate allows) after a warm-up, the same arrivals for both arms of a pair, "
+               f"{settings.min_pairs} to {settings.max_pairs} pairs. The figure per pair is the ratio of the geometric-mean "
+               f"latency over every outcome, reference / candidate (above 1: the candidate is faster). A step is kept "
+               f"when the lower end of the ratio's {level_text} interval clears 1 + {settings.min_effect:g} and the "
+               f"candidate meets the {target:.0f} ms target at that rate (by the count over its pooled runs), or when it "
+               "meets the target where the reference did not; a step that misses the target is never kept. A kept "
+               "step's own capacity is then searched (a step whose capacity comes out below the reference's is "
+               "refused after all), and it becomes the next reference.")
     else:
         how = (f"Each step is measured against its reference in interleaved pairs (AB BA BA AB ...) in a closed loop "
                f"at concurrency {settings.concurrency}, {settings.duration_s:g} s measured per run after "
