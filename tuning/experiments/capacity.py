@@ -6,11 +6,11 @@ within ``target_p99_ms`` and whose error rate is within ``error_budget``. One pr
 (:func:`probe`) passes or fails on a count (:func:`tuning.base.decide.count_verdict`): of the ``n``
 outcomes of its windows, ``c`` exceeded the target or failed. It fails fast at the knee (ok answers below
 :data:`KNEE_COMPLETION` of the offered rate), when errors are significantly above the budget, or when the
-load client fell behind its schedule (more than 1% of sends late); otherwise an undecided probe gets
-another window, up to ``max_windows``, and is then decided on the pooled p99 estimate, labelled so, unless
-its windows disagree (:func:`windows_agree`): then it says so and does not pass. A
-count decides only after ``min_windows`` windows: latencies in one window are correlated by queue bursts,
-and one burst can put a dozen consecutive requests over the target. The
+load client fell behind its schedule (more than 1% of sends late by more than 10 ms or 5% of the
+target); otherwise an undecided probe gets another window, up to ``max_windows``, and is then decided
+on the pooled p99 estimate, labelled so, unless its windows disagree (:func:`windows_agree`): then it says
+so and does not pass. A count decides only after ``min_windows`` windows: latencies in one window are
+correlated by queue bursts, and one burst can put a dozen consecutive requests over the target. The
 search brackets (from the closed-loop saturation rate: ``hi`` = that rate, assumed failing, ``lo`` =
 ``hi / 2`` checked to pass, halved while it fails; or from a rate known to pass: doubled until one fails),
 then bisects geometrically until ``hi / lo <= 1 + tolerance``.
@@ -32,7 +32,7 @@ from scipy import stats
 
 from tuning.base.decide import EXCEED_SHARE, PROBE_ALPHA, Paired, count_verdict, quantile_interval
 from tuning.base.format import rounded
-from tuning.experiments.trial import Measure, Trial, as_measure, p99_of
+from tuning.experiments.trial import Measure, Trial, as_measure, late_sends, p99_of
 from tuning.knobs import Knobs
 
 KNEE_COMPLETION = 0.97  # a probe whose ok answers fall below this share of the offered rate is past the knee
@@ -191,7 +191,8 @@ def pooled_figures(trials: list[Trial], target_p99_ms: float) -> dict[str, Any]:
     window = sum(t.window_s for t in trials if math.isfinite(t.window_s))
     # completions: ok answers received in each window (``qps``), not the measured requests that got one later
     done = sum(t.qps * t.window_s for t in trials if math.isfinite(t.window_s) and math.isfinite(t.qps))
-    out = {"n": sum(t.submitted for t in trials), "errors": errors, "late": sum(t.late for t in trials),
+    out = {"n": sum(t.submitted for t in trials), "errors": errors,
+           "late": sum(late_sends(t, target_p99_ms) for t in trials),
            "achieved_rate": done / window if window > 0 else _median([t.qps for t in trials]),
            "offered_rate": sum(t.submitted for t in trials) / window if window > 0 else math.nan}
     if lat is not None and lat.size:
