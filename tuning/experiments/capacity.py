@@ -36,7 +36,8 @@ from tuning.experiments.trial import Measure, Trial, as_measure, late_sends, p99
 from tuning.knobs import Knobs
 
 KNEE_COMPLETION = 0.97  # a probe whose ok answers fall below this share of the offered rate is past the knee
-LATE_SHARE = 0.01  # a probe with more late sends than this share measured the client, not the server
+LATE_SHARE = 0.01  # a probe with more late sends than this share measured the client, not the server...
+LATE_MIN = 2  # ...and more than this many (in a window of 50, one late send is 2%: a hiccup, not a client that lags)
 DEFAULT_ERROR_BUDGET = 0.001
 
 
@@ -248,7 +249,7 @@ def probe(measure: Measure, knobs: Knobs, rate: float, target_p99_ms: float,
         n, errors = f["n"], f["errors"]
         over_budget = errors > 0 and n > 0 and stats.binom.sf(errors - 1, n, settings.error_budget) <= PROBE_ALPHA
         knee = knee_reached(f, len(trials))
-        late = n > 0 and f["late"] > LATE_SHARE * n
+        late = n > 0 and f["late"] > max(LATE_SHARE * n, LATE_MIN)
         verdict = count_verdict(min(f["exceed"], n), n, EXCEED_SHARE) if f["counted"] and n else "undecided"
         by = "count"
         if n == 0:
