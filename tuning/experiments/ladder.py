@@ -132,10 +132,10 @@ class LadderSettings:
 
     @classmethod
     def quick(cls, **changes: Any) -> "LadderSettings":
-        """A few minutes on a 2-core CPU: 3-6 s windows (300 outcomes where the rate allows), a 5% minimum effect,
+        """A few minutes on a 2-core CPU: 3-4 s windows (300 outcomes where the rate allows), a 5% minimum effect,
         at most 6 pairs per step, a 12% capacity bracket, three batch sizes and two waits, one joint round."""
-        base = dict(concurrency=16, duration_s=3.0, warmup_s=0.5, min_outcomes=300, max_window_s=6.0,
-                    warmup_requests=30, min_effect=0.05, max_pairs=6,
+        base = dict(concurrency=16, duration_s=3.0, warmup_s=0.5, min_outcomes=300, max_window_s=4.0,
+                    warmup_requests=10, min_effect=0.05, max_pairs=6,
                     capacity=CapacitySettings.quick(), sweep_sizes=(1, 4, 16), sweep_repeats=1, sweep_rounds=2,
                     waits_ms=(5.0, 20.0), joint_rounds=1, precision_texts=32, compile_on_cpu=False)
         base.update(changes)
