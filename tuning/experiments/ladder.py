@@ -98,8 +98,8 @@ class LadderSettings:
     duration_s: float = 10.0
     warmup_s: float = 2.0
     min_outcomes: int = 1000  # an open-loop window is stretched to hold this many arrivals (a p99 needs outcomes)...
-    max_window_s: float = 30.0  # ...up to this long
-    warmup_requests: int = 200  # open loop: at least this many arrivals warm the queue before the window
+    max_window_s: float | None = None  # ...up to this long (None: 3 x duration_s)
+    warmup_requests: int = 200  # open loop: up to this many arrivals warm the queue (at most 2 x warmup_s of them)
     objective: str = "target"
     min_effect: float = 0.02
     min_pairs: int = 3
@@ -781,9 +781,10 @@ def _min_cosines(report: Any) -> dict[str, Any]:
 def measure_for(inputs: Sequence[Any], settings: LadderSettings, model: Any = None, tokenizer: Any = None,
                 formatter: Any = None) -> LoadMeasure:
     """The real measurement with the ladder's load settings (windows, warm-up, seed)."""
+    max_window = settings.max_window_s if settings.max_window_s is not None else 3 * settings.duration_s
     return LoadMeasure(inputs, settings.concurrency, settings.duration_s, settings.warmup_s, model, seed=settings.seed,
                        tokenizer=tokenizer, formatter=formatter, min_outcomes=settings.min_outcomes,
-                       max_window_s=settings.max_window_s, warmup_requests=settings.warmup_requests)
+                       max_window_s=max_window, warmup_requests=settings.warmup_requests)
 
 
 def run_ladder(data: Any = None, device: Any = "auto", quick: bool = False,

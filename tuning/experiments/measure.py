@@ -203,7 +203,9 @@ class LoadMeasure:
         kw: dict[str, Any] = {"duration_s": self.window_s(rate), "warmup_s": self.warmup_s, "rate": rate,
                               "concurrency": self.concurrency if rate is None else self.open_concurrency,
                               "seed": self.seed if seed is None else seed,
-                              "warmup_requests": self.warmup_requests if rate is not None else 0}
+                              # warm-up arrivals, but never more than 2 x warmup_s of them at this rate
+                              "warmup_requests": (min(self.warmup_requests, math.ceil(rate * 2 * self.warmup_s))
+                                                  if rate is not None else 0)}
         with Server(knobs, engine=self.engine(knobs), **self.serve_kwargs) as server:
             if not record:
                 return Trial.from_load(self._load(server, **kw))
