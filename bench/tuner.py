@@ -51,6 +51,11 @@ Every figure is SIMULATED: the host side is measured here, the device time predi
 
     python bench/tuner.py             # 4 x 3 x 2 = 24 cells, retries and the full ladder: about 30 minutes on 2 cores
     python bench/tuner.py --quick     # 2 x 2 x 2 = 8 cells, shorter windows, the quick ladder: under 8 minutes
+    python bench/tuner.py --grid-from bench/results/tuner_grid.json   # the ladder only, about 10 minutes
+
+``--grid-from`` reuses an earlier run's grid (refused unless its profile, slowdown, target, mode and cells
+match): the ladder runs, and then the grid's best cell and the shipped configuration are both searched again
+in this run, in an order the seed alternates; the ratio is of those two searches, never across runs.
 """
 
 from __future__ import annotations
@@ -203,6 +208,26 @@ def source_state() -> dict[str, Any]:
     return {"commit": head or None, "tuning_modified": bool(dirty)}
 
 
+def reused_grid(args: argparse.Namespace, cells: list[dict]) -> dict[str, Any]:
+    """The earlier run's result, refused unless its profile, slowdown, target, mode and cells are this run's."""
+    try:
+        prev = json.loads(Path(args.grid_from).read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--grid-from {args.grid_from}: cannot read it ({e}); give a bench/results/tuner.json") from e
+    mismatch = [name for name, ours, theirs in (
+        ("profile", args.profile, (prev.get("profile") or {}).get("from")),
+        ("slowdown", args.slowdown, (prev.get("profile") or {}).get("slowdown")),
+        ("target", args.target, prev.get("target_p99_ms")),
+        ("quick", args.quick, prev.get("quick")),
+        ("cells", [c["changes"] for c in cells], [{k: (tuple(v) if isinstance(v, list) else v) for k, v in
+                                                   r["changes"].items()} for r in prev.get("grid", [])]),
+    ) if ours != theirs]
+    if mismatch:
+        raise SystemExit(f"--grid-from {args.grid_from}: its {', '.join(mismatch)} differ from this run's; run "
+                         "without --grid-from to measure the grid")
+    return prev
+
+
 def _needs_retry(row: dict[str, Any]) -> bool:
     return bool(row["client_limited"] or not row["capacity"])
 
@@ -239,6 +264,10 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=TARGET_P99_MS, help="p99 target in ms")
     parser.add_argument("--concurrency", type=int, default=64, help="closed-loop clients (each cell's saturation rate)")
     parser.add_argument("--seed", type=int, default=0, help="the open loop's arrivals and the order of the cells")
+    parser.add_argument("--grid-from", type=Path, default=None,
+                        help="reuse the grid of an earlier tuner.json with the same profile, target and cells: only the "
+                             "ladder runs, and its shipped configuration is re-measured beside the grid's best (both "
+                             "searched again in this run, the ratio from this run)")
     args = parser.parse_args()
     if not args.slowdown > 0:
         raise SystemExit(f"--slowdown {args.slowdown}: give a number > 0")
@@ -286,6 +315,13 @@ def main() -> None:
     order: list[int | str] = list(range(len(cells)))
     random.Random(args.seed).shuffle(order)
     order.insert(len(order) // 2, "shipped")
+    reused = None
+    if args.grid_from is not None:
+        reused = reused_grid(args, cells)
+        best_cell = max(range(len(cells)), key=lambda i: reused["grid"][i]["capacity"] or 0.0)
+        order = ["shipped", best_cell] if args.seed % 2 else [best_cell, "shipped"]
+        print(f"grid reused from {args.grid_from} (commit {(reused.get('source') or {}).get('commit')}); searching "
+              f"its best cell {best_cell + 1} and the shipped configuration again", flush=True)
     t0, runs0 = time.time(), measure.runs
     rows: dict[int, dict[str, Any]] = {}
     shipped_row: dict[str, Any] = {}
@@ -318,7 +354,12 @@ def main() -> None:
             rows[item] = merged
     grid_s = time.time() - t0
     measure.close()
-    grid = [rows[i] for i in range(len(cells))]
+    best_now = None
+    if reused is not None:
+        best_now = rows[best_cell]
+        grid = [dict(r, reused=True) for r in reused["grid"]]
+    else:
+        grid = [rows[i] for i in range(len(cells))]
     grid_runs = sum(r["load_tests"] for r in grid)
 
     caps = [r["capacity"] or 0.0 for r in grid]
@@ -333,7 +374,9 @@ def main() -> None:
     server_worst_i = min(server, key=lambda i: caps[i]) if server else None
     server_best_over_worst = best / caps[server_worst_i] if server else None
     shipped_cap = shipped_row.get("capacity")
-    ladder_over_best = shipped_cap / best if shipped_cap is not None and best > 0 else None
+    # with a reused grid the ratio is of two searches in this run (the best cell's again), not across runs
+    best_ref = best_now["capacity"] if best_now is not None else best
+    ladder_over_best = shipped_cap / best_ref if shipped_cap is not None and best_ref else None
     own = ladder.capacity
     own_cap = own.capacity if own is not None else None
 
@@ -369,6 +412,9 @@ def main() -> None:
     print(f"  its capacity re-measured with the grid's settings (simulated): {_num(shipped_cap)} req/s "
           f"(bracket {_num(shipped_row['bracket'][0])}-{_num(shipped_row['bracket'][1])}, top failed by "
           f"{shipped_row['top_failed_by']}); the ladder's own search: {_num(own_cap)} req/s")
+    if best_now is not None:
+        print(f"  the grid's best cell {best_cell + 1} searched again in this run: {_num(best_now['capacity'])} req/s "
+              f"(the reused grid's figure {_num(best)})")
     print(f"ladder / grid best (simulated): {_num(ladder_over_best, '.3f')} (target >= {TARGET_RATIO}: "
           f"{'met' if ladder_over_best is not None and ladder_over_best >= TARGET_RATIO else 'MISSED'})")
     print(f"load tests: grid {grid_runs} ({grid_s:.0f} s), ladder {ladder_runs} ({ladder_s:.0f} s), "
@@ -409,9 +455,14 @@ def main() -> None:
                    "steps": [{k: s.row()[k] for k in ("step", "change", "status", "capacity", "ratio", "low", "high",
                                                       "pairs", "reason")} for s in ladder.steps],
                    "settings": ladder_settings.as_dict()},
+        "grid_reused": (None if reused is None else
+                        {"from": str(args.grid_from), "source": reused.get("source"),
+                         "best_cell_remeasured": best_now, "note": "the grid's cells are the earlier run's; the ratio "
+                         "is the shipped configuration over the grid's best cell, both searched in this run"}),
         "ladder_over_grid_best": rounded(ladder_over_best), "target_ratio": TARGET_RATIO,
         "ladder_meets_target_ratio": ladder_over_best is not None and ladder_over_best >= TARGET_RATIO,
-        "load_tests": {"grid": grid_runs, "ladder": ladder_runs, "remeasurement": shipped_row.get("load_tests")},
+        "load_tests": {"grid": grid_runs, "ladder": ladder_runs, "remeasurement": shipped_row.get("load_tests"),
+                       "best_cell_remeasurement": best_now["load_tests"] if best_now is not None else None},
         "seconds": {"grid": rounded(grid_s), "ladder": rounded(ladder_s), "total": rounded(time.time() - t_start)},
     }
     write("tuner", payload, quick=args.quick)

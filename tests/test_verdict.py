@@ -187,6 +187,29 @@ def test_a_true_ten_percent_capacity_step_is_kept_at_the_target():
     assert kept / measured >= 0.80, f"{kept} of {measured} true +10% steps kept"
 
 
+def test_the_joint_pass_tries_batching_again_after_the_host_stopped_limiting():
+    """Batching pays only once the Python tokenizer no longer limits the host (the tuner's grid: batch 64 was
+    best while the ladder stayed at batch 1): the batch step loses, the tokenizer is kept, and the joint pass
+    starts from batch 1 at the knee and doubles while each move is kept."""
+    rules = [(lambda k: k.tokenizer == "fast", 1.5),
+             (lambda k: k.tokenizer == "fast" and k.batch_size >= 8, 2.0),
+             (lambda k: k.tokenizer == "fast" and k.batch_size >= 16, 1.3)]
+    ladder = _ladder(QueueStub(rules, base_rate=40.0, noise=0.02, seed=1), steps=("batch", "tokenizer", "joint"),
+                     target_p99_ms=800.0, settings=LadderSettings.quick(joint_moves=4))
+    assert ladder.step("batch").status == "not kept"
+    assert ladder.step("tokenizer").status == "kept"
+    joint = [s for s in ladder.steps if s.name == "joint"]
+    assert [s.change for s in joint][:2] == ["batch_size=8", "batch_size=16"], [s.reason for s in joint]
+    assert ladder.recommended.batch_size == 16 and ladder.recommended.tokenizer == "fast"
+    assert ladder.capacity.capacity > 2.5 * ladder.baseline_capacity.capacity
+
+
+def test_the_joint_pass_keeps_to_its_move_budget():
+    ladder = _ladder(QueueStub([(lambda k: k.batch_size >= 2, 1.5)], base_rate=40.0, noise=0.02, seed=2),
+                     steps=("joint",), target_p99_ms=800.0, settings=LadderSettings.quick(joint_moves=1))
+    assert len([s for s in ladder.steps if s.name == "joint"]) == 1
+
+
 def test_a_step_that_misses_the_target_is_never_kept():
     """Reference at p99 900 ms is not what breaks it: the tokenizer step lifts capacity 30% but adds 3 s."""
     stub = QueueStub([(lambda k: k.tokenizer == "fast", 1.3)], base_rate=40.0, noise=0.02,

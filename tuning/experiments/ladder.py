@@ -19,10 +19,11 @@ Steps, in the investigation's order (INVESTIGATION.md, step 4), then a joint pas
    since capture needs fixed shapes) or ``torch.compile`` (CPU, not in quick mode);
 7. ``batching``: dynamic batching, each ``max_wait_ms`` in turn;
 8. ``joint``: the knobs that interact (``batch_size``, ``max_wait_ms``, ``max_batch_tokens``) by coordinate descent from the
-   ladder's result, with the knee re-measured under the final dtype and graph mode, until a round keeps
-   nothing (coordinate descent and not a Bayesian search: two or three knobs with a handful of values each,
-   where every trial is a paired comparison that costs seconds; a search model would need more trials
-   than the whole grid).
+   ladder's result (batch 1 too: a batch size that lost while the Python tokenizer limited the host is tried
+   again), a line search along each knob (up while kept, else down), with the knee re-measured under the final
+   dtype and graph mode, until a round keeps nothing (coordinate descent and not a Bayesian search: two or
+   three knobs with a handful of values each, where every trial is a paired comparison that costs seconds; a
+   search model would need more trials than the whole grid).
 
 **The objective is the target** (``objective="target"``, the default): a configuration's figure is its
 capacity, the highest Poisson rate at which its open-loop p99 (from the scheduled arrival, every outcome)
@@ -113,6 +114,7 @@ class LadderSettings:
     sweep_rounds: int = 5
     waits_ms: tuple[float, ...] = (2.0, 5.0, 10.0, 20.0, 50.0)
     joint_rounds: int = 3
+    joint_moves: int | None = None  # the joint pass tries at most this many moves (None: until a round keeps none)
     precision_texts: int = 256
     workers: int = field(default_factory=lambda: max(4, min(8, os.cpu_count() or 1)))
     compile_on_cpu: bool = True  # torch.compile costs seconds per shape on a CPU
@@ -137,7 +139,7 @@ class LadderSettings:
         base = dict(concurrency=16, duration_s=3.0, warmup_s=0.5, min_outcomes=300, max_window_s=4.0,
                     warmup_requests=10, min_effect=0.05, max_pairs=6,
                     capacity=CapacitySettings.quick(), sweep_sizes=(1, 4, 16), sweep_repeats=1, sweep_rounds=2,
-                    waits_ms=(5.0, 20.0), joint_rounds=1, precision_texts=32, compile_on_cpu=False)
+                    waits_ms=(5.0, 20.0), joint_rounds=1, joint_moves=3, precision_texts=32, compile_on_cpu=False)
         base.update(changes)
         return cls(**base)
 
@@ -951,7 +953,7 @@ def run_ladder(data: Any = None, device: Any = "auto", quick: bool = False,
             elif name == "batching":
                 if k.batch_size == 1:
                     ladder.skip(name, "dynamic batching (max wait)", "max_wait_ms=...",
-                                "batch size 1: there is no batch to wait for")
+                                "batch size 1: there is no batch to wait for (the joint pass tries batch sizes again)")
                     bar.update(1)
                     continue
                 for wait in settings.waits_ms:
@@ -976,38 +978,66 @@ def run_ladder(data: Any = None, device: Any = "auto", quick: bool = False,
 def _joint_pass(ladder: Ladder, settings: LadderSettings, extra: dict[str, Any], sweep_fn: Callable,
                 length: int, cap_batch: Callable[[int], int]) -> None:
     """Coordinate descent over batch_size, max_wait_ms and (with buckets) max_batch_tokens from the ladder's
-    result, with the knee re-measured under the final dtype and graph mode; rounds until one keeps nothing (or
-    ``joint_rounds``)."""
+    result, a line search along each knob: up while each move is kept, else down. It starts at batch 1 too (a
+    batch step that lost while the Python tokenizer or fp32 limited the host gets its chance here), from the
+    knee re-measured under the final dtype and graph mode. Rounds until one keeps nothing (or ``joint_rounds``),
+    at most ``joint_moves`` moves."""
     k = ladder.current
-    if k.batch_size == 1:
-        ladder.skip("joint", "batch size and max wait together", "", "batch size 1: nothing batches to tune jointly")
-        return
-    knee = None
+    knee = extra.get("knee")
     if k.dtype != "fp32" or k.graph != "eager":
         ladder.status(f"batch sweep again under {k.dtype}/{k.graph}")
         got = ladder.guarded("joint", "batch sweep under the final dtype and graph mode", "batch sweep",
                              lambda: extra.__setitem__("sweep_final", sweep_fn(k)))
         if not isinstance(got, Step):
-            knee = getattr(extra["sweep_final"], "knee", None)
-    for round_ in range(settings.joint_rounds):
-        k = ladder.current
-        sizes = [cap_batch(knee)] if knee else []
-        sizes += [cap_batch(k.batch_size * 2), k.batch_size // 2]
-        waits = [w for w in (k.max_wait_ms * 2 if k.max_wait_ms else min(settings.waits_ms), k.max_wait_ms / 2)
-                 if w and w >= 0.5]
-        budgets = []
-        if k.padding == "bucket" and k.max_batch_tokens is None:
+            knee = getattr(extra["sweep_final"], "knee", None) or knee
+    top = cap_batch(max(settings.sweep_sizes) * 2)  # one doubling past the sweep's largest batch at most
+    budget = [settings.joint_moves if settings.joint_moves is not None else 10 ** 6]
+    title = "batch size and max wait together"
+
+    def batch_moves(up: bool) -> Callable[[Knobs], list[dict[str, Any]]]:
+        def moves(k: Knobs) -> list[dict[str, Any]]:
+            b = k.batch_size
+            if up:
+                nxt = cap_batch(knee) if knee and cap_batch(knee) > b else min(top, b * 2)
+                return [{"batch_size": nxt}] if nxt > b else []
+            return [{"batch_size": b // 2}] if b // 2 >= 2 else []
+        return moves
+
+    def wait_moves(up: bool) -> Callable[[Knobs], list[dict[str, Any]]]:
+        def moves(k: Knobs) -> list[dict[str, Any]]:
+            if k.batch_size == 1:
+                return []  # nothing to wait for
+            w = k.max_wait_ms
+            nxt = (w * 2 if w else min(settings.waits_ms)) if up else (w / 2 if w / 2 >= 0.5 else 0.0)
+            if not up and not w:
+                return []
+            return [{"max_wait_ms": float(min(nxt, max(settings.waits_ms)))}] if nxt != w else []
+        return moves
+
+    def budget_moves(up: bool) -> Callable[[Knobs], list[dict[str, Any]]]:
+        def moves(k: Knobs) -> list[dict[str, Any]]:
+            if not up or k.padding != "bucket" or k.batch_size == 1 or k.max_batch_tokens is not None:
+                return []
             # a padded-token budget: long buckets get smaller batches, short ones the full batch size
-            budgets = [max(k.max_length, k.batch_size * length)]
-        tried = []
-        for changes in ([{"batch_size": b} for b in dict.fromkeys(sizes) if b >= 2 and b != k.batch_size]
-                        + [{"max_wait_ms": float(w)} for w in dict.fromkeys(waits) if w != k.max_wait_ms]
-                        + [{"max_batch_tokens": int(t)} for t in budgets]):
-            if round_ == 0 and settings.joint_rounds == 1 and len(tried) >= 2:
-                break  # quick: the re-measured knee and one doubling only
-            tried.append(ladder.try_change("joint", "batch size and max wait together", changes,
-                                           f"round {round_ + 1} of the coordinate descent"))
-        if not any(s.status == "kept" for s in tried):
+            return [{"max_batch_tokens": int(max(k.max_length, k.batch_size * length))}]
+        return moves
+
+    for round_ in range(settings.joint_rounds):
+        kept_in_round = False
+        for moves_for in (batch_moves, wait_moves, budget_moves):
+            for up in (True, False):
+                moved = False
+                while budget[0] > 0:
+                    todo = moves_for(up)(ladder.current)
+                    if not todo:
+                        break
+                    budget[0] -= 1
+                    step = ladder.try_change("joint", title, todo[0], f"round {round_ + 1} of the coordinate "
+                                             f"descent, {'up' if up else 'down'} along {next(iter(todo[0]))}")
+                    if step.status != "kept":
+                        break
+                    moved = kept_in_round = True
+                if moved:
+                    break  # kept going up: no need to look down
+        if not kept_in_round:
             break
-
-
