@@ -16,7 +16,6 @@ gives).
 from __future__ import annotations
 
 import argparse
-import socket
 import subprocess
 import sys
 import time
@@ -24,14 +23,10 @@ from pathlib import Path
 
 from common import check_rounds, fmt_spread, interleave, paired_ratio, spread, write
 
+from tuning.base.net import free_port
+
 TARGET = (0.9, 1.1)
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def main() -> None:
@@ -54,7 +49,7 @@ def main() -> None:
     from tuning.load.generator import run_load
     from tuning.load.locust_engine import run_locust
 
-    port = _free_port()
+    port = free_port()
     sets = [flag for knob in args.set for flag in ("--set", knob)]
     server = subprocess.Popen([sys.executable, "-m", "tuning", "serve", "--preset", args.preset, *sets,
                                "--port", str(port)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

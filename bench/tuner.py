@@ -73,7 +73,7 @@ from typing import Any
 from common import write
 
 from tuning.base.assets import device_profile_path
-from tuning.base.format import rounded
+from tuning.base.format import fixed, rounded
 from tuning.experiments.capacity import Capacity, CapacitySettings, capacity_at_target
 from tuning.experiments.ladder import (
     LadderSettings,
@@ -187,10 +187,10 @@ def measure_capacity(measure: LoadMeasure, knobs: Knobs, target: float, settings
            "search": cap.summary() if cap is not None else None,
            "other_processes_cores": rounded(others.cores(), 3),
            "seconds": rounded(time.time() - t0)}
-    print(f"  {label}: capacity {_num(row['capacity'])} req/s (bracket {_num(row['bracket'][0])}-"
-          f"{_num(row['bracket'][1])}, top failed by {row['top_failed_by']}), closed loop {closed.qps:.0f} QPS "
+    print(f"  {label}: capacity {fixed(row['capacity'])} req/s (bracket {fixed(row['bracket'][0])}-"
+          f"{fixed(row['bracket'][1])}, top failed by {row['top_failed_by']}), closed loop {closed.qps:.0f} QPS "
           f"device {_pct(closed.device_busy)}, {row['probes']} probes, {row['load_tests']} load tests, "
-          f"{row['seconds']:.0f} s, other processes {_num(row['other_processes_cores'], '.2f')} cores", flush=True)
+          f"{row['seconds']:.0f} s, other processes {fixed(row['other_processes_cores'], '.2f')} cores", flush=True)
     return row
 
 
@@ -245,10 +245,6 @@ def _kept(first: dict[str, Any], again: dict[str, Any]) -> dict[str, Any]:
 def _attempt(row: dict[str, Any]) -> dict[str, Any]:
     return {k: row[k] for k in ("capacity", "bracket", "top_failed_by", "client_limited", "probes", "load_tests",
                                 "closed_loop", "other_processes_cores", "seconds", "note", "search")}
-
-
-def _num(x: Any, spec: str = ".1f") -> str:
-    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:{spec}}"
 
 
 def _pct(x: Any) -> str:
@@ -395,27 +391,27 @@ def main() -> None:
         flag = " ".join(f for f, on in (("best", r is grid[best_i]), ("worst", r is grid[worst_i]),
                                         ("server-decided worst", server_worst_i is not None and r is grid[server_worst_i]),
                                         ("retried", r.get("retried"))) if on)
-        bracket = f"{_num(r['bracket'][0], '.0f')}-{_num(r['bracket'][1], '.0f')}"
+        bracket = f"{fixed(r['bracket'][0], '.0f')}-{fixed(r['bracket'][1], '.0f')}"
         print(f"{r['cell']:>4} {c['batch_size']:>5} {c['max_wait_ms']:>7g} {c['padding']:<8} "
-              f"{_num(r['closed_loop']['qps'], '.0f'):>10} {_pct(r['closed_loop']['device_busy']):>6} "
-              f"{_num(r['capacity']):>8} {bracket:>13} {r['top_failed_by'] or '-':>13} {r['probes']:>6} "
-              f"{r['load_tests']:>5} {_num(r['other_processes_cores'], '.2f'):>6} {flag}")
+              f"{fixed(r['closed_loop']['qps'], '.0f'):>10} {_pct(r['closed_loop']['device_busy']):>6} "
+              f"{fixed(r['capacity']):>8} {bracket:>13} {r['top_failed_by'] or '-':>13} {r['probes']:>6} "
+              f"{r['load_tests']:>5} {fixed(r['other_processes_cores'], '.2f'):>6} {flag}")
     print("-" * len(head))
     discriminates = server_best_over_worst is not None and server_best_over_worst >= MIN_DISCRIMINATION
     none_met = [r["cell"] for r in grid if not r["capacity"]]
-    print(f"grid best / worst (simulated): {_num(best_over_worst, '.2f')}"
+    print(f"grid best / worst (simulated): {fixed(best_over_worst, '.2f')}"
           + (f" (cells {', '.join(map(str, none_met))} met the target at no rate probed)" if none_met else ""))
     print(f"  best over the worst of the {len(server)} cells whose bracket the server decided (not the client's late "
-          f"sends), a lower bound: {_num(server_best_over_worst, '.2f')} (at least {MIN_DISCRIMINATION}: "
+          f"sends), a lower bound: {fixed(server_best_over_worst, '.2f')} (at least {MIN_DISCRIMINATION}: "
           f"{'discriminates' if discriminates else 'DOES NOT discriminate'})")
     print(f"ladder ships: {ladder.set_line()}" + (f" = grid cell {same_cell + 1}" if same_cell is not None else ""))
-    print(f"  its capacity re-measured with the grid's settings (simulated): {_num(shipped_cap)} req/s "
-          f"(bracket {_num(shipped_row['bracket'][0])}-{_num(shipped_row['bracket'][1])}, top failed by "
-          f"{shipped_row['top_failed_by']}); the ladder's own search: {_num(own_cap)} req/s")
+    print(f"  its capacity re-measured with the grid's settings (simulated): {fixed(shipped_cap)} req/s "
+          f"(bracket {fixed(shipped_row['bracket'][0])}-{fixed(shipped_row['bracket'][1])}, top failed by "
+          f"{shipped_row['top_failed_by']}); the ladder's own search: {fixed(own_cap)} req/s")
     if best_now is not None:
-        print(f"  the grid's best cell {best_cell + 1} searched again in this run: {_num(best_now['capacity'])} req/s "
-              f"(the reused grid's figure {_num(best)})")
-    print(f"ladder / grid best (simulated): {_num(ladder_over_best, '.3f')} (target >= {TARGET_RATIO}: "
+        print(f"  the grid's best cell {best_cell + 1} searched again in this run: {fixed(best_now['capacity'])} req/s "
+              f"(the reused grid's figure {fixed(best)})")
+    print(f"ladder / grid best (simulated): {fixed(ladder_over_best, '.3f')} (target >= {TARGET_RATIO}: "
           f"{'met' if ladder_over_best is not None and ladder_over_best >= TARGET_RATIO else 'MISSED'})")
     print(f"load tests: grid {grid_runs} ({grid_s:.0f} s), ladder {ladder_runs} ({ladder_s:.0f} s), "
           f"re-measurement {shipped_row.get('load_tests')}; total wall {time.time() - t_start:.0f} s")

@@ -23,7 +23,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,8 @@ from urllib.parse import urlsplit
 
 import psutil
 import pytest
+
+from tuning.base.net import free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.thirdparty]
 
@@ -196,12 +197,6 @@ class Lab:
             self.api("DELETE", f"/api/sessions/{session['id']}")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory, artifacts):
     """JupyterLab on 127.0.0.1 with a token; its own settings, workspaces, runtime and config folders;
@@ -218,7 +213,7 @@ def lab(tmp_path_factory, artifacts):
         path.write_text(json.dumps(value))
     for sub in ("workspaces", "runtime", "config"):
         (base / sub).mkdir()
-    token, port = secrets.token_hex(16), _free_port()
+    token, port = secrets.token_hex(16), free_port()
     # PYTHONPATH: the kernels import ``tuning`` from this checkout, whatever else is installed
     pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env = dict(os.environ, TUNING_QUICK="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=pythonpath,

@@ -5,7 +5,6 @@ Loopback only, bounded request counts; nothing here is timed against a target.
 
 import asyncio
 import json
-import socket
 import threading
 import urllib.error
 import urllib.request
@@ -16,6 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers import TinyModel
+from tuning.base.net import free_port
 from tuning.inputs.readers import read_lines
 from tuning.knobs import Knobs
 from tuning.load.generator import run_load
@@ -128,15 +128,9 @@ def test_metrics_parse_with_prometheus_client_and_mirror_tei(lines):
     assert value[("tuning_model_busy_seconds_total", ())] > 0
 
 
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]  # closed again: nothing listens there
-
-
 @pytest.mark.filterwarnings("ignore:the load client's loop")  # refusals come back at once: the client is busy
 def test_client_counts_a_refused_connection_as_an_error_outcome():
-    url = f"http://127.0.0.1:{_free_port()}/embed"
+    url = f"http://127.0.0.1:{free_port()}/embed"
     result = run_load(url, ["a", "b"], concurrency=4, requests=12, warmup_requests=2)
     s = result.summary()
     assert s["submitted"] == 12 == s["errors"] and s["ok"] == 0

@@ -7,7 +7,6 @@ import io
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,21 +15,17 @@ from pathlib import Path
 
 import pytest
 
+from tuning.base.net import free_port
+
 pytest.importorskip("litserve")
 pytestmark = [pytest.mark.slow, pytest.mark.thirdparty]
 
 APP = Path(__file__).parent / "apps" / "litserve_minilm.py"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def _litserve(*flags, path="/predict", body=None):
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, str(APP), "--port", str(port), *flags], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, start_new_session=True)  # its own group: LitServe forks workers
     url = f"http://127.0.0.1:{port}"

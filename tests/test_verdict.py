@@ -127,6 +127,12 @@ _EVERY_STEP = [(lambda k: k.num_workers > 2, "workers"), (lambda k: k.batch_size
                (lambda k: k.dtype == "bf16", "precision")]
 
 
+def _kept_of_decided(ladders) -> tuple[int, int]:
+    """Over these ladders: the steps kept, and the steps decided (kept or not kept)."""
+    decided = [s for ladder in ladders for s in ladder.steps if s.status in ("kept", "not kept")]
+    return sum(s.status == "kept" for s in decided), len(decided)
+
+
 def test_noise_alone_rarely_ships_a_knob_closed_loop():
     """5% gaussian run-to-run noise and no real effect: at most 10% of runs ship any knob (full settings)."""
     shipped = decisions = 0
@@ -151,15 +157,10 @@ def test_noise_alone_rarely_ships_a_knob_at_the_target():
 
 
 def test_a_true_ten_percent_step_is_kept_closed_loop():
-    kept = measured = 0
-    for seed in range(40):
-        rules = [(test, 1.10) for test, _ in _EVERY_STEP]
-        ladder = _ladder(ClosedStub(rules, noise=0.05, seed=seed), steps=("workers", "batch", "tokenizer", "precision"),
-                         objective="qps", settings=LadderSettings.full())
-        for s in ladder.steps:
-            if s.status in ("kept", "not kept"):
-                measured += 1
-                kept += s.status == "kept"
+    rules = [(test, 1.10) for test, _ in _EVERY_STEP]
+    kept, measured = _kept_of_decided(
+        _ladder(ClosedStub(rules, noise=0.05, seed=seed), steps=("workers", "batch", "tokenizer", "precision"),
+                objective="qps", settings=LadderSettings.full()) for seed in range(40))
     assert kept / measured >= 0.80, f"{kept} of {measured} true +10% steps kept"
 
 
@@ -175,15 +176,10 @@ def test_noise_alone_rarely_ships_a_knob_at_the_target_figure_noise():
 def test_a_true_ten_percent_capacity_step_is_kept_at_the_target():
     """A queue's own noise (M/D/1 at 400 outcomes a window, 5% run-to-run on the service rate), full
     settings. (Quick mode's 5% minimum effect and 6 pairs keep about 1 in 12 of these: it finds 20%+.)"""
-    kept = measured = 0
-    for seed in range(15):
-        rules = [(test, 1.10) for test, _ in _EVERY_STEP]
-        ladder = _ladder(QueueStub(rules, base_rate=40.0, noise=0.05, seed=seed), target_p99_ms=800.0,
-                         steps=("workers", "tokenizer", "precision"), settings=LadderSettings.full())
-        for s in ladder.steps:
-            if s.status in ("kept", "not kept"):
-                measured += 1
-                kept += s.status == "kept"
+    rules = [(test, 1.10) for test, _ in _EVERY_STEP]
+    kept, measured = _kept_of_decided(
+        _ladder(QueueStub(rules, base_rate=40.0, noise=0.05, seed=seed), target_p99_ms=800.0,
+                steps=("workers", "tokenizer", "precision"), settings=LadderSettings.full()) for seed in range(15))
     assert kept / measured >= 0.80, f"{kept} of {measured} true +10% steps kept"
 
 
@@ -202,6 +198,19 @@ def test_the_joint_pass_tries_batching_again_after_the_host_stopped_limiting():
     assert [s.change for s in joint][:2] == ["batch_size=8", "batch_size=16"], [s.reason for s in joint]
     assert ladder.recommended.batch_size == 16 and ladder.recommended.tokenizer == "fast"
     assert ladder.capacity.capacity > 2.5 * ladder.baseline_capacity.capacity
+
+
+def test_a_batch_that_loses_under_dynamic_padding_is_tried_over_the_planned_buckets():
+    """The tuner's grid: batch 32 padded to its longest request missed the target where batch 64 over the
+    planned buckets had 2.5x the capacity of batch 1."""
+    rules = [(lambda k: k.batch_size >= 2 and k.padding == "dynamic", 0.9),
+             (lambda k: k.batch_size >= 2 and k.padding == "bucket", 2.5)]
+    ladder = _ladder(QueueStub(rules, base_rate=40.0, noise=0.02, seed=3), steps=("joint",), target_p99_ms=800.0,
+                     settings=LadderSettings.quick(joint_moves=3))
+    joint = [s for s in ladder.steps if s.name == "joint"]
+    assert joint[0].change == "batch_size=2" and joint[0].status == "not kept"  # no knee: one doubling
+    assert joint[1].status == "kept" and "planned buckets" in joint[1].reason, joint[1].reason
+    assert ladder.recommended.padding == "bucket" and ladder.recommended.batch_size >= 2
 
 
 def test_the_joint_pass_keeps_to_its_move_budget():

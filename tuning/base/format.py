@@ -20,6 +20,14 @@ def number(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
+def fixed(x: Any, spec: str = ".1f", missing: str = "n/a", scale: float = 1.0, suffix: str = "") -> str:
+    """A figure as text in ``spec`` (times ``scale``, then ``suffix``); ``missing`` when unknown: None, not a
+    number, or not finite."""
+    if x is None or isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+        return missing
+    return f"{x * scale:{spec}}{suffix}"
+
+
 def pct(x: Any, digits: int = 0) -> str:
     """A share (0.42) as a percentage (``42%``); ``n/a`` when unknown (None, NaN) or not finite."""
     return "n/a" if x is None or not math.isfinite(float(x)) else f"{100 * float(x):.{digits}f}%"

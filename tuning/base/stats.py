@@ -11,6 +11,13 @@ import pandas as pd
 PERCENTILES = (50, 90, 95, 99)
 
 
+def known_median(values: Iterable[float | None]) -> float:
+    """The median of the known values (None and NaN skipped; infinity, a failed outcome's latency, kept); NaN
+    when none is known."""
+    known = [float(v) for v in values if v is not None and not math.isnan(float(v))]
+    return float(np.median(known)) if known else math.nan
+
+
 def summarize(values: Iterable[float]) -> dict[str, float]:
     """count, mean, median, IQR and p50/p90/p95/p99 of raw samples."""
     arr = np.asarray(list(values), dtype=float)

@@ -32,6 +32,7 @@ from scipy import stats
 
 from tuning.base.decide import EXCEED_SHARE, PROBE_ALPHA, Paired, count_verdict, quantile_interval
 from tuning.base.format import rounded
+from tuning.base.stats import known_median
 from tuning.experiments.trial import Measure, Trial, as_measure, late_sends, p99_of
 from tuning.knobs import Knobs
 
@@ -194,7 +195,7 @@ def pooled_figures(trials: list[Trial], target_p99_ms: float) -> dict[str, Any]:
     done = sum(t.qps * t.window_s for t in trials if math.isfinite(t.window_s) and math.isfinite(t.qps))
     out = {"n": sum(t.submitted for t in trials), "errors": errors,
            "late": sum(late_sends(t, target_p99_ms) for t in trials),
-           "achieved_rate": done / window if window > 0 else _median([t.qps for t in trials]),
+           "achieved_rate": done / window if window > 0 else known_median([t.qps for t in trials]),
            "offered_rate": sum(t.submitted for t in trials) / window if window > 0 else math.nan}
     if lat is not None and lat.size:
         lo, hi = quantile_interval(lat, 0.99)
@@ -204,15 +205,10 @@ def pooled_figures(trials: list[Trial], target_p99_ms: float) -> dict[str, Any]:
                    p99_low_ms=lo, p99_high_ms=hi, counted=True,
                    mean_ms=float(finite.mean()) if finite.size else math.nan)
     else:
-        p99 = _median([t.p99_ms for t in trials])
-        out.update(exceed=None, p50_ms=_median([t.p50_ms for t in trials]), p99_ms=p99, p99_low_ms=None,
-                   p99_high_ms=None, counted=False, mean_ms=_median([t.p50_ms for t in trials]))
+        p99 = known_median([t.p99_ms for t in trials])
+        out.update(exceed=None, p50_ms=known_median([t.p50_ms for t in trials]), p99_ms=p99, p99_low_ms=None,
+                   p99_high_ms=None, counted=False, mean_ms=known_median([t.p50_ms for t in trials]))
     return out
-
-
-def _median(values: list[float]) -> float:
-    finite = [v for v in values if v is not None and not math.isnan(v)]
-    return float(np.median(finite)) if finite else math.nan
 
 
 def knee_reached(f: dict[str, Any], windows: int) -> bool:
@@ -397,10 +393,10 @@ class Comparison:
     def figures(self, side: str, target_p99_ms: float) -> dict[str, Any]:
         trials = self.reference if side == "reference" else self.candidate
         f = pooled_figures(trials, target_p99_ms)
-        f["qps"] = _median([t.qps for t in trials])
-        f["model_busy"] = _median([t.model_busy for t in trials])
-        f["device_busy"] = _median([t.device_busy for t in trials])
-        f["mean_batch"] = _median([t.mean_batch for t in trials])
+        f["qps"] = known_median([t.qps for t in trials])
+        f["model_busy"] = known_median([t.model_busy for t in trials])
+        f["device_busy"] = known_median([t.device_busy for t in trials])
+        f["mean_batch"] = known_median([t.mean_batch for t in trials])
         f["timeouts"] = sum(t.timeouts for t in trials)
         f["runs"] = len(trials)
         return f

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tuning.base.contract import with_schema
-from tuning.base.format import pct, rounded
-from tuning.base.machine import MachineWatch, busy_elsewhere
+from tuning.base.format import fixed, pct, rounded
+from tuning.base.machine import MachineWatch, busy_elsewhere, cpu_name
 from tuning.base.progress import progress_bar
 from tuning.experiments.capacity import pooled_figures
 from tuning.experiments.ladder import (
@@ -128,12 +128,7 @@ def environment(device: Any, what_if: str | None) -> dict[str, Any]:
 
     from tuning import __version__
 
-    cpu_model = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            cpu_model = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), cpu_model)
-    except OSError:
-        pass
+    cpu_model = cpu_name()
     env = {
         "python": platform.python_version(), "torch": torch.__version__, "tuning": __version__,
         "platform": platform.platform(), "cpu_model": cpu_model, "cpus_logical": psutil.cpu_count(),
@@ -392,23 +387,21 @@ def headline(inv: Investigation) -> str:
     if after is not None:
         f = pooled_figures([after], t)
         lo, hi = f.get("p99_low_ms"), f.get("p99_high_ms")
-        span = f" [{_num(lo)}-{_num(hi)}]" if lo is not None else ""
+        span = f" [{fixed(lo, '.0f')}-{fixed(hi, '.0f')}]" if lo is not None else ""
         at = f" at {inv.confirm_rate:.1f} req/s" if inv.confirm_rate else " (closed loop)"
-        p99 = f"; confirm run{at}: p99 {_num(f['p99_ms'])}{span} ms, {after.failed} of {after.submitted} failed"
+        p99 = f"; confirm run{at}: p99 {fixed(f['p99_ms'], '.0f')}{span} ms, {after.failed} of {after.submitted} failed"
     if lad.objective == "target":
         b, r = lad.baseline_capacity, lad.capacity
         if r is None or not r.met:
             best = r.best if r is not None else None
-            closest = f"; closest: {lad.set_line()} with p99 {_num(best.p99_ms)} ms at {best.rate:.1f} req/s" if best else ""
+            closest = (f"; closest: {lad.set_line()} with p99 {fixed(best.p99_ms, '.0f')} ms at {best.rate:.1f} req/s"
+                       if best else "")
             return f"TARGET NOT MET: no configuration kept p99 <= {t:.0f} ms at any rate tried{closest}{p99}"
-        was = (f"{b.capacity:.1f} [{_num(b.low, '.1f')}-{_num(b.high, '.1f')}]" if b is not None and b.met
+        was = (f"{b.capacity:.1f} [{fixed(b.low, '.1f')}-{fixed(b.high, '.1f')}]" if b is not None and b.met
                else "none (the baseline missed the target)")
-        return (f"capacity at p99 <= {t:.0f} ms: {was} -> {r.capacity:.1f} [{_num(r.low, '.1f')}-{_num(r.high, '.1f')}]"
+        return (f"capacity at p99 <= {t:.0f} ms: {was} -> {r.capacity:.1f} [{fixed(r.low, '.1f')}-{fixed(r.high, '.1f')}]"
                 f" req/s{p99}; ship: {lad.set_line()}")
     bq, rq = lad.baseline_figures.get("qps"), lad.final_figures.get("qps")
     met = "" if lad.target_met else f" (TARGET NOT MET: closed-loop p99 over {t:.0f} ms)"
-    return f"QPS (closed loop): {_num(bq, '.1f')} -> {_num(rq, '.1f')}{met}{p99}; ship: {lad.set_line()}"
+    return f"QPS (closed loop): {fixed(bq, '.1f')} -> {fixed(rq, '.1f')}{met}{p99}; ship: {lad.set_line()}"
 
-
-def _num(x: Any, spec: str = ".0f") -> str:
-    return "n/a" if x is None or not isinstance(x, (int, float)) or not math.isfinite(x) else format(x, spec)

@@ -20,8 +20,8 @@ Steps, in the investigation's order (INVESTIGATION.md, step 4), then a joint pas
 7. ``batching``: dynamic batching, each ``max_wait_ms`` in turn;
 8. ``joint``: the knobs that interact (``batch_size``, ``max_wait_ms``, ``max_batch_tokens``) by coordinate descent from the
    ladder's result (batch 1 too: a batch size that lost while the Python tokenizer limited the host is tried
-   again), a line search along each knob (up while kept, else down), with the knee re-measured under the final
-   dtype and graph mode, until a round keeps nothing (coordinate descent and not a Bayesian search: two or
+   again, and a batch that loses alone again over the planned buckets), a line search along each knob (up
+   while kept, else down), with the knee re-measured under the final dtype and graph mode, until a round keeps nothing (coordinate descent and not a Bayesian search: two or
    three knobs with a handful of values each, where every trial is a paired comparison that costs seconds; a
    search model would need more trials than the whole grid).
 
@@ -53,8 +53,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from tuning.base.format import rounded
+from tuning.base.format import fixed, rounded
 from tuning.base.progress import progress_bar
+from tuning.base.stats import known_median
 from tuning.experiments.capacity import (
     DEFAULT_ERROR_BUDGET,
     Capacity,
@@ -191,9 +192,9 @@ class Experiment:
     def figures(self) -> dict[str, Any]:
         f = pooled_figures(self.trials, self.target_p99_ms)
         med = lambda k: float(np.median([getattr(t, k) for t in self.trials])) if self.trials else math.nan  # noqa: E731
-        f.update(qps=med("qps"), model_busy=_nanmedian([t.model_busy for t in self.trials]),
-                 device_busy=_nanmedian([t.device_busy for t in self.trials]),
-                 mean_batch=_nanmedian([t.mean_batch for t in self.trials]))
+        f.update(qps=med("qps"), model_busy=known_median([t.model_busy for t in self.trials]),
+                 device_busy=known_median([t.device_busy for t in self.trials]),
+                 mean_batch=known_median([t.mean_batch for t in self.trials]))
         f["ok"] = sum(t.ok for t in self.trials)
         for k in ("errors", "timeouts", "rejected", "submitted"):
             f[k] = sum(getattr(t, k) for t in self.trials)
@@ -217,11 +218,6 @@ class Experiment:
                    rejected=f["rejected"], submitted=f["submitted"], window_s=rounded(f["window_s"]))
         row.update({f"knob_{k}": _knob_text(v) for k, v in self.knobs.as_dict().items()})
         return row
-
-
-def _nanmedian(values: Sequence[float]) -> float:
-    finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
-    return float(np.median(finite)) if finite else math.nan
 
 
 def _knob_text(value: Any) -> Any:
@@ -734,19 +730,15 @@ def change_text(changes: dict[str, Any]) -> str:
     return ", ".join(f"{k}={_set_value(v)}" for k, v in changes.items())
 
 
-def _fmt(x: Any, spec: str, scale: float = 1.0, suffix: str = "") -> str:
-    return "n/a" if x is None or not isinstance(x, (int, float)) or not math.isfinite(x) else f"{x * scale:{spec}}{suffix}"
-
-
 def format_step(step: Step) -> str:
     """The one line printed when a step finishes: what was judged (ratio, interval, pairs), p50/p99, errors."""
     f = step.figures
     head = f"{step.name:<10} {step.change or '-':<40}"
     if not f:
         return f"{head} {step.status}: {step.reason}"
-    cap = f" capacity {_fmt(f.get('capacity'), '.1f', suffix=' req/s')}" if f.get("capacity") is not None else ""
-    return (f"{head} p50 {_fmt(f.get('p50_ms'), '.0f', suffix=' ms')} p99 {_fmt(f.get('p99_ms'), '.0f', suffix=' ms')}"
-            f" QPS {_fmt(f.get('qps'), '.1f')} errors {f.get('errors', 0)}/{f.get('n', 0)}{cap} -> {step.status}: "
+    cap = f" capacity {fixed(f.get('capacity'), '.1f', suffix=' req/s')}" if f.get("capacity") is not None else ""
+    return (f"{head} p50 {fixed(f.get('p50_ms'), '.0f', suffix=' ms')} p99 {fixed(f.get('p99_ms'), '.0f', suffix=' ms')}"
+            f" QPS {fixed(f.get('qps'), '.1f')} errors {f.get('errors', 0)}/{f.get('n', 0)}{cap} -> {step.status}: "
             f"{step.reason}")
 
 
@@ -959,8 +951,9 @@ def run_ladder(data: Any = None, device: Any = "auto", quick: bool = False,
                 for wait in settings.waits_ms:
                     ladder.try_change(name, "dynamic batching (max wait)", {"max_wait_ms": float(wait)})
             elif name == "joint":
+                plan = extra.get("buckets") or (plan_for(lengths, k.max_length) if lengths else None)
                 _joint_pass(ladder, settings, extra, sweep or _default_sweep(raw_measure, settings, median_len),
-                            median_len, cap_batch)
+                            median_len, cap_batch, plan)
             ladder.done.append(name)
             if ladder.on_step and ladder.steps:
                 ladder.on_step(ladder.steps[-1])  # the checkpoint again, now with the step marked done
@@ -976,7 +969,7 @@ def run_ladder(data: Any = None, device: Any = "auto", quick: bool = False,
 
 
 def _joint_pass(ladder: Ladder, settings: LadderSettings, extra: dict[str, Any], sweep_fn: Callable,
-                length: int, cap_batch: Callable[[int], int]) -> None:
+                length: int, cap_batch: Callable[[int], int], plan: dict[str, Any] | None) -> None:
     """Coordinate descent over batch_size, max_wait_ms and (with buckets) max_batch_tokens from the ladder's
     result, a line search along each knob: up while each move is kept, else down. It starts at batch 1 too (a
     batch step that lost while the Python tokenizer or fp32 limited the host gets its chance here), from the
@@ -997,10 +990,17 @@ def _joint_pass(ladder: Ladder, settings: LadderSettings, extra: dict[str, Any],
     def batch_moves(up: bool) -> Callable[[Knobs], list[dict[str, Any]]]:
         def moves(k: Knobs) -> list[dict[str, Any]]:
             b = k.batch_size
-            if up:
-                nxt = cap_batch(knee) if knee and cap_batch(knee) > b else min(top, b * 2)
-                return [{"batch_size": nxt}] if nxt > b else []
-            return [{"batch_size": b // 2}] if b // 2 >= 2 else []
+            if not up:
+                return [{"batch_size": b // 2}] if b // 2 >= 2 else []
+            nxt = cap_batch(knee) if knee and cap_batch(knee) > b else min(top, b * 2)
+            if nxt <= b:
+                return []
+            # padding and batch size interact: a batch padded to its longest request can cost more than it
+            # saves, while the same batch over planned buckets pays; so a move that loses alone is tried again
+            # with the buckets (the buckets step lost while the host limited, or at a smaller batch)
+            with_buckets = ([{"batch_size": nxt, "padding": "bucket", "buckets": tuple(plan["buckets"])}]
+                            if plan and k.padding == "dynamic" else [])
+            return [{"batch_size": nxt}] + with_buckets
         return moves
 
     def wait_moves(up: bool) -> Callable[[Knobs], list[dict[str, Any]]]:
@@ -1029,12 +1029,18 @@ def _joint_pass(ladder: Ladder, settings: LadderSettings, extra: dict[str, Any],
                 moved = False
                 while budget[0] > 0:
                     todo = moves_for(up)(ladder.current)
-                    if not todo:
-                        break
-                    budget[0] -= 1
-                    step = ladder.try_change("joint", title, todo[0], f"round {round_ + 1} of the coordinate "
-                                             f"descent, {'up' if up else 'down'} along {next(iter(todo[0]))}")
-                    if step.status != "kept":
+                    kept = False
+                    for n, change in enumerate(todo):  # the move, then its alternatives while none is kept
+                        if budget[0] <= 0:
+                            break
+                        budget[0] -= 1
+                        how = "" if n == 0 else " (lost alone: again with the planned buckets, two knobs)"
+                        step = ladder.try_change("joint", title, change, f"round {round_ + 1} of the coordinate "
+                                                 f"descent, {'up' if up else 'down'} along {next(iter(change))}{how}")
+                        if step.status == "kept":
+                            kept = True
+                            break
+                    if not kept:
                         break
                     moved = kept_in_round = True
                 if moved:

@@ -24,7 +24,6 @@ import math
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -33,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from tuning.base.format import rounded
+from tuning.base.net import free_port
 from tuning.experiments.capacity import Capacity, CapacitySettings, capacity_at_target
 from tuning.experiments.trial import Trial
 
@@ -79,12 +79,6 @@ def fill(template: str, values: dict[str, str], port: int) -> str:
     for name, value in values.items():
         out = out.replace("{" + name + "}", value)
     return out
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServiceGroup:
@@ -284,7 +278,7 @@ def run_tune(cmd: str, space: dict[str, list[str]], url: str, bodies: Sequence[A
 def measure_config(cmd: str, values: dict[str, str], url: str, bodies: Sequence[Any], api: Any, target_p99_ms: float,
                    settings: TuneSettings, ready_url: str | None, say: Callable[[str], None]) -> TuneRow:
     """One configuration from start to stop (its error, not an exception, when the server fails)."""
-    port = _free_port()
+    port = free_port()
     command = fill(cmd, values, port)
     target = api.url(fill(url, values, port))
     t0 = time.perf_counter()

@@ -25,7 +25,6 @@ import csv
 import json
 import os
 import resource
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,16 +33,11 @@ import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
+from tuning.base.net import free_port
 from tuning.load.generator import CLIENT_BOTTLENECK, LoadResult, http_response, request_body
 from tuning.online.response import Response
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def _locust_stats(prefix: Path) -> dict[str, Any]:
@@ -98,7 +92,7 @@ def run_locust(url: str, inputs: Sequence[Any], concurrency: int, duration_s: fl
     spawn_rate = spawn_rate or float(concurrency)  # every user within about a second: the ramp is warm-up
     ramp_s = concurrency / spawn_rate
     run_time = warmup_s + ramp_s + duration_s + cooldown_s
-    port = master_port or _free_port(master_host)
+    port = master_port or free_port(master_host)
     with tempfile.TemporaryDirectory(prefix="tuning-locust-") as tmp:
         folder = Path(tmp)
         payloads, records = folder / "payloads.jsonl", folder / "records.jsonl"

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from tuning.base.format import pct
+from tuning.base.format import fixed, pct
 from tuning.base.machine import machine_line
 
 _CSS = """
@@ -40,10 +40,6 @@ pre{background:#f6f6f6;padding:10px;overflow-x:auto;white-space:pre-wrap}
 
 def _esc(x: Any) -> str:
     return html.escape(str(x))
-
-
-def _num(x: Any, digits: int = 1) -> str:
-    return "n/a" if x is None or not math.isfinite(float(x)) else f"{float(x):.{digits}f}"
 
 
 class _Charts:
@@ -156,7 +152,7 @@ def _interval(f: dict[str, Any], digits: int = 2) -> str:
     """``ratio [low-high]`` of a step's frozen figures, or ''."""
     if not _finite(f.get("ratio")):
         return ""
-    return f"{f['ratio']:.{digits}f} [{_num(f.get('low'), digits)}-{_num(f.get('high'), digits)}]"
+    return f"{f['ratio']:.{digits}f} [{fixed(f.get('low'), f'.{digits}f')}-{fixed(f.get('high'), f'.{digits}f')}]"
 
 
 def _p99_span(p99: Any, low: Any, high: Any) -> str:
@@ -165,8 +161,8 @@ def _p99_span(p99: Any, low: Any, high: Any) -> str:
         return "unbounded"
     if not _finite(p99):
         return "n/a"
-    lo = _num(low, 0) if _finite(low) else "?"
-    hi = _num(high, 0) if _finite(high) else "?"
+    lo = fixed(low, ".0f") if _finite(low) else "?"
+    hi = fixed(high, ".0f") if _finite(high) else "?"
     return f"{p99:.0f} [{lo}-{hi}]"
 
 
@@ -201,7 +197,7 @@ def ladder_sentence(ladder: Any) -> str:
                  f"at baseline, {_capacity_text(ladder.capacity)} recommended")
     else:
         b, r = ladder.baseline_figures.get("qps"), ladder.final_figures.get("qps")
-        text += f"; closed-loop QPS {_num(b)} -> {_num(r)}"
+        text += f"; closed-loop QPS {fixed(b)} -> {fixed(r)}"
     if judged:
         best = max(judged, key=lambda x: x.figures["ratio"])
         f = best.figures
@@ -246,7 +242,7 @@ def waits_sentence(frame: pd.DataFrame, target: float, chosen: str) -> str:
         f = {"ratio": r.ratio, "low": r.low, "high": r.high}
         at = f" at {r.rate:.1f} req/s" if _finite(r.rate) else " (closed loop)"
         parts.append(f"max_wait_ms={r.max_wait_ms:g} (batch {r.batch_size}): ratio {_interval(f)} after {r.pairs} "
-                     f"pairs{at}, p99 {_num(r.p99_ms, 0)} ms, {r.status}")
+                     f"pairs{at}, p99 {fixed(r.p99_ms, '.0f')} ms, {r.status}")
     return "; ".join(parts) + f" (p99 target {target:.0f} ms; kept: {chosen})."
 
 
@@ -293,14 +289,14 @@ def _headline(inv: Any) -> str:
                      f"{best.errors} of {best.n} failed.")
     else:
         b, r = ladder.baseline_figures, ladder.final_figures
-        text = (f"Closed-loop QPS at concurrency {ladder.settings.concurrency}: baseline <b>{_num(b.get('qps'))}</b> → "
-                f"recommended <b>{_num(r.get('qps'))}</b> (p99 target {t:.0f} ms). Baseline p99 "
+        text = (f"Closed-loop QPS at concurrency {ladder.settings.concurrency}: baseline <b>{fixed(b.get('qps'))}</b> → "
+                f"recommended <b>{fixed(r.get('qps'))}</b> (p99 target {t:.0f} ms). Baseline p99 "
                 f"{_esc(_p99_span(b.get('p99_ms'), b.get('p99_low_ms'), b.get('p99_high_ms')))} ms.")
     if conf is not None:
         at = f"open loop at {inv.confirm_rate:.1f} req/s" if inv.confirm_rate else "closed loop"
         text += (f" Confirm run of the recommended ({at}, recorder on): p99 "
                  f"<b>{_esc(_p99_span(conf['p99_ms'], conf['p99_low_ms'], conf['p99_high_ms']))} ms</b>, p50 "
-                 f"{_num(conf['p50_ms'], 0)} ms, {conf['failed']} of {conf['submitted']} failed.")
+                 f"{fixed(conf['p50_ms'], '.0f')} ms, {conf['failed']} of {conf['submitted']} failed.")
     else:
         text += " No confirm run (the investigation was cut short)."
     if "-?]" in text or "[?-" in text:
@@ -310,7 +306,7 @@ def _headline(inv: Any) -> str:
 
 def _probe_rows(cap: Any) -> list[dict[str, Any]]:
     return [{"rate": round(p.rate, 1), "passed": p.passed, "verdict": p.verdict, "by": p.by, "windows": p.windows, "n": p.n,
-             "exceed": p.exceed if p.exceed >= 0 else None, "errors": p.errors, "p50": _num(p.p50_ms, 0),
+             "exceed": p.exceed if p.exceed >= 0 else None, "errors": p.errors, "p50": fixed(p.p50_ms, ".0f"),
              "p99": _p99_span(p.p99_ms, p.p99_low_ms, p.p99_high_ms)} for p in sorted(cap.probes, key=lambda p: p.rate)]
 
 
@@ -328,7 +324,7 @@ def _ladder_rows(ladder: Any) -> list[dict[str, Any]]:
             "step": x.name, "change": x.change or ("(baseline)" if x.status == "baseline" else ""), "status": x.status,
             "ratio": _interval(f), "pairs": f.get("pairs"),
             "rate": round(f["rate"], 1) if _finite(f.get("rate")) else None,
-            "p50": _num(f.get("p50_ms"), 0) if _finite(f.get("p50_ms")) else None,
+            "p50": fixed(f.get("p50_ms"), ".0f") if _finite(f.get("p50_ms")) else None,
             "p99": _p99_span(f.get("p99_ms"), f.get("p99_low_ms"), f.get("p99_high_ms")) if measured else None,
             "errors": (f"{f.get('errors', 0)} / {f.get('timeouts', 0)} of {f.get('n')}" if measured else None),
             "capacity": round(f["capacity"], 1) if _finite(f.get("capacity")) else None,
@@ -406,7 +402,7 @@ def render_report(inv: Any) -> str:
         if conf is not None:
             body.append(f"<p>Confirm run of the recommended configuration ({_esc(confirm_mode)}, recorder on): p99 "
                         f"{_esc(_p99_span(conf['p99_ms'], conf['p99_low_ms'], conf['p99_high_ms']))} ms (95% interval), "
-                        f"p50 {_num(conf['p50_ms'], 0)} ms, {conf['failed']} of {conf['submitted']} failed.</p>")
+                        f"p50 {fixed(conf['p50_ms'], '.0f')} ms, {conf['failed']} of {conf['submitted']} failed.</p>")
     else:
         body = [f"<p>Objective {_esc(ladder.objective)}: no capacity search; every configuration was measured in a "
                 f"closed loop at concurrency {settings.concurrency}, its p99 checked against {target:.0f} ms.</p>"]

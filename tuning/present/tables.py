@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from tuning.base.format import number
+from tuning.base.format import fixed, number
 from tuning.present.verdicts import load_verdict, run_verdict
 
 if TYPE_CHECKING:
@@ -257,10 +257,10 @@ def format_tune(result: Any) -> str:
         bracket = row["bracket"] or [None, None]
         rows.append({**{k: row[k] for k in result.space},
                      "capacity req/s": "error" if row["error"] else (f"{row['capacity']:.1f}" if row["capacity"] else "none"),
-                     "bracket": "-" if row["error"] else f"{_num(bracket[0], '.1f')}-{_num(bracket[1], '.1f')}",
-                     "p50 ms": _num(row["p50_ms"], ".0f"), "p99 ms": _num(row["p99_ms"], ".0f"),
+                     "bracket": "-" if row["error"] else f"{fixed(bracket[0], '.1f', '-')}-{fixed(bracket[1], '.1f', '-')}",
+                     "p50 ms": fixed(row["p50_ms"], ".0f", "-"), "p99 ms": fixed(row["p99_ms"], ".0f", "-"),
                      "errors": row["errors"] if row["errors"] is not None else "-",
-                     "peak MB": _num(row["peak_memory_mb"], ".0f"), "load tests": row["load_tests"]})
+                     "peak MB": fixed(row["peak_memory_mb"], ".0f", "-"), "load tests": row["load_tests"]})
     lines = [f"tune: {len(result.rows)} configurations ({result.search}), capacity at p99 <= {result.target_p99_ms:.0f} ms"]
     if rows:
         lines.append(table(rows, list(rows[0])))
@@ -277,7 +277,3 @@ def format_tune(result: Any) -> str:
                      f"{' '.join(f'{k}={v}' for k, v in best.values.items())}")
         lines.append(f"run it: {best.command}")
     return "\n".join(lines)
-
-
-def _num(x: Any, spec: str) -> str:
-    return "-" if x is None or not isinstance(x, (int, float)) or x != x else format(x, spec)
