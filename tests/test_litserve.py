@@ -106,3 +106,29 @@ def test_litserve_openai_embedding_spec():
         s = json.loads(out)
         assert s["ok"] == 20 and s["errors"] == 0 and s["texts_per_s"] == pytest.approx(4 * s["qps"])
     assert _group_gone(proc.pid)
+
+
+def test_tune_over_litserves_batching_knobs_leaves_no_process():
+    """``tune`` over 2 x 2 of LitServe's batching knobs (quick: about 30 s a configuration): the structure of
+    the result and that no LitServe process is left, not which configuration wins."""
+    import psutil
+
+    def litserve_pids() -> set[int]:
+        return {p.pid for p in psutil.process_iter(["cmdline"]) if str(APP) in " ".join(p.info["cmdline"] or [])}
+    before = litserve_pids()
+    code, out, err = _run("tune", "--cmd", f"{sys.executable} {APP} --port {{port}} --max-batch-size {{batch}} "
+                          "--batch-timeout {timeout}", "--space", "batch=1,8", "--space", "timeout=0.002,0.02",
+                          "--url", "http://127.0.0.1:{port}/predict", "--body", '{"input": "{text}"}',
+                          "--target-p99-ms", "1000", "--quick", "--limit", "40", "--startup-timeout", "240", "--json")
+    assert code in (0, 3), err  # 3: no configuration met the target (a busy machine), still a full table
+    s = json.loads(out)
+    assert s["search"] == "exhaustive" and s["configurations"] == 4
+    assert {(r["batch"], r["timeout"]) for r in s["rows"]} == {("1", "0.002"), ("1", "0.02"), ("8", "0.002"),
+                                                               ("8", "0.02")}
+    for r in s["rows"]:
+        assert r["error"] is None, r["error"]
+        assert r["capacity"] is None or r["capacity"] > 0
+        assert r["peak_memory_mb"] > 50  # the group's memory: the parent and its forked workers
+    if s["best"] is not None:
+        assert f"--max-batch-size {s['best']['batch']}" in s["best"]["command"]
+    assert litserve_pids() <= before  # every configuration's group stopped

@@ -36,6 +36,17 @@ GPU = dict(gpu_available=True, gpu_util_mean=12.0, gpu_util_max=30.0, gpu_gap_sh
     ({"machine_cpu": 0.97}, "contended", "other processes compete"),
     ({"model_busy": 0.95, "machine_cpu": 0.97}, "saturated", "model call is busy 95%"),
     ({**GPU, "model_busy": 0.9}, "fragmented", "host side of the call"),
+    # the LitServe trial: 100% of requests HTTP 500 read CONTENDED; the error rate decides first
+    ({"machine_cpu": 0.97, "error_rate": 1.0, "first_error": "error: HTTP 500: KeyError 'input'"}, "failing",
+     "100.0% of the requests failed (commonest: error: HTTP 500"),
+    ({"process_cpu": 700.0, "error_rate": 0.01}, "saturated", "1.00% of the requests failed"),
+    ({"client_cpu": 0.97}, "client-bound", "the load client's loop used 97% of a core"),
+    ({"client_cpu": 0.97, "process_cpu": 700.0}, "saturated", "the CPU is full"),
+    # a service's own metrics (TEI, Triton): requests queue while batches stay at one
+    ({"metrics_exporter": "tei", "server_mean_batch": 1.0, "server_queue_ms": 20.0, "server_inference_ms": 5.0},
+     "fragmented", "nothing batches the queue"),
+    ({"metrics_exporter": "tei", "server_mean_batch": 12.0, "server_queue_ms": 20.0, "server_inference_ms": 5.0},
+     "blocked", "the server's own metrics (tei): mean batch 12.0, queue wait 20.0 ms, inference 5.0 ms"),
 ])
 def test_outside_verdicts_follow_the_investigations_rules(signals, kind, needle):
     d = diagnose_outside(OutsideSignals(**{**BASE, **signals}))
@@ -90,7 +101,8 @@ def test_watch_a_separate_serve_process_under_load(service):
     assert load["ok"] > 0 and load["submitted"] == load["ok"] + load["errors"] + load["timeouts"] + load["rejected"]
     assert load["model_busy"] is not None, "tuning's own /metrics gives model busy"
     d = s["diagnosis"]
-    assert d["kind"] in ("saturated", "fragmented", "starved", "contended", "single-threaded", "blocked", "inconclusive")
+    assert d["kind"] in ("saturated", "fragmented", "starved", "contended", "single-threaded", "blocked", "inconclusive",
+                         "client-bound")
     assert d["reasons"] and any("per-request stage times" in c for c in d["cannot_see"])
     if not s["gpu"]["available"]:
         assert any(c.startswith("the accelerator:") for c in d["cannot_see"])

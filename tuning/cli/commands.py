@@ -17,7 +17,6 @@ from typing import Any, Callable, Sequence
 from tuning.base.contract import with_schema
 from tuning.base.machine import MachineWatch
 from tuning.knobs import PRESETS, Knobs, parse_knob_value, preset, preset_note
-from tuning.load.generator import metrics_busy_total
 
 
 class UsageError(Exception):
@@ -94,6 +93,13 @@ def _inputs(args: argparse.Namespace) -> list[Any]:
     from tuning.inputs.readers import read_inputs
 
     return [raw for _, raw in read_inputs(args.data, args.limit, **_data_kwargs(args))]
+
+
+def _add_metrics_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--metrics-url", default=None,
+                   help="the service's Prometheus metrics, scraped as the measured window opens and closes (default: "
+                        "/metrics beside --url, where this package's server and TEI export them; Triton: "
+                        "http://HOST:8002/metrics)")
 
 
 def _add_api_flags(p: argparse.ArgumentParser) -> None:
@@ -373,8 +379,10 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         # busy total is read when the measured window opens and when it closes
         api = api_from_args(args)
         url = api.url(args.url)
-        result = run_load(url, _api_inputs(args, api, inputs), busy_probe=lambda: metrics_busy_total(url), api=api,
-                          **load)
+        from tuning.load.scrape import MetricsProbe, metrics_url
+
+        probe = MetricsProbe(metrics_url(url, args.metrics_url))
+        result = run_load(url, _api_inputs(args, api, inputs), busy_probe=probe, api=api, **load)
     else:
         from tuning.online.serve import Server
 
@@ -391,6 +399,8 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
                 result = run_load(server, inputs, **load)
     summary = result.summary()
     summary["target"] = args.url or "in-process"
+    if args.url:
+        summary["server_metrics"] = probe.result().summary()
     _nothing_done(summary["ok"], summary["submitted"], summary["error_reasons"], args.url)
     if args.profile and not args.url:
         profile = recorder.join(result).summary()
@@ -408,7 +418,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     url = api.url(args.url) if api else None
     inputs = _api_inputs(args, api, _inputs(args)) if args.url else None
     result = watch(args.pid, url, inputs, concurrency=args.concurrency or 8, duration_s=args.duration,
-                   interval=args.interval, api=api)
+                   interval=args.interval, api=api, metrics_url=args.metrics_url)
     if result.load is not None:  # an honest watch: no ok answer, no diagnosis (as loadtest)
         s = result.load.summary()
         _nothing_done(s["ok"], s["submitted"], s["error_reasons"], url)
@@ -785,6 +795,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--interval", type=_interval, default=0.5, help="sampling interval in seconds (>= 0.1)")
             _add_data_flags(p)
             _add_api_flags(p)
+            _add_metrics_flag(p)
             p.add_argument("--json", action="store_true", help="print the tables as JSON frames and the diagnosis")
             continue
         if name == "calibrate":
@@ -846,6 +857,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--master-host", default="127.0.0.1",
                            help="--engine locust: address the master binds (loopback unless remote workers join)")
             _add_api_flags(p)
+            _add_metrics_flag(p)
     return parser
 
 

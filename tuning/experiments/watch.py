@@ -21,7 +21,8 @@ import psutil
 
 from tuning.base import clock as _clock
 from tuning.base.machine import RESERVED_CORES_ENV, reserved_cores
-from tuning.load.generator import metrics_busy_total
+from tuning.load.scrape import MetricsProbe, ServerMetrics
+from tuning.load.scrape import metrics_url as _metrics_url
 from tuning.profile.gpu import GpuSampler, GpuSeries
 from tuning.profile.host import HostSampler, HostSeries
 from tuning.profile.outside import OutsideDiagnosis, OutsideSignals, diagnose_outside, outside_signals
@@ -152,6 +153,7 @@ class WatchResult:
     process_gpu_mb: dict[int, float] = field(default_factory=dict)
     signals: OutsideSignals | None = None
     diagnosis: OutsideDiagnosis | None = None
+    server_metrics: ServerMetrics | None = None  # the service's own Prometheus metrics over the window
 
     @property
     def window(self) -> tuple[float, float]:
@@ -229,6 +231,7 @@ class WatchResult:
             "threads": self.host.top_threads(8),
             "host": host,
             "gpu": {**self.gpu.summary(), "process_memory_mb": {str(k): v for k, v in self.process_gpu_mb.items()}},
+            "server_metrics": self.server_metrics.summary() if self.server_metrics is not None else None,
             "load": {k: load[k] for k in ("mode", "concurrency", "qps", "p50_ms", "p95_ms", "p99_ms", "error_rate",
                                           "submitted", "ok", "errors", "timeouts", "rejected", "model_busy",
                                           "error_reasons")} if load else None,
@@ -240,12 +243,13 @@ class WatchResult:
 def watch(pid: int, url: str | None = None, inputs: Sequence[Any] | None = None, concurrency: int = 8,
           duration_s: float = 10.0, interval: float = 0.5, warmup_requests: int = 16,
           busy_probe: Callable[[], float | None] | None = None, nvml: Any = None,
-          gpu_device: int | str | None = None, api: Any = None) -> WatchResult:
+          gpu_device: int | str | None = None, api: Any = None, metrics_url: str | None = None) -> WatchResult:
     """Sample process ``pid`` (threads, memory, disk; the GPU through NVML) for ``duration_s`` seconds, or
     while driving ``concurrency`` clients at ``url`` for ``duration_s`` measured seconds; diagnose it.
 
-    ``busy_probe``: the service's running model-busy seconds (default: tuning's own metric on its ``/metrics``,
-    None for other services, where model busy is reported as unseen). ``api``: the service's request schema
+    ``busy_probe``: the service's running model-busy seconds (default: a scrape of ``metrics_url``, or of
+    ``/metrics`` beside ``url``, which also reads TEI's and Triton's metrics (:mod:`tuning.load.scrape`); model
+    busy is tuning's own and reported as unseen for other services). ``api``: the service's request schema
     (:class:`tuning.load.apis.Api`; ``inputs`` are then its encoded bodies)."""
     from tuning.load.generator import run_load
 
@@ -259,6 +263,7 @@ def watch(pid: int, url: str | None = None, inputs: Sequence[Any] | None = None,
     gpu_sampler = GpuSampler(interval, nvml=nvml, device=gpu_device, pid=pid)
     host_sampler = HostSampler(interval, pid=pid)
     load = None
+    probe = None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the GPU section says why it is empty
         with ExitStack() as stack:
@@ -271,9 +276,9 @@ def watch(pid: int, url: str | None = None, inputs: Sequence[Any] | None = None,
             if url is not None:
                 if not inputs:
                     raise ValueError("watch with --url needs request bodies (--data)")
+                probe = MetricsProbe(_metrics_url(url, metrics_url)) if busy_probe is None else None
                 load = run_load(url_target(url, api), list(inputs), concurrency=concurrency, duration_s=duration_s,
-                                warmup_requests=warmup_requests,
-                                busy_probe=busy_probe or (lambda: metrics_busy_total(url)), api=api)
+                                warmup_requests=warmup_requests, busy_probe=busy_probe or probe, api=api)
             else:
                 threading.Event().wait(duration_s)
             process_gpu_mb = gpu_sampler.process_memory()
@@ -281,11 +286,11 @@ def watch(pid: int, url: str | None = None, inputs: Sequence[Any] | None = None,
             machine_cpu = psutil.cpu_percent(None) / 100  # ...to here: every process, all cores
             watcher_cpu = (sum(me.cpu_times()[:2]) - own0) / max(t_end - t_start, 1e-9) * 100
     result = WatchResult(pid, command, interval, host_sampler.series, gpu_sampler.series, t_start, t_end, load,
-                         url, process_gpu_mb)
+                         url, process_gpu_mb, server_metrics=probe.result() if probe is not None else None)
     t0, t1 = result.window
     mb = sum(process_gpu_mb.values()) if process_gpu_mb else math.nan
     result.signals = outside_signals(result.host, result.gpu, t0, t1, load.summary() if load else None, mb, machine_cpu,
-                                     watcher_cpu)
+                                     watcher_cpu, result.server_metrics)
     result.diagnosis = diagnose_outside(result.signals)
     return result
 

@@ -191,23 +191,6 @@ def http_target(url: str, timeout_s: float = 60.0, api: Api | None = None) -> Ht
     return HttpTarget(url, timeout_s, api=api)
 
 
-def metrics_busy_total(url: str) -> float | None:
-    """The model busy seconds a tuning service exports (``tuning_model_busy_seconds_total`` on ``/metrics``
-    beside ``url``); None for a service that does not export it."""
-    import urllib.request
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    try:
-        with urllib.request.urlopen(f"{parts.scheme}://{parts.netloc}/metrics", timeout=5) as resp:
-            for line in resp.read().decode(errors="replace").splitlines():
-                if line.startswith("tuning_model_busy_seconds_total "):
-                    return float(line.split()[1])
-    except (OSError, ValueError):
-        return None
-    return None
-
-
 def _json_or_empty(raw: bytes) -> dict:
     try:
         obj = json.loads(raw)

@@ -119,6 +119,9 @@ def format_load(s: dict) -> str:
               f"{number(s['engine_stats'].get('p99_ms'), 0)} ms over the whole run" if s.get("engine_stats") else "")]
           if s.get("client_cpu") is not None else []),
     ]
+    m = s.get("server_metrics")
+    if m:
+        lines.append(server_metrics_line(m))
     if any(v.get("p99_ms") for v in s["stages"].values()):  # locust does not read the server's stage timings
         lines += ["", "stage ledger (ok requests, ms)",
                   table([{"stage": st, **v} for st, v in s["stages"].items()], ["stage", "p50_ms", "p99_ms", "share"])]
@@ -131,6 +134,19 @@ def format_load(s: dict) -> str:
                   "threads by CPU", table(s["threads"], ["name", "pid", "tid", "cpu_mean", "cpu_max", "wait_mean"]),
                   f"GPU: {'sampled' if s['gpu']['available'] else 'none sampled: ' + str(s['gpu']['reason'])}"]
     return "\n".join(lines)
+
+
+def server_metrics_line(m: dict) -> str:
+    """The service's own Prometheus metrics over the window, in one line (or why none were read)."""
+    if not m.get("exporter"):
+        return f"server metrics: none read from {m['url']} ({m.get('reason') or 'no known exporter'})"
+    v = m["values"]
+    parts = [f"{label} {fmt.format(v[key] * scale)}" for key, label, fmt, scale in (
+        ("model_busy", "model busy", "{:.0f}%", 100), ("mean_batch", "mean batch", "{:.1f}", 1),
+        ("queue_ms", "queue wait", "{:.1f} ms", 1), ("inference_ms", "inference", "{:.1f} ms", 1),
+        ("queue_depth", "queue depth", "{:.0f}", 1), ("gpu_util", "GPU", "{:.0f}%", 100)) if key in v]
+    lacked = f"; not exported: {', '.join(m['lacked'])}" if m.get("lacked") else ""
+    return f"server metrics ({m['exporter']}, {m['url']}): {', '.join(parts) or 'nothing usable'}{lacked}"
 
 
 def format_watch(result: WatchResult) -> str:
@@ -163,6 +179,8 @@ def format_watch(result: WatchResult) -> str:
     if result.load is not None:
         load = result.load.summary()
         load["target"] = result.target
+        if result.server_metrics is not None:
+            load["server_metrics"] = result.server_metrics.summary()
         lines += ["", format_load(load)]
     lines += ["", f"diagnosis from outside: {d['kind'].upper()}  ({'; '.join(d['reasons'])})",
               f"next step: {d['next_step']}", "not visible from outside:"]

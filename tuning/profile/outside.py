@@ -21,9 +21,16 @@ Rules (the investigation's, INVESTIGATION.md steps 1-2), thresholds shared with
 3. no GPU seen (the CPU is the device): ``saturated`` when the process uses >= SATURATED_BUSY of every
    core, or the service's own metrics say its model call is busy >= SATURATED_BUSY; ``contended`` when
    the machine's cores are >= CONTENDED_MACHINE_CPU busy but this process is not what fills them;
+   ``fragmented`` (before ``contended``) when the service's own metrics say requests wait in its queue at
+   least as long as they compute while its batches average SMALL_BATCH or fewer requests;
    ``single-threaded`` when one thread is pegged (>= PEGGED_THREAD_CPU) and the cores are not full;
    ``starved`` when the disk is busy; ``blocked`` when nothing works; else ``inconclusive``;
-4. ``idle`` when no load was driven and nothing in the process works.
+4. ``idle`` when no load was driven and nothing in the process works;
+0. before any of these, with load driven: ``failing`` when at least FAILING_ERROR_RATE of the requests
+   failed (a diagnosis of a service that answers errors reads its error path, not its performance), and
+   ``client-bound`` when the load client's own loop used at least CLIENT_BOUND_CPU of a core while nothing
+   in the service is saturated (the QPS measured the client); a smaller error rate is a reason beside the
+   verdict.
 
 Model busy is read from the service's ``/metrics`` when it exports tuning's
 ``tuning_model_busy_seconds_total``; other services do not, and that is listed as unseen.
@@ -37,7 +44,7 @@ from typing import Any
 
 import pandas as pd
 
-from tuning.profile.diagnose import DISK_BUSY_MB_S, PEGGED_THREAD_CPU, SATURATED_BUSY, WORKING_CPU
+from tuning.profile.diagnose import DISK_BUSY_MB_S, PEGGED_THREAD_CPU, SATURATED_BUSY, SMALL_BATCH, WORKING_CPU
 from tuning.profile.gpu import GpuSeries
 from tuning.profile.host import HostSeries
 
@@ -46,8 +53,11 @@ HEARTBEAT_LOW_UTIL = 5.0  # a sample under 5% utilization is a gap...
 HEARTBEAT_PEAK_UTIL = 25.0  # ...and one at 25% or more a beat (the investigation's 3% / 30% heartbeat)
 HEARTBEAT_GAP_SHARE = 0.3  # at least 30% of the samples are gaps
 CONTENDED_MACHINE_CPU = 0.90  # the machine's cores 90% busy: whatever runs here competes for them
+FAILING_ERROR_RATE = 0.05  # 5% of the requests failed: the service's error path, not its speed, is what is seen
+CLIENT_BOUND_CPU = 0.80  # the load client's loop at 80% of a core: its requests wait for the client
 
-OUTSIDE_KINDS = ("saturated", "fragmented", "starved", "contended", "single-threaded", "blocked", "inconclusive", "idle")
+OUTSIDE_KINDS = ("failing", "client-bound", "saturated", "fragmented", "starved", "contended", "single-threaded",
+                 "blocked", "inconclusive", "idle")
 
 INSIDE = ("python -m tuning profile / loadtest --profile, or tuning.profile.Recorder around the service's own "
           "load test, in its process")
@@ -78,6 +88,16 @@ class OutsideSignals:
     qps: float = math.nan
     p99_ms: float = math.nan
     error_rate: float = math.nan
+    first_error: str = ""  # the commonest failure's reason, when any failed
+    client_cpu: float = math.nan  # share of a core the load client's loop used
+    # the service's own Prometheus metrics (tuning.load.scrape), where it exports them
+    metrics_exporter: str = ""  # tuning, tei, triton; "" when none was read
+    metrics_reason: str = ""  # why none was read
+    metrics_lacked: tuple[str, ...] = ()
+    server_mean_batch: float = math.nan
+    server_queue_ms: float = math.nan  # mean time a request waited in the server's queue
+    server_inference_ms: float = math.nan  # mean inference time per request
+    server_gpu_util: float = math.nan  # 0-1, the server's own (Triton's nv_gpu_utilization)
     model_busy: float = math.nan  # from the service's own metrics, when it exports tuning's
 
 
@@ -99,7 +119,7 @@ def _known(x: Any) -> bool:
 
 def outside_signals(host: HostSeries, gpu: GpuSeries, t0: float, t1: float, load: dict[str, Any] | None = None,
                     process_gpu_mb: float = math.nan, machine_cpu: float = math.nan,
-                    watcher_cpu: float = math.nan) -> OutsideSignals:
+                    watcher_cpu: float = math.nan, server_metrics: Any = None) -> OutsideSignals:
     """The signals of the window ``[t0, t1]`` (the last host sample lands just after it closes)."""
     slack = 1.0 if host.samples else 0.0
     hf = host.to_frame()
@@ -134,6 +154,20 @@ def outside_signals(host: HostSeries, gpu: GpuSeries, t0: float, t1: float, load
         s.qps, s.p99_ms, s.error_rate = (float(load[k]) if load.get(k) is not None else math.nan
                                          for k in ("qps", "p99_ms", "error_rate"))
         s.model_busy = float(load["model_busy"]) if load.get("model_busy") is not None else math.nan
+        reasons = load.get("error_reasons") or []
+        s.first_error = str(reasons[0]["reason"]) if reasons else ""
+        s.client_cpu = float(load["client_cpu"]) if load.get("client_cpu") is not None else math.nan
+    if server_metrics is not None:
+        v = server_metrics.values
+        s.metrics_exporter = server_metrics.exporter or ""
+        s.metrics_reason = server_metrics.reason or ""
+        s.metrics_lacked = tuple(server_metrics.lacked)
+        s.server_mean_batch = v.get("mean_batch", math.nan)
+        s.server_queue_ms = v.get("queue_ms", math.nan)
+        s.server_inference_ms = v.get("inference_ms", math.nan)
+        s.server_gpu_util = v.get("gpu_util", math.nan)
+        if not _known(s.model_busy) and "model_busy" in v:
+            s.model_busy = v["model_busy"]
     return s
 
 
@@ -151,6 +185,12 @@ def cannot_see(s: OutsideSignals) -> list[str]:
         if not _known(s.process_gpu_mb):
             out.append("which GPU this process uses: NVML does not list it among the compute processes (no GPU "
                        "work, or another pid namespace); every GPU NVML sees is shown")
+    if s.load_driven and not s.metrics_exporter:
+        out.append("the server's own queue, batch and inference times: "
+                   + (s.metrics_reason or "no metrics read") + " (pass --metrics-url where it exports Prometheus "
+                   "metrics: Triton on port 8002, TEI and this package's server at /metrics)")
+    elif s.metrics_lacked:
+        out.append(f"from the server's own metrics ({s.metrics_exporter}): {', '.join(s.metrics_lacked)} (not exported)")
     if not s.load_driven:
         out.append("QPS and latency: no load was driven (pass --url to drive it, or watch during your own load test)")
     elif not _known(s.model_busy):
@@ -178,10 +218,37 @@ def diagnose_outside(s: OutsideSignals) -> OutsideDiagnosis:
     def verdict(kind: str, step: str) -> OutsideDiagnosis:
         return OutsideDiagnosis(kind, reasons, step, evidence, cannot_see(s))
 
+    server = [f"{name} {value}" for name, value in (
+        ("mean batch", f"{s.server_mean_batch:.1f}" if _known(s.server_mean_batch) else None),
+        ("queue wait", f"{s.server_queue_ms:.1f} ms" if _known(s.server_queue_ms) else None),
+        ("inference", f"{s.server_inference_ms:.1f} ms" if _known(s.server_inference_ms) else None),
+        ("GPU", f"{s.server_gpu_util:.0%}" if _known(s.server_gpu_util) else None)) if value is not None]
+    if server:
+        reasons.append(f"the server's own metrics ({s.metrics_exporter}): {', '.join(server)} per request")
+    # requests wait in the queue longer than they compute while the server runs batches of about one
+    queued_unbatched = (_known(s.server_mean_batch) and s.server_mean_batch <= SMALL_BATCH
+                        and _known(s.server_queue_ms) and _known(s.server_inference_ms)
+                        and s.server_queue_ms >= s.server_inference_ms)
+
     if not s.load_driven and not working and not disk and not (_known(s.gpu_util_mean) and s.gpu_util_mean >= 5):
         reasons.append(f"no load driven and nothing works ({cores})")
         return verdict("idle", "Nothing to diagnose while the service is idle: drive load with --url URL "
                                "(and --concurrency), or watch it during your own load test.")
+    if s.load_driven and _known(s.error_rate) and s.error_rate >= FAILING_ERROR_RATE:
+        reasons.append(f"{s.error_rate:.1%} of the requests failed" + (f" (commonest: {s.first_error})"
+                                                                       if s.first_error else ""))
+        return verdict("failing", "Fix the errors first: check that --api or --body is the request the service "
+                                  "expects, --timeout, and the service's log; then watch again.")
+    if s.load_driven and _known(s.error_rate) and s.error_rate > 0:
+        reasons.append(f"{s.error_rate:.2%} of the requests failed" + (f" (commonest: {s.first_error})"
+                                                                        if s.first_error else ""))
+    gpu_saturated = s.gpu_available and _known(s.gpu_util_mean) and s.gpu_util_mean >= 100 * SATURATED_BUSY
+    if (s.load_driven and _known(s.client_cpu) and s.client_cpu >= CLIENT_BOUND_CPU
+            and not (cpu_full or model_busy or gpu_saturated)):
+        reasons.append(f"the load client's loop used {s.client_cpu:.0%} of a core while nothing in the service is "
+                       f"saturated ({cores}): the QPS measured the client")
+        return verdict("client-bound", "Drive more load than one client loop can: `loadtest --engine locust "
+                                       "--workers N`, or the load from another machine; then watch again.")
     if s.gpu_available and _known(s.gpu_util_mean):
         util = s.gpu_util_mean
         if util >= 100 * SATURATED_BUSY:
@@ -227,6 +294,11 @@ def diagnose_outside(s: OutsideSignals) -> OutsideDiagnosis:
             reasons.append(contention)
         return verdict("saturated", "The CPU is the bottleneck: per-sample efficiency (batching, bucketed padding, "
                                     "bf16), fewer threads competing, or an accelerator.")
+    if queued_unbatched:
+        reasons.append(f"requests queue {s.server_queue_ms:.1f} ms for {s.server_inference_ms:.1f} ms of inference while "
+                       f"batches average {s.server_mean_batch:.1f}: nothing batches the queue")
+        return verdict("fragmented", "Batch the queue: raise the server's max batch size (and its batch wait), then "
+                                     "watch again; the mean batch should rise and the queue wait fall.")
     if contended:
         reasons.append(contention)
         return verdict("contended", "Other processes hold the cores: measure on a quiet machine, pin the service "

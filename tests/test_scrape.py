@@ -1,0 +1,100 @@
+"""The service's own Prometheus metrics: parsed with prometheus-client's parser, read as differences over the
+window, for this package's server, TEI and Triton (metric names from their documentation)."""
+
+import pytest
+
+from tuning.load.scrape import MetricsProbe, derive, exporter_of, metrics_url, parse
+
+TEI = """# HELP te_queue_size Queue size
+# TYPE te_queue_size gauge
+te_queue_size {q}
+# TYPE te_batch_next_size histogram
+te_batch_next_size_bucket{{le="1"}} 0
+te_batch_next_size_bucket{{le="+Inf"}} {batches}
+te_batch_next_size_sum {batched}
+te_batch_next_size_count {batches}
+# TYPE te_request_queue_duration histogram
+te_request_queue_duration_bucket{{le="+Inf"}} {requests}
+te_request_queue_duration_sum {queue_s}
+te_request_queue_duration_count {requests}
+# TYPE te_request_inference_duration histogram
+te_request_inference_duration_bucket{{le="+Inf"}} {requests}
+te_request_inference_duration_sum {infer_s}
+te_request_inference_duration_count {requests}
+"""
+
+TRITON = """# HELP nv_inference_request_success Number of successful inference requests, all batch sizes
+# TYPE nv_inference_request_success counter
+nv_inference_request_success{{model="minilm",version="1"}} {requests}
+# TYPE nv_inference_count counter
+nv_inference_count{{model="minilm",version="1"}} {inferences}
+# TYPE nv_inference_exec_count counter
+nv_inference_exec_count{{model="minilm",version="1"}} {executions}
+# TYPE nv_inference_queue_duration_us counter
+nv_inference_queue_duration_us{{model="minilm",version="1"}} {queue_us}
+# TYPE nv_inference_compute_infer_duration_us counter
+nv_inference_compute_infer_duration_us{{model="minilm",version="1"}} {compute_us}
+# TYPE nv_gpu_utilization gauge
+nv_gpu_utilization{{gpu_uuid="GPU-1"}} {gpu}
+"""
+
+
+def test_tei_signals_are_differences_over_the_window():
+    before = parse(TEI.format(q=0, batches=10, batched=10, requests=10, queue_s=0.05, infer_s=0.03))
+    after = parse(TEI.format(q=7, batches=110, batched=810, requests=810, queue_s=8.05, infer_s=4.03))
+    m = derive(before, after, window_s=10.0)
+    assert m.exporter == "tei" and not m.lacked
+    assert m.values["mean_batch"] == pytest.approx(8.0)  # 800 requests in 100 batches
+    assert m.values["queue_ms"] == pytest.approx(10.0) and m.values["inference_ms"] == pytest.approx(5.0)
+    assert m.values["queue_depth"] == 7 and m.sources["mean_batch"] == "te_batch_next_size"
+
+
+def test_triton_counters_read_with_or_without_their_total_suffix():
+    before = parse(TRITON.format(requests=0, inferences=0, executions=0, queue_us=0, compute_us=0, gpu=0.1))
+    after = parse(TRITON.format(requests=400, inferences=400, executions=25, queue_us=800_000, compute_us=2_000_000,
+                                gpu=0.62))
+    assert "nv_inference_count" in after  # the parser's nv_inference_count_total, suffix stripped
+    m = derive(before, after, window_s=4.0)
+    assert m.exporter == "triton"
+    assert m.values["mean_batch"] == pytest.approx(16.0)  # nv_inference_count / nv_inference_exec_count
+    assert m.values["queue_ms"] == pytest.approx(2.0) and m.values["inference_ms"] == pytest.approx(5.0)
+    assert m.values["gpu_util"] == pytest.approx(0.62)
+
+
+def test_what_an_exporter_lacks_is_listed_and_unknown_metrics_say_so():
+    partial = parse("# TYPE te_queue_size gauge\nte_queue_size 3\n")
+    m = derive({}, partial, window_s=1.0)
+    assert m.values == {"queue_depth": 3.0}
+    assert set(m.lacked) == {"mean_batch", "queue_ms", "inference_ms"}
+    other = derive({}, parse("# TYPE http_requests counter\nhttp_requests_total 5\n"), window_s=1.0)
+    assert other.exporter is None and "no metrics of a known exporter" in other.reason
+    assert exporter_of(parse("tuning_queue_depth 0\n")) == "tuning"
+
+
+def test_metrics_url_defaults_beside_the_endpoint():
+    assert metrics_url("http://10.0.0.2:8080/embed") == "http://10.0.0.2:8080/metrics"
+    assert metrics_url("http://h:8000/v2/models/m/infer", "http://h:8002/metrics") == "http://h:8002/metrics"
+
+
+def test_the_probe_reads_this_packages_server(monkeypatch):
+    from tuning.load import scrape as scrape_module
+
+    texts = iter([
+        "tuning_model_busy_seconds_total 10.0\ntuning_batch_size_sum 40\ntuning_batch_size_count 10\n",
+        "tuning_model_busy_seconds_total 13.0\ntuning_batch_size_sum 440\ntuning_batch_size_count 60\n",
+    ])
+    clock = iter([100.0, 104.0])
+    monkeypatch.setattr(scrape_module, "scrape", lambda url, timeout_s=5.0: (parse(next(texts)), None))
+    monkeypatch.setattr("time.monotonic", lambda: next(clock))
+    probe = MetricsProbe("http://x/metrics")
+    assert probe() == 10.0 and probe() == 13.0  # the busy total run_load reads at the window's edges
+    m = probe.result()
+    assert m.values["model_busy"] == pytest.approx(0.75)  # 3 busy seconds in 4
+    assert m.values["mean_batch"] == pytest.approx(8.0)
+
+
+def test_an_unreachable_metrics_url_is_a_reason_not_an_error():
+    probe = MetricsProbe("http://127.0.0.1:9/metrics", timeout_s=0.5)
+    assert probe() is None and probe() is None
+    m = probe.result()
+    assert m.exporter is None and m.reason and "127.0.0.1:9" in m.reason
