@@ -31,6 +31,7 @@ import os
 
 import tuning
 from tuning import viz
+from tuning.load.apis import Api, parse_template, request_bodies
 
 viz.setup_notebook()
 
@@ -41,7 +42,9 @@ MODEL = os.environ.get("TUNING_MODEL")  # a model folder or "module:factory"; No
 DATA = os.environ.get("TUNING_DATA")  # your requests (.jsonl, .csv, .parquet, .txt); None: the demo records
 TEXT_FIELD, TEXT_COLUMN = None, None  # where the text is: a JSONL field, a CSV/Parquet column (None: 'text')
 PID = int(os.environ.get("TUNING_PID", "0")) or None  # your running service; None: start one here
-URL = os.environ.get("TUNING_URL")  # its endpoint, taking POST {"text": ...} (needed with PID)
+URL = os.environ.get("TUNING_URL")  # its endpoint (needed with PID)
+API = os.environ.get("TUNING_API")  # its request schema: None (this package's POST {"text"}), tei, openai, kserve
+BODY = os.environ.get("TUNING_BODY")  # or any JSON body with "{text}", e.g. '{"input": "{text}"}' (LitServe)
 # `sweep batch --json` files from your GPU, comma-separated; none: sweep here
 SWEEPS = [p for p in os.environ.get("TUNING_SWEEPS", "").split(",") if p]
 LIMIT = 200 if QUICK else 2000  # requests read
@@ -106,14 +109,19 @@ print(f"baseline: {base.qps:.1f} req/s, model busy {base.model_busy:.0%}; its la
 #
 # The investigation's first step, `nvidia-smi -l` and `top -H -p PID` during a load test, as one call:
 # the service's threads (by the names they set), its memory, the GPU's NVML series, while `CONCURRENCY`
-# clients post your requests to its URL. Without `PID`, the same model is served here in a process of its
+# clients post your requests to its URL in its own schema (`API`: TEI's `/embed {"inputs": [...]}`, an
+# OpenAI-style `/v1/embeddings`, KServe v2 / Triton; or `BODY`, any JSON template), each answer checked for one
+# embedding per text. Its own Prometheus metrics (TEI's `te_*`, Triton's `nv_*`, this package's) are read at
+# the window's edges where it exports them. Without `PID`, the same model is served here in a process of its
 # own (`python -m tuning serve --model ...`). The command line does the same:
-# `python -m tuning watch --pid PID --url URL --concurrency 8 --duration 20`.
+# `python -m tuning watch --pid PID --url URL --api tei --concurrency 8 --duration 20`.
 
 # %%
 service = None if PID else tuning.ServiceProcess(model=model_dir, sets={"dtype": "fp32", "device": real}).start()
 pid, url = (PID, URL) if PID else (service.pid, service.endpoint)
-watched = tuning.watch_service(pid, url, inputs, concurrency=CONCURRENCY, duration_s=DURATION_S, interval=0.25)
+api = Api(API or ("custom" if BODY else "tuning"), template=parse_template(BODY))
+watched = tuning.watch_service(pid, api.url(url), request_bodies(api, inputs), concurrency=CONCURRENCY,
+                               duration_s=DURATION_S, interval=0.25, api=api)
 watched.to_frame("trend")
 
 # %%
@@ -125,6 +133,8 @@ assert w["load"]["submitted"] == w["load"]["ok"] + w["load"]["errors"] + w["load
 print(f"{w['load']['qps']:.1f} QPS, p99 {w['load']['p99_ms']:.0f} ms at {CONCURRENCY} in flight; busiest thread "
       f"{w['threads'][0]['name']} at {w['threads'][0]['cpu_mean']:.0f}% of a core; RSS {w['host']['rss_mb_max']:.0f} MB; "
       f"GPU: {'sampled' if w['gpu']['available'] else w['gpu']['reason']}.")
+m = w["server_metrics"]
+print(f"the service's own metrics: {m['exporter'] or 'none'}" + (f" {m['values']}" if m["exporter"] else f" ({m['reason']})"))
 print(f"diagnosis from outside: {d.kind}: " + "; ".join(d.reasons) + f"\nnext: {d.next_step}\nnot visible from outside:\n- "
       + "\n- ".join(d.cannot_see))
 

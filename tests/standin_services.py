@@ -14,6 +14,15 @@ from starlette.routing import Route
 
 DIM = 4
 
+# TEI's own Prometheus metrics (names from its docs), in a registry of the stand-in's own
+from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest  # noqa: E402
+
+TEI_METRICS = CollectorRegistry()
+_te_queue = Gauge("te_queue_size", "Queue size", registry=TEI_METRICS)
+_te_batch = Histogram("te_batch_next_size", "Batch size", buckets=(1, 2, 4, 8, 16, 32), registry=TEI_METRICS)
+_te_queue_s = Histogram("te_request_queue_duration", "Queue time (s)", registry=TEI_METRICS)
+_te_infer_s = Histogram("te_request_inference_duration", "Inference time (s)", registry=TEI_METRICS)
+
 
 def _vec(text: str) -> list[float]:
     return [float(len(text)), 1.0, 0.5, -0.25]
@@ -26,6 +35,10 @@ async def tei_embed(request: Request):
         return JSONResponse({"error": "Input validation error: `inputs` cannot be empty", "error_type": "Validation"},
                             status_code=422)
     texts = inputs if isinstance(inputs, list) else [inputs]
+    _te_batch.observe(len(texts))  # one request, one batch of its texts
+    _te_queue_s.observe(0.0015)
+    _te_infer_s.observe(0.003)
+    _te_queue.set(0)
     return JSONResponse([_vec(t) for t in texts], headers={"x-tokenization-time": "0.4", "x-queue-time": "1.5",
                                                             "x-inference-time": "3.0"})
 
@@ -61,6 +74,10 @@ async def litserve_predict(request: Request):
         return PlainTextResponse("Internal Server Error", status_code=500)
 
 
+async def tei_metrics(request: Request):
+    return PlainTextResponse(generate_latest(TEI_METRICS).decode(), media_type="text/plain; version=0.0.4")
+
+
 async def wrong_answer(request: Request):
     return JSONResponse({"status": "fine"})
 
@@ -69,7 +86,8 @@ APP = Starlette(routes=[Route("/embed", tei_embed, methods=["POST"]),
                         Route("/v1/embeddings", openai_embeddings, methods=["POST"]),
                         Route("/v2/models/{model}/infer", kserve_infer, methods=["POST"]),
                         Route("/predict", litserve_predict, methods=["POST"]),
-                        Route("/wrong", wrong_answer, methods=["POST"])])
+                        Route("/wrong", wrong_answer, methods=["POST"]),
+                        Route("/metrics", tei_metrics, methods=["GET"])])
 
 
 class StandIn:

@@ -138,3 +138,59 @@ def test_locust_sends_the_same_bodies_to_the_same_route(standin):
     code, out, err = _run("loadtest", "--engine", "locust", "--url", standin + "/wrong", "--body", '{"input": "{text}"}',
                           "--duration", "2", "--concurrency", "2", "--limit", "10", "--warmup-s", "0.5")
     assert code == 1 and "not 1 embedding" in err  # the worker ran the same answer check
+
+
+def test_teis_own_metrics_are_read_over_the_window(standin):
+    code, out, err = _run("loadtest", "--url", standin, "--api", "tei", "--client-batch", "4", "--requests", "30",
+                          "--concurrency", "2", "--limit", "40", "--json")
+    assert code == 0, err
+    m = json.loads(out)["server_metrics"]
+    assert m["exporter"] == "tei" and m["url"] == standin + "/metrics"
+    assert m["values"]["mean_batch"] == pytest.approx(4.0)  # te_batch_next_size: 4 texts per request
+    assert m["values"]["queue_ms"] == pytest.approx(1.5) and m["values"]["inference_ms"] == pytest.approx(3.0)
+    code, out, err = _run("loadtest", "--url", standin, "--api", "tei", "--requests", "5", "--limit", "5",
+                          "--metrics-url", "http://127.0.0.1:9/metrics", "--json")
+    assert code == 0 and json.loads(out)["server_metrics"]["exporter"] is None  # unreachable: said, not fatal
+
+
+def test_sweep_concurrency_drives_a_running_service(standin):
+    code, out, err = _run("sweep", "concurrency", "--url", standin, "--api", "tei", "--values", "1,4", "--requests",
+                          "20", "--limit", "20", "--json")
+    assert code == 0, err
+    s = json.loads(out)
+    assert [p["concurrency"] for p in s["points"]] == [1, 4]
+    assert all(p["errors"] == 0 and p["ok"] == 20 and p["mean_batch"] == pytest.approx(1.0) for p in s["points"])
+    code, _, err = _run("sweep", "wait", "--url", standin, "--values", "0,5")
+    assert code == 2 and "tune --cmd" in err
+
+
+def test_client_processes_split_the_load_and_merge_every_outcome(standin):
+    code, out, err = _run("loadtest", "--url", standin, "--api", "tei", "--client-procs", "2", "--requests", "41",
+                          "--concurrency", "4", "--limit", "30", "--warmup", "3", "--json")
+    assert code == 0, err
+    s = json.loads(out)
+    assert s["ok"] == 41 and s["submitted"] == 41 and s["concurrency"] == 4  # 21 + 20, every one counted once
+    assert s["server_metrics"]["exporter"] == "tei"  # the first process read the metrics at its window's edges
+    code, _, err = _run("loadtest", "--url", standin, "--client-procs", "5", "--concurrency", "4", "--requests", "8")
+    assert code == 2 and "--client-procs 5 > --concurrency 4" in err
+    code, _, err = _run("loadtest", "--client-procs", "2", "--requests", "8")
+    assert code == 2 and "--client-procs" in err
+
+
+def test_merged_percentiles_are_over_the_union_not_averaged():
+    from tuning.load.generator import LoadResult
+    from tuning.load.procs import merge
+    from tuning.online.response import Response
+
+    def result(latencies_ms, start):
+        responses = [Response(i, "ok", None, t_submit=start, t_done=start + ms / 1000) for i, ms in
+                     enumerate(latencies_ms)]
+        r = LoadResult("closed", 2, None, responses, start, start + 1.0)
+        r.timings = [(start, start, start + ms / 1000) for ms in latencies_ms]
+        r.ok_in_window = len(responses)
+        return r
+    fast, slow = result([1.0] * 99, 10.0), result([100.0], 10.0)
+    m = merge([fast, slow])
+    assert m.submitted == 100 and m.concurrency == 4
+    assert m.latency()["p50"] == pytest.approx(1.0, abs=0.01)  # averaging the two p50s would say 50.5 ms
+    assert m.qps == pytest.approx(100.0)

@@ -213,6 +213,19 @@ def test_a_batch_that_loses_under_dynamic_padding_is_tried_over_the_planned_buck
     assert ladder.recommended.padding == "bucket" and ladder.recommended.batch_size >= 2
 
 
+def test_a_capacity_gain_with_the_same_light_load_latency_is_kept_at_the_failing_rate():
+    """Batching's shape: twice the capacity, but a fixed wait makes the latency at 60% of the reference's
+    capacity what it was (the tuner: batch 32 over buckets 0.98 [0.74-1.31] at 188 req/s against batch 1);
+    at 1.2x the reference's capacity the candidate is far ahead, and meets the target."""
+    stub = QueueStub([(lambda k: k.tokenizer == "fast", 2.0)], base_rate=40.0, noise=0.02, seed=4,
+                     p99_floor_ms=lambda k: 28.5 if k.tokenizer == "fast" else 0.0)
+    ladder = _ladder(stub, steps=("tokenizer",), target_p99_ms=800.0, settings=LadderSettings.quick())
+    step = ladder.step("tokenizer")
+    assert step.status == "kept" and "past the reference's capacity" in step.reason, step.reason
+    assert step.figures["ratio"] < 1.3 < step.figures["race_ratio"]
+    assert ladder.capacity.capacity > 1.6 * ladder.baseline_capacity.capacity
+
+
 def test_the_joint_pass_keeps_to_its_move_budget():
     ladder = _ladder(QueueStub([(lambda k: k.batch_size >= 2, 1.5)], base_rate=40.0, noise=0.02, seed=2),
                      steps=("joint",), target_p99_ms=800.0, settings=LadderSettings.quick(joint_moves=1))

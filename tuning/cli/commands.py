@@ -142,21 +142,10 @@ def api_from_args(args: argparse.Namespace) -> Any:
 
 
 def _api_inputs(args: argparse.Namespace, api: Any, inputs: list[Any]) -> list[Any]:
-    """Request bodies for ``api``: this package's own as read; any other API's encoded once from the model texts
-    (a bad row stays its own error outcome, not sent)."""
-    if api.name == "tuning":
-        return inputs
-    from tuning.inputs.records import RecordError
-    from tuning.runtime.custom import resolve_formatter
-    from tuning.runtime.engine import Preparer
+    """Request bodies for ``api`` (:func:`tuning.load.apis.request_bodies`, with --formatter)."""
+    from tuning.load.apis import request_bodies
 
-    formatter = resolve_formatter(getattr(args, "formatter", None))
-    prep = Preparer(preset("baseline"), None, *([formatter] if formatter else []))
-    items: list[Any] = []
-    for i, raw in enumerate(inputs, start=1):
-        item, text = prep.to_text(i, raw)
-        items.append(text if text is not None else RecordError(i, item.error or "invalid", item.id))
-    return api.encode(items)
+    return request_bodies(api, inputs, getattr(args, "formatter", None))
 
 
 def _positive_int(text: str) -> int:
@@ -379,10 +368,17 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         # busy total is read when the measured window opens and when it closes
         api = api_from_args(args)
         url = api.url(args.url)
+        from tuning.load.procs import run_load_procs
         from tuning.load.scrape import MetricsProbe, metrics_url
 
         probe = MetricsProbe(metrics_url(url, args.metrics_url))
-        result = run_load(url, _api_inputs(args, api, inputs), busy_probe=probe, api=api, **load)
+        try:
+            result, notes = run_load_procs(url, _api_inputs(args, api, inputs), args.client_procs, busy_probe=probe,
+                                           api=api, **load)
+        except ValueError as exc:
+            raise UsageError(f"loadtest: {exc}") from exc
+        for note in notes:
+            print(f"warning: {note}", file=sys.stderr)
     else:
         from tuning.online.serve import Server
 
@@ -447,6 +443,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from tuning.present.verdicts import batch_sweep_verdict, load_sweep_verdict
     from tuning.runtime.engine import Engine
 
+    if args.url:
+        return _sweep_url(args)
     knobs = knobs_from_args(args)
     custom, _ = _custom(args, knobs)
     engine = Engine(knobs, custom.pop("model"))
@@ -488,6 +486,30 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(frame.round(2).to_string(index=False))
         print(load_sweep_verdict(variable, points))
     _nothing_done(int(frame["ok"].sum()), int(frame[["ok", "errors", "timeouts", "rejected"]].sum().sum()), [])
+    return 0
+
+
+def _sweep_url(args: argparse.Namespace) -> int:
+    """``sweep concurrency --url``: the same sweep against a running service, in its own request schema."""
+    from tuning.experiments.sweeps import url_concurrency_sweep
+    from tuning.present.verdicts import load_sweep_verdict
+
+    if args.variable != "concurrency":
+        raise UsageError(f"sweep {args.variable} --url: only concurrency is a client-side variable; a service's own "
+                         "knobs (its max batch size, its batch wait) are swept by `tune --cmd ... --space`")
+    api = api_from_args(args)
+    url = api.url(args.url)
+    values = [int(v) for v in (args.values or [1, 4, 16, 32, 64])]
+    frame = url_concurrency_sweep(url, _api_inputs(args, api, _inputs(args)), values, requests=args.requests, api=api)
+    points = frame.astype(object).where(frame.notna(), None).to_dict("records")
+    if args.json:
+        _print_json({"variable": "concurrency", "target": url, "points": points,
+                     "verdict": load_sweep_verdict("concurrency", points)})
+    else:
+        print(f"target {url}")
+        print(frame.round(2).to_string(index=False))
+        print(load_sweep_verdict("concurrency", points))
+    _nothing_done(int(frame["ok"].sum()), int(frame[["ok", "errors", "timeouts", "rejected"]].sum().sum()), [], url)
     return 0
 
 
@@ -832,6 +854,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--values", type=_float_list, default=None, help="concurrency or max_wait_ms values")
             p.add_argument("--requests", type=_positive_int, default=200, help="requests per point (server sweeps)")
             p.add_argument("--concurrency", type=_positive_int, default=32, help="clients for the wait sweep")
+            p.add_argument("--url", default=None, help="sweep concurrency against a running service at this endpoint "
+                           "(its request schema: --api / --body)")
+            _add_api_flags(p)
         if name == "plan":
             p.add_argument("--k", type=_positive_int, default=4, help="number of bucket lengths (shapes)")
         if name == "loadtest":
@@ -841,6 +866,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--rate", type=_positive_float, default=None, help="open loop: Poisson arrivals per second")
             p.add_argument("--warmup", type=_count, default=16, help="warm-up requests excluded from the figures")
             p.add_argument("--url", default=None, help="drive an HTTP endpoint instead, e.g. http://127.0.0.1:8000/embed")
+            p.add_argument("--client-procs", type=_positive_int, default=1,
+                           help="with --url: load-client processes (one asyncio loop tops out near one core; give "
+                                "one per core the client may use), their outcomes merged exactly")
             p.add_argument("--profile", action="store_true",
                            help="in-process only: run the load under the recorder and add the diagnosis")
             p.add_argument("--warmup-s", type=_nonneg_seconds, default=None,
@@ -889,6 +917,9 @@ def _check_applies(args: argparse.Namespace) -> None:
                 "sweep concurrency / sweep wait")
     elif args.command == "sweep":
         _refuse(given, ["--sizes", "--length", "--repeats"], "they go with sweep batch")
+        if args.url:
+            _refuse(given, ["--set", "--preset", "--model", "--formatter"],
+                    "with --url the server runs elsewhere with its own knobs; set them where it runs")
         if args.variable == "concurrency":
             _refuse(given, ["--concurrency"], "sweep concurrency sweeps it: give the values with --values 1,8,32")
             if args.values and any(v != int(v) or v < 1 for v in args.values):
@@ -898,6 +929,11 @@ def _check_applies(args: argparse.Namespace) -> None:
         _refuse(given, ["--set", "--preset", "--model", "--formatter"],
                 "with --url the server runs elsewhere with its own knobs; set them where it runs "
                 "(python -m tuning serve --set ...)")
+    if args.command == "loadtest" and not args.url:
+        _refuse(given, ["--client-procs"], "the in-process server is driven from this process; --client-procs "
+                "spreads the load of --url over processes")
+    if args.command == "loadtest" and getattr(args, "engine", None) == "locust":
+        _refuse(given, ["--client-procs"], "locust spreads its own load: --workers N")
 
 
 def _check_inputs(args: argparse.Namespace) -> None:

@@ -243,23 +243,7 @@ def probe(measure: Measure, knobs: Knobs, rate: float, target_p99_ms: float,
             on_trial(trial)
         f = pooled_figures(trials, target_p99_ms)
         n, errors = f["n"], f["errors"]
-        over_budget = errors > 0 and n > 0 and stats.binom.sf(errors - 1, n, settings.error_budget) <= PROBE_ALPHA
-        knee = knee_reached(f, len(trials))
-        late = n > 0 and f["late"] > max(LATE_SHARE * n, LATE_MIN)
-        verdict = count_verdict(min(f["exceed"], n), n, EXCEED_SHARE) if f["counted"] and n else "undecided"
-        by = "count"
-        if n == 0:
-            verdict, by = "fail", "errors"
-        elif over_budget:
-            verdict, by = "fail", "errors"
-        elif verdict == "pass" and late:
-            verdict, by = "fail", "late sends"
-        elif verdict == "pass" and errors > settings.error_budget * n:
-            verdict = "undecided"  # fast enough, but more failures than the budget allows: look again
-        elif verdict != "pass" and knee:
-            verdict, by = "fail", "knee"
-        elif verdict == "undecided" and late:
-            verdict, by = "fail", "late sends"
+        verdict, by = window_verdict(f, len(trials), settings)
         if verdict != "undecided" and (by != "count" or len(trials) >= settings.min_windows):
             return _probe(rate, verdict, by, verdict == "pass", trials, f)
         if len(trials) >= settings.max_windows:
@@ -267,6 +251,29 @@ def probe(measure: Measure, knobs: Knobs, rate: float, target_p99_ms: float,
                 return _probe(rate, "undecided", "windows disagree", False, trials, f, agree=False)
             passed = math.isfinite(f["p99_ms"]) and f["p99_ms"] <= target_p99_ms and errors <= settings.error_budget * n
             return _probe(rate, "undecided", "estimate", passed, trials, f)
+
+
+def window_verdict(f: dict[str, Any], windows: int, settings: CapacitySettings) -> tuple[str, str]:
+    """The probe's rule on pooled figures ``f`` of ``windows`` windows: ``(pass | fail | undecided, by)``, by the
+    count, errors over the budget, late sends, or the knee (the caller waits for ``min_windows`` before a
+    count decides)."""
+    n, errors = f["n"], f["errors"]
+    over_budget = errors > 0 and n > 0 and stats.binom.sf(errors - 1, n, settings.error_budget) <= PROBE_ALPHA
+    knee = knee_reached(f, windows)
+    late = n > 0 and f["late"] > max(LATE_SHARE * n, LATE_MIN)
+    verdict = count_verdict(min(f["exceed"], n), n, EXCEED_SHARE) if f["counted"] and n else "undecided"
+    by = "count"
+    if n == 0 or over_budget:
+        verdict, by = "fail", "errors"
+    elif verdict == "pass" and late:
+        verdict, by = "fail", "late sends"
+    elif verdict == "pass" and errors > settings.error_budget * n:
+        verdict = "undecided"  # fast enough, but more failures than the budget allows: look again
+    elif verdict != "pass" and knee:
+        verdict, by = "fail", "knee"
+    elif verdict == "undecided" and late:
+        verdict, by = "fail", "late sends"
+    return verdict, by
 
 
 def windows_agree(trials: list[Trial], target_p99_ms: float, alpha: float = 0.01) -> bool:
@@ -443,14 +450,32 @@ def latency_figure(t: Trial, cap_ms: float) -> float:
     return float(np.exp(np.mean(np.log(np.maximum(x, 1e-3)))))
 
 
+def exceedance_figure(t: Trial, target_p99_ms: float) -> float:
+    """One run's share of outcomes over the target (a failure counts over), smoothed as (c + 0.5) / (n + 1) so
+    that a run with none over still has a finite ratio. At the reference's failing rate its latency swings
+    between a queue that holds (a few hundred ms) and one that tips (the window's length) from pair to pair;
+    the share over the target is what the capacity is defined by, and bounded."""
+    lat = t.latencies_ms
+    if lat is None or not len(lat):
+        n = max(t.submitted, 1)
+        over = t.failed + (t.ok if not (math.isfinite(t.p99_ms) and t.p99_ms <= target_p99_ms) else 0) * 0.01
+        return (over + 0.5) / (n + 1)
+    x = np.asarray(lat, dtype=float)
+    return float(((x > target_p99_ms).sum() + 0.5) / (x.size + 1))
+
+
 def compare_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: float | None,
                target_p99_ms: float, settings: CompareSettings = CompareSettings(),
                status: Callable[[str], None] | None = None,
-               on_trial: Callable[[Trial], None] | None = None, seed: int = 0) -> Comparison:
+               on_trial: Callable[[Trial], None] | None = None, seed: int = 0,
+               figure: str = "latency") -> Comparison:
     """Interleaved pairs of ``reference`` and ``candidate`` at ``rate`` (open loop; the figure is
     :func:`latency_figure`, the reference's over the candidate's) or closed loop (``rate=None``; QPS). Both
     arms of a pair get the same arrival seed (common random numbers: the same bursts for both), each pair
-    another one."""
+    another one. ``figure="exceedance"`` (open loop): each run's share of outcomes over the target instead
+    (:func:`exceedance_figure`), the figure of a comparison at or past the reference's knee."""
+    if figure not in ("latency", "exceedance"):
+        raise ValueError(f"figure={figure!r}: use 'latency' or 'exceedance'")
     measure, _ = as_measure(measure)
     paired = Paired(settings.min_effect, settings.min_pairs, settings.max_pairs, settings.level)
     ref_trials: list[Trial] = []
@@ -458,9 +483,12 @@ def compare_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: fl
     orders = []
     say = status or (lambda text: None)
     cap = 20 * target_p99_ms
+    kind = figure
 
-    def figure(t: Trial) -> float:
-        return t.qps if rate is None else 1.0 / latency_figure(t, cap)
+    def figure(t: Trial) -> float:  # bigger is better: the ratio is the candidate's over the reference's
+        if rate is None:
+            return t.qps
+        return 1.0 / (exceedance_figure(t, target_p99_ms) if kind == "exceedance" else latency_figure(t, cap))
 
     while True:
         order = Paired.order(paired.pairs)
@@ -479,6 +507,7 @@ def compare_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: fl
         if verdict != "undecided":
             break
     ratio, lo, hi = paired.interval()
-    return Comparison("latency at rate" if rate is not None else "qps", rate, verdict, ratio, lo, hi,
+    metric = "qps" if rate is None else ("exceedance at rate" if kind == "exceedance" else "latency at rate")
+    return Comparison(metric, rate, verdict, ratio, lo, hi,
                       paired.median_ratio(), settings.min_effect, settings.level, ref_trials, cand_trials,
                       " ".join(orders))

@@ -253,3 +253,30 @@ def load_sweep(knobs: Knobs, inputs: Sequence[Any], variable: str, values: Seque
         rows.append({variable: value, **{k: s[k] for k in ("qps", "p50_ms", "p95_ms", "p99_ms", "ok", "errors",
                                                             "timeouts", "rejected", "model_busy", "mean_batch")}})
     return pd.DataFrame(rows)
+
+
+def url_concurrency_sweep(url: str, bodies: Sequence[Any], values: Sequence[int], requests: int = 200,
+                          warmup_requests: int = 16, api: Any = None) -> pd.DataFrame:
+    """``sweep concurrency --url``: a closed-loop load test of a running service at each concurrency in turn
+    (one row per value, as :func:`load_sweep`); ``bodies`` are requests already encoded for ``api``
+    (:class:`tuning.load.apis.Api`). Model busy and mean batch come from the service's own metrics where it
+    exports them (:mod:`tuning.load.scrape`), else they are NaN."""
+    from tuning.load.generator import run_load
+    from tuning.load.scrape import MetricsProbe, metrics_url
+
+    rows = []
+    for value in values:
+        probe = MetricsProbe(metrics_url(url))
+        try:
+            result = run_load(url, bodies, concurrency=int(value), requests=requests, warmup_requests=warmup_requests,
+                              busy_probe=probe, api=api)
+        except KeyboardInterrupt as exc:
+            exc.partial = pd.DataFrame(rows)
+            raise
+        s = result.summary()
+        server = probe.result().values
+        rows.append({"concurrency": int(value), **{k: s[k] for k in ("qps", "p50_ms", "p95_ms", "p99_ms", "ok", "errors",
+                                                                     "timeouts", "rejected", "model_busy")},
+                     "mean_batch": server.get("mean_batch", s.get("mean_batch")),
+                     "error_rate": s["error_rate"], "client_cpu": s.get("client_cpu")})
+    return pd.DataFrame(rows)

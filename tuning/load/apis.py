@@ -304,3 +304,23 @@ def parse_template(text: str | None) -> Any:
         return json.loads(text)
     except ValueError as exc:
         raise ApiError(f"--body {text!r} is not JSON ({exc}); e.g. --body '{{\"input\": \"{{text}}\"}}'") from None
+
+
+def request_bodies(api: Api, inputs: Sequence[Any], formatter: Any = None) -> list[Any]:
+    """Request bodies for ``api``: this package's own inputs as read; any other API's encoded once from the
+    model texts (``formatter``: a ``module:function`` or callable turning a record into its text, as
+    ``--formatter``); a bad row stays its own error outcome, never sent."""
+    if api.name == "tuning":
+        return list(inputs)
+    from tuning.inputs.records import RecordError
+    from tuning.knobs import preset
+    from tuning.runtime.custom import resolve_formatter
+    from tuning.runtime.engine import Preparer
+
+    fmt = resolve_formatter(formatter) if formatter is None or isinstance(formatter, str) else formatter
+    prep = Preparer(preset("baseline"), None, *([fmt] if fmt else []))
+    items: list[Any] = []
+    for i, raw in enumerate(inputs, start=1):
+        item, text = prep.to_text(i, raw)
+        items.append(text if text is not None else RecordError(i, item.error or "invalid", item.id))
+    return api.encode(items)
