@@ -141,7 +141,7 @@ def test_noise_alone_rarely_ships_a_knob_closed_loop():
         ladder = _ladder(ClosedStub(noise=0.05, seed=seed), objective="qps", settings=LadderSettings.full())
         decisions += sum(s.status in ("kept", "not kept") for s in ladder.steps)
         shipped += bool(ladder.changes())
-    assert decisions >= 5 * runs  # workers, batch, tokenizer, buckets, precision (batch 1: no waits)
+    assert decisions >= 5 * runs  # workers, batch, tokenizer, buckets, precision, and the joint pass's moves
     assert shipped / runs <= 0.10, f"{shipped} of {runs} runs shipped a no-op knob"
 
 
@@ -224,6 +224,18 @@ def test_a_capacity_gain_with_the_same_light_load_latency_is_kept_at_the_failing
     assert step.status == "kept" and "past the reference's capacity" in step.reason, step.reason
     assert step.figures["ratio"] < 1.3 < step.figures["race_ratio"]
     assert ladder.capacity.capacity > 1.6 * ladder.baseline_capacity.capacity
+
+
+def test_the_joint_pass_never_measures_a_configuration_twice():
+    """Three rounds of coordinate descent over knobs that do nothing: each configuration is judged once (a
+    repeat is another chance at a false keep), and a wait move never sets the wait it already has."""
+    ladder = _ladder(QueueStub([(lambda k: k.batch_size >= 2, 1.6)], base_rate=40.0, noise=0.02, seed=5),
+                     steps=("batch", "batching", "joint"), target_p99_ms=800.0,
+                     settings=LadderSettings.full(joint_rounds=3, waits_ms=(5.0,), max_pairs=6))
+    joint = [s for s in ladder.steps if s.name in ("batching", "joint")]
+    configs = [s.knobs for s in joint]
+    assert len(configs) == len(set(configs)), [s.change for s in joint]
+    assert all(s.change != f"max_wait_ms={s.reference.max_wait_ms}" for s in joint if s.reference is not None)
 
 
 def test_the_joint_pass_keeps_to_its_move_budget():

@@ -454,7 +454,8 @@ def exceedance_figure(t: Trial, target_p99_ms: float) -> float:
     """One run's share of outcomes over the target (a failure counts over), smoothed as (c + 0.5) / (n + 1) so
     that a run with none over still has a finite ratio. At the reference's failing rate its latency swings
     between a queue that holds (a few hundred ms) and one that tips (the window's length) from pair to pair;
-    the share over the target is what the capacity is defined by, and bounded."""
+    the share over the target is what the capacity is defined by, and bounded. A summary-only trial (no
+    latencies) gives a lower bound: its failures, plus 1% of its answers when its p99 is over the target."""
     lat = t.latencies_ms
     if lat is None or not len(lat):
         n = max(t.submitted, 1)
