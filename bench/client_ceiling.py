@@ -8,6 +8,8 @@ seconds. Arms, interleaved ABBA over ``--rounds``:
 - ``tuning``: ``loadtest --url`` as shipped (the asyncio client, answers checked for one embedding per text);
 - ``tuning-no-validate``: the same with ``--no-validate`` (the answer's JSON parse and check skipped), which
   says how much of the cost is the check;
+- ``tuning+uvloop``, ``tuning+uvloop+orjson``: candidates, the same client on uvloop's event loop, and with
+  the answers parsed by orjson;
 - ``hey`` (when ``hey`` is on the PATH) and ``wrk`` (when installed): the reference clients.
 
 Figures per arm: req/s (median and spread), the client's CPU per request in microseconds (its process's CPU
@@ -54,10 +56,22 @@ uvicorn.run(app, host="127.0.0.1", port=%(port)d, log_level="error", loop="uvloo
 """
 
 CLIENT = r"""
-import json, os, resource, sys, time, warnings
+import asyncio, json, os, resource, sys, time, warnings
 os.sched_setaffinity(0, {%(core)d})
+from tuning.load import apis
 from tuning.load.apis import Api
 from tuning.load.generator import run_load
+if %(uvloop)r:  # a candidate: the event loop the client would run on
+    import uvloop
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+if %(orjson)r:  # a candidate: the answer parsed with orjson
+    import orjson
+    def _json(data, _nj=apis._NOT_JSON):
+        try:
+            return orjson.loads(data) if data else _nj
+        except (ValueError, TypeError):
+            return _nj
+    apis._json = _json
 api = Api("tei", validate=%(validate)r)
 bodies = api.encode(["a short sentence to embed, %%d" %% i for i in range(256)])
 warnings.simplefilter("ignore")
@@ -93,8 +107,10 @@ def start_echo(core: int) -> tuple[subprocess.Popen, str]:
     raise SystemExit(f"the echo server did not come up: {proc.stderr.read().decode()[-1000:]}")
 
 
-def tuning_arm(url: str, core: int, concurrency: int, duration: float, validate: bool) -> dict[str, Any]:
-    code = CLIENT % {"core": core, "validate": validate, "url": url, "concurrency": concurrency, "duration": duration}
+def tuning_arm(url: str, core: int, concurrency: int, duration: float, validate: bool, uvloop: bool = False,
+               orjson: bool = False) -> dict[str, Any]:
+    code = CLIENT % {"core": core, "validate": validate, "url": url, "concurrency": concurrency, "duration": duration,
+                     "uvloop": uvloop, "orjson": orjson}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=duration * 10 + 120,
                          cwd=Path(__file__).resolve().parent.parent)
     if out.returncode != 0:
@@ -134,6 +150,9 @@ def main() -> None:
     arms = {
         "tuning": lambda: tuning_arm(url, client_core, args.concurrency, duration, True),
         "tuning-no-validate": lambda: tuning_arm(url, client_core, args.concurrency, duration, False),
+        "tuning+uvloop": lambda: tuning_arm(url, client_core, args.concurrency, duration, True, uvloop=True),
+        "tuning+uvloop+orjson": lambda: tuning_arm(url, client_core, args.concurrency, duration, True, uvloop=True,
+                                                   orjson=True),
     }
     if shutil.which("hey") and shutil.which("taskset"):
         arms["hey"] = lambda: hey_arm(url, client_core, args.concurrency, duration)

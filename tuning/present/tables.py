@@ -206,11 +206,11 @@ def _step_row(step: Any) -> dict[str, Any]:
     f = step.figures
     measured = bool(f) and f.get("n") is not None
     cap = f.get("capacity")
-    race = (_span({"ratio": f.get("race_ratio"), "low": f.get("race_low"), "high": f.get("race_high")})
-            if f.get("race_ratio") is not None else None)
+    race = (f"at {f['race_rate']:.0f} req/s: candidate {f.get('race_candidate')}, reference {f.get('race_reference')}"
+            if f.get("race_rate") is not None else None)
     return {"step": step.name, "change": step.change or "-", "status": step.status, "ratio [low-high]": _span(f),
             "pairs": f.get("pairs"),
-            "past capacity: share ratio": f"{race} ({f.get('race_pairs')} pairs)" if race else None,
+            "past the capacity (over the target)": f"{race}, {f.get('race_pairs')} pairs" if race else None,
             "p50/p99 ms": f"{_ms(f.get('p50_ms'))}/{_ms(f.get('p99_ms'))}" if measured else None,
             "errors/timeouts": f"{f.get('errors', 0)}/{f.get('timeouts', 0)} of {f.get('n')}" if measured else None,
             "capacity req/s": f"{cap:.1f}" if isinstance(cap, (int, float)) else None}
@@ -237,16 +237,16 @@ def format_investigation(inv: Investigation) -> str:
         how = (f"objective: capacity at p99 <= {t:.0f} ms; each step in interleaved pairs against its reference, "
                f"open loop at {100 * ladder.settings.compare_at:.0f}% of the reference's capacity; ratio = reference / "
                f"candidate geometric-mean latency with its {level_text}, kept when the lower end clears "
-               f"{1 + effect:.2f} and the target is met there; a step not kept there is compared again at "
-               f"{ladder.settings.race_at:.1f}x the capacity on the share over the target, kept when that interval "
-               f"clears it, the candidate passes by the count and the reference fails)")
+               f"{1 + effect:.2f} and the target is met there; a step not kept there is run again in pairs at "
+               f"{ladder.settings.race_at:.1f}x the reference's capacity, kept when the candidate passes by the "
+               f"count over its runs there and the reference fails in the same pairs)")
     else:
         how = (f"objective: closed-loop QPS at concurrency {ladder.settings.concurrency}; each step in interleaved "
                f"pairs against its reference; ratio = candidate QPS / reference QPS with its {level_text}, kept "
                f"when the lower end clears {1 + effect:.2f} without taking the p99 over {t:.0f} ms")
     lines += [f"ladder on {inv.device.get('label', '?')} ({how})",
               table([_step_row(s) for s in ladder.steps],
-                    ["step", "change", "status", "ratio [low-high]", "pairs", "past capacity: share ratio",
+                    ["step", "change", "status", "ratio [low-high]", "pairs", "past the capacity (over the target)",
                      "p50/p99 ms", "errors/timeouts", "capacity req/s"])]
     for s in ladder.steps:
         if s.status == "failed":
