@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
+import orjson
+
 API_NAMES = ("tuning", "tei", "openai", "kserve", "custom")
 DEFAULT_ROUTES = {"tuning": "/embed", "tei": "/embed", "openai": "/v1/embeddings"}
 SECRET_HEADERS = ("authorization", "x-api-key", "api-key", "proxy-authorization", "cookie")
@@ -231,8 +233,10 @@ _NOT_JSON = object()
 
 
 def _json(data: bytes) -> Any:
+    # orjson: the answer's parse was a quarter of the client's CPU per request with json (bench/client_ceiling.py:
+    # 520 us with the check, 383 without; orjson and the type check below: see bench/results/client_ceiling.json)
     try:
-        return json.loads(data) if data else _NOT_JSON
+        return orjson.loads(data) if data else _NOT_JSON
     except (ValueError, TypeError):
         return _NOT_JSON
 
@@ -253,8 +257,11 @@ def error_text(payload: Any, data: bytes) -> str:
     return text or "no error message"
 
 
+_NUMBERS = {float, int}
+
+
 def _vector(x: Any) -> list[float]:
-    if not isinstance(x, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in x):
+    if not isinstance(x, list) or not set(map(type, x)) <= _NUMBERS:  # exact types: a bool is not a number here
         raise ValueError(f"expected a list of numbers, got {type(x).__name__}")
     return x
 
