@@ -35,6 +35,7 @@ from typing import Any, Sequence
 
 from tuning.base.net import free_port
 from tuning.load.generator import CLIENT_BOTTLENECK, LoadResult, http_response, request_body
+from tuning.load.procs import reap
 from tuning.online.response import Response
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
@@ -121,12 +122,7 @@ def run_locust(url: str, inputs: Sequence[Any], concurrency: int, duration_s: fl
             _, err = master.communicate()
             raise RuntimeError(f"locust master ran past its time limit; its stderr ends: {err[-2000:]}") from None
         finally:
-            for proc in procs:
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            reap(procs, 30.0)
             for log in logs:
                 log.close()
         wall = time.perf_counter() - t_start

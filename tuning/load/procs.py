@@ -66,6 +66,16 @@ def _child() -> None:
         _send(stdout, ("error", f"{type(exc).__name__}: {exc}", None, []))
 
 
+def reap(procs: Sequence[subprocess.Popen], timeout_s: float) -> None:
+    """Wait for each process up to ``timeout_s``; kill (and collect) any still running."""
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def merge(results: Sequence[LoadResult]) -> LoadResult:
     """One result from several processes' results of the same test: every response and its timings kept,
     the window from the earliest start to the latest end, clients, rates and client CPU summed; the busy
@@ -133,11 +143,7 @@ def run_load_procs(url: str, inputs: Sequence[Any], procs: int, *, concurrency: 
             _send(child.stdin, start_at)
         answers = [_recv(child.stdout) for child in children]
     finally:
-        for child in children:
-            try:
-                child.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                child.kill()
+        reap(children, 10.0)
     failed = [(i, a[1]) for i, a in enumerate(answers) if a[0] != "ok"]
     if failed:
         raise RuntimeError(f"client process {failed[0][0]} failed: {failed[0][1]}")
