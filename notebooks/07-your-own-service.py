@@ -31,7 +31,6 @@ import os
 
 import tuning
 from tuning import viz
-from tuning.load.apis import Api, parse_template, request_bodies
 
 viz.setup_notebook()
 
@@ -119,8 +118,8 @@ print(f"baseline: {base.qps:.1f} req/s, model busy {base.model_busy:.0%}; its la
 # %%
 service = None if PID else tuning.ServiceProcess(model=model_dir, sets={"dtype": "fp32", "device": real}).start()
 pid, url = (PID, URL) if PID else (service.pid, service.endpoint)
-api = Api(API or ("custom" if BODY else "tuning"), template=parse_template(BODY))
-watched = tuning.watch_service(pid, api.url(url), request_bodies(api, inputs), concurrency=CONCURRENCY,
+api = tuning.Api(API or ("custom" if BODY else "tuning"), template=tuning.parse_template(BODY))
+watched = tuning.watch_service(pid, api.url(url), tuning.request_bodies(api, inputs), concurrency=CONCURRENCY,
                                duration_s=DURATION_S, interval=0.25, api=api)
 watched.to_frame("trend")
 

@@ -32,6 +32,8 @@ _LAZY = {
     "model_sweep": "experiments.sweeps", "calibrate_device": "sim.calibrate",
     "watch_service": ("experiments.watch", "watch"), "WatchResult": "experiments.watch",
     "ServiceProcess": "experiments.watch",
+    # a service's own request schema (TEI, OpenAI, KServe v2, a body template) and its bodies
+    "Api": "load.apis", "parse_template": "load.apis", "request_bodies": "load.apis",
 }
 __all__ += sorted(_LAZY)
 

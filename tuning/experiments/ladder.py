@@ -654,7 +654,7 @@ class Ladder:
                     f"{figures['race_candidate']} over {self.target:.0f} ms, reference {figures['race_reference']}")
             if race.verdict == "candidate":
                 status, reason = "kept", f"{reason}; but {told}: it meets the target where the reference does not"
-                meets = True
+                meets = figures["meets_target"] = True
             else:
                 reason += f"; {told}: {race.verdict}, not kept there either"
         figures["gain"] = rounded(cmp.ratio - 1) if not self.target_mode else None
