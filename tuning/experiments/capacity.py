@@ -509,33 +509,14 @@ def latency_figure(t: Trial, cap_ms: float) -> float:
     return float(np.exp(np.mean(np.log(np.maximum(x, 1e-3)))))
 
 
-def exceedance_figure(t: Trial, target_p99_ms: float) -> float:
-    """One run's share of outcomes over the target (a failure counts over), smoothed as (c + 0.5) / (n + 1) so
-    that a run with none over still has a finite ratio. At the reference's failing rate its latency swings
-    between a queue that holds (a few hundred ms) and one that tips (the window's length) from pair to pair;
-    the share over the target is what the capacity is defined by, and bounded. A summary-only trial (no
-    latencies) gives a lower bound: its failures, plus 1% of its answers when its p99 is over the target."""
-    lat = t.latencies_ms
-    if lat is None or not len(lat):
-        n = max(t.submitted, 1)
-        over = t.failed + (t.ok if not (math.isfinite(t.p99_ms) and t.p99_ms <= target_p99_ms) else 0) * 0.01
-        return (over + 0.5) / (n + 1)
-    x = np.asarray(lat, dtype=float)
-    return float(((x > target_p99_ms).sum() + 0.5) / (x.size + 1))
-
-
 def compare_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: float | None,
                target_p99_ms: float, settings: CompareSettings = CompareSettings(),
                status: Callable[[str], None] | None = None,
-               on_trial: Callable[[Trial], None] | None = None, seed: int = 0,
-               figure: str = "latency") -> Comparison:
+               on_trial: Callable[[Trial], None] | None = None, seed: int = 0) -> Comparison:
     """Interleaved pairs of ``reference`` and ``candidate`` at ``rate`` (open loop; the figure is
     :func:`latency_figure`, the reference's over the candidate's) or closed loop (``rate=None``; QPS). Both
     arms of a pair get the same arrival seed (common random numbers: the same bursts for both), each pair
-    another one. ``figure="exceedance"`` (open loop): each run's share of outcomes over the target instead
-    (:func:`exceedance_figure`), the figure of a comparison at or past the reference's knee."""
-    if figure not in ("latency", "exceedance"):
-        raise ValueError(f"figure={figure!r}: use 'latency' or 'exceedance'")
+    another one."""
     measure, _ = as_measure(measure)
     paired = Paired(settings.min_effect, settings.min_pairs, settings.max_pairs, settings.level)
     ref_trials: list[Trial] = []
@@ -543,12 +524,11 @@ def compare_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: fl
     orders = []
     say = status or (lambda text: None)
     cap = 20 * target_p99_ms
-    kind = figure
 
     def figure(t: Trial) -> float:  # bigger is better: the ratio is the candidate's over the reference's
         if rate is None:
             return t.qps
-        return 1.0 / (exceedance_figure(t, target_p99_ms) if kind == "exceedance" else latency_figure(t, cap))
+        return 1.0 / latency_figure(t, cap)
 
     while True:
         order = Paired.order(paired.pairs)
@@ -567,7 +547,6 @@ def compare_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: fl
         if verdict != "undecided":
             break
     ratio, lo, hi = paired.interval()
-    metric = "qps" if rate is None else ("exceedance at rate" if kind == "exceedance" else "latency at rate")
-    return Comparison(metric, rate, verdict, ratio, lo, hi,
+    return Comparison("latency at rate" if rate is not None else "qps", rate, verdict, ratio, lo, hi,
                       paired.median_ratio(), settings.min_effect, settings.level, ref_trials, cand_trials,
                       " ".join(orders))
