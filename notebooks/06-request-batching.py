@@ -40,9 +40,10 @@ CONCURRENCY = 16  # clients in flight
 WAITS = (0.0, 5.0, 20.0) if QUICK else (0.0, 2.0, 5.0, 10.0, 20.0, 50.0)  # max_wait_ms values
 CONCURRENCIES = (1, 8, 32) if QUICK else (1, 4, 8, 16, 32, 64)
 LADDER = dict(duration_s=1.0, warmup_s=0.3, max_pairs=3, min_effect=0.05, sweep_sizes=(1, 8), sweep_rounds=1,
-              waits_ms=(5.0,), joint_rounds=1, precision_texts=16, limit=300,
+              waits_ms=(5.0,), joint_rounds=1, joint_moves=1, precision_texts=16, limit=300,
               capacity=tuning.CapacitySettings(max_windows=1, tolerance=0.25, max_probes=4, halvings=2, doublings=2)
               ) if QUICK else {}  # ladder settings (seconds of load per run, pairs per step, the capacity search)
+STEPS = ("batch", "tokenizer", "batching", "joint") if QUICK else tuning.STEPS  # the ladder's rungs, in order
 TARGET_P99_MS = 200.0  # the p99 target: a configuration's capacity is the highest rate that meets it
 
 # %%
@@ -92,7 +93,7 @@ print("; ".join(f"{r.concurrency} in flight: {r.qps:.0f} QPS, p99 {r.p99_ms:.0f}
 # interval, the pairs. This is the package function the `investigate` command runs.
 
 # %%
-ladder = tuning.run_ladder(device=device, target_p99_ms=TARGET_P99_MS,
+ladder = tuning.run_ladder(device=device, target_p99_ms=TARGET_P99_MS, steps=STEPS,
                            settings=tuning.LadderSettings(concurrency=CONCURRENCY, **LADDER))
 ladder.to_frame()[["step", "change", "status", "ratio", "low", "high", "pairs", "p50_ms", "p99_ms", "errors",
                    "capacity", "reason"]]

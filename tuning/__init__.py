@@ -22,6 +22,7 @@ _LAZY = {
     "compare_tokenizers": "inputs.tokenize",
     "read_lines": "inputs.readers", "load_texts": "inputs.readers", "DEFAULT_DATA": "base.assets",
     "device_for": "sim.device", "run_ladder": "experiments.ladder", "LadderSettings": "experiments.ladder",
+    "STEPS": "experiments.ladder",
     "investigate": "present.investigation", "Investigation": "experiments.investigate",
     # the verdict: capacity at a p99 target, paired comparisons, the measurement seam
     "capacity_at_target": "experiments.capacity", "CapacitySettings": "experiments.capacity",
