@@ -21,10 +21,15 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from tuning.sim.costmodel import ModelProfile, fused_groups
-from tuning.sim.profiles import DeviceProfile, load_profile
+from tuning.sim.costmodel import ModelProfile, async_call_seconds, fused_groups, graph_call_copies
+from tuning.sim.profiles import DEFAULT_PROFILE, DeviceProfile, load_profile
 
 LAST_DEVICE_MEMORY: float | None = None  # total memory of the device the last sweeps read were measured on
+LAST_DEVICE_NAME: str | None = None  # the card's name (as the driver reports it) the last sweeps read were measured on
+UNKNOWN = "unknown"  # the start of a source that says no shipped profile of this card gives the figure
+# a card without a shipped profile: copies at PCIe Gen4 x16 rates (most inference cards), marked unknown
+GENERIC_COPIES = {"h2d_pinned_bps": 25e9, "h2d_pageable_bps": 8e9, "copy_latency_s": 10e-6}
+GENERIC_MEMORY = 16 * 2**30  # placeholder memory of an unknown card whose sweeps did not record it
 UNIDENTIFIED = "unidentified"  # the start of a source that says a figure could not be fitted from the points
 
 
@@ -42,9 +47,9 @@ def read_sweeps(paths: Sequence[str | Path]) -> tuple[list[Point], str]:
 
     A sweep under ``compile_mode='reduce-overhead'`` counts as ``compile_graph`` (fused kernels replayed
     as one graph) and one with ``tf32`` on as dtype ``tf32``; the device's memory, where a sweep on CUDA
-    recorded it, is kept in :data:`LAST_DEVICE_MEMORY`."""
-    global LAST_DEVICE_MEMORY
-    LAST_DEVICE_MEMORY = None
+    recorded it, is kept in :data:`LAST_DEVICE_MEMORY`, and the card's name in :data:`LAST_DEVICE_NAME`."""
+    global LAST_DEVICE_MEMORY, LAST_DEVICE_NAME
+    LAST_DEVICE_MEMORY = LAST_DEVICE_NAME = None
     points: list[Point] = []
     devices: set[str] = set()
     for path in paths:
@@ -66,6 +71,8 @@ def read_sweeps(paths: Sequence[str | Path]) -> tuple[list[Point], str]:
                 raise ValueError(f"--from {str(path)!r}: an entry without 'points'; expected `sweep batch --json` output")
             device = sweep.get("device", "unknown")  # the contract's object, or a label (files made before it)
             if isinstance(device, dict):  # the contract's object: its kind is cpu, cuda or simulated
+                if device.get("kind") == "cuda" and device.get("name"):
+                    LAST_DEVICE_NAME = str(device["name"])
                 device = "simulated" if device.get("kind") == "simulated" else str(device.get("kind"))
             devices.add(str(device))
             graph, dtype = str(sweep.get("graph", "eager")), str(sweep.get("dtype", "fp32"))
@@ -95,6 +102,9 @@ class _Design:
     def __init__(self, model: ModelProfile, points: Sequence[Point]):
         self.points = list(points)
         self.kernels = []
+        # under cuda_graph, the runner's copies around the replay (sweeps time full batches: no padding)
+        self.copies = [graph_call_copies(model, p.batch, p.length) if p.graph == "cuda_graph" else None
+                       for p in self.points]
         for p in self.points:
             flops, nbytes, launches = model.per_op(p.batch, p.length, p.dtype)
             if p.graph in ("compile", "compile_graph"):
@@ -107,7 +117,14 @@ class _Design:
         out = np.empty(len(self.points))
         for i, (p, (f, b)) in enumerate(zip(self.points, self.kernels)):
             k = np.maximum(params["min_kernel_s"], np.maximum(f / params[f"flops_{p.dtype}"], b / params["bandwidth"]))
-            if p.graph in ("cuda_graph", "compile_graph"):
+            if p.graph == "cuda_graph":  # as costmodel.predict: copies launched around one replay
+                before, after = self.copies[i]
+                copy = [max(params["min_kernel_s"], c / params["bandwidth"]) for c in before + after]
+                pre, post = copy[:len(before)], copy[len(before):]
+                out[i] = async_call_seconds([(params["launch_s"], np.asarray([c])) for c in pre]
+                                            + [(params["graph_replay_s"], k)]
+                                            + [(params["launch_s"], np.asarray([c])) for c in post])
+            elif p.graph == "compile_graph":
                 out[i] = params["graph_replay_s"] + k.sum()
             elif synchronous:
                 out[i] = len(k) * params["launch_s"] + k.sum()
@@ -172,26 +189,58 @@ def prediction_error(model: ModelProfile, profile: DeviceProfile, points: Sequen
     return float(max(errors)) if errors else math.nan
 
 
+def _fallback_base(device_name: str | None) -> tuple[DeviceProfile, dict[str, str]]:
+    """The figures a CUDA sweep cannot measure (copies, power, memory): from the shipped profile of the same card
+    when there is one, else generic copy rates and unknown power, each source saying which."""
+    from tuning.sim.profiles import profile_for_card
+
+    card = device_name or "an unnamed card"
+    same = profile_for_card(device_name)
+    if same is not None:
+        return same, {k: f"from {same.name} (the same card, {card}): {same.sources.get(k, 'its figure')}"
+                      for k in ("h2d_pinned_bps", "h2d_pageable_bps", "copy_latency_s", "idle_power_w",
+                                "max_power_w", "mem_bytes")}
+    why = f"{UNKNOWN}: no shipped profile is of {card}"
+    generic = load_profile(DEFAULT_PROFILE).replace(
+        name="unknown-card", description=f"figures of {card} a sweep cannot measure", mem_bytes=float(GENERIC_MEMORY),
+        idle_power_w=math.nan, max_power_w=math.nan, device_names=[], **GENERIC_COPIES)
+    sources = {k: f"{why}; a PCIe Gen4 x16 estimate ({v:g}), not measured" for k, v in GENERIC_COPIES.items()}
+    sources.update(idle_power_w=f"{why}; not known (NaN)", max_power_w=f"{why}; not known (NaN)",
+                   mem_bytes=f"{why} and the sweeps did not record its memory; a {GENERIC_MEMORY / 2**30:.0f} GiB "
+                             "placeholder: pass memory_bytes")
+    return generic, sources
+
+
 def calibrate(points: Sequence[Point], model: ModelProfile, device_kind: str, name: str,
-              base: str | DeviceProfile | None = None, memory_bytes: float | None = None) -> tuple[DeviceProfile, float]:
+              base: str | DeviceProfile | None = None, memory_bytes: float | None = None,
+              device_name: str | None = None) -> tuple[DeviceProfile, float]:
     """A measured device profile fitted to ``points``, and the fit's worst relative error on them.
 
     Fields the sweep cannot see (copy bandwidths, power; memory unless ``memory_bytes`` or the sweeps give
-    it) come from ``base`` (default: the shipped H200 estimate on CUDA; on a CPU copies are free and memory
-    is this machine's). On an asynchronous device, eager points alone hide device time behind the host's
-    launches: the figures that only graph points reveal (minimum kernel time, bandwidth, replay cost) are
-    then marked :data:`UNIDENTIFIED` in ``sources`` (see :func:`unidentified`), not passed off as fitted.
+    it) come from ``base`` when given; on CUDA otherwise from the shipped profile of the same card
+    (``device_name``, the driver's name of the card, matched against the profiles' ``device_names``;
+    :func:`calibrate_files` passes the one the sweep files recorded), and without one they are generic
+    estimates or NaN, their sources starting :data:`UNKNOWN`; on a CPU copies are free and memory is this
+    machine's. On an asynchronous device, eager points alone hide device time behind the host's launches:
+    the figures that only graph points reveal (minimum kernel time, bandwidth, replay cost) are then marked
+    :data:`UNIDENTIFIED` in ``sources`` (see :func:`unidentified`), not passed off as fitted.
     """
     synchronous = device_kind == "cpu"
     params, worst = fit_parameters(model, points, synchronous)
+    fallback_sources: dict[str, str] = {}
     if base is None and synchronous:
         import psutil
 
-        base_profile = load_profile("h200-sxm-estimate").replace(
+        base_profile = load_profile(DEFAULT_PROFILE).replace(
             mem_bytes=float(psutil.virtual_memory().total), h2d_pinned_bps=1e15, h2d_pageable_bps=1e15,
-            copy_latency_s=0.0, idle_power_w=math.nan, max_power_w=math.nan)
+            copy_latency_s=0.0, idle_power_w=math.nan, max_power_w=math.nan, device_names=[])
+    elif base is None:
+        base_profile, fallback_sources = _fallback_base(device_name)
     else:
-        base_profile = load_profile(base or "h200-sxm-estimate")
+        base_profile = load_profile(base)
+        fallback_sources = {k: f"from {base_profile.name} (given as the base)"
+                            for k in ("h2d_pinned_bps", "h2d_pageable_bps", "copy_latency_s", "idle_power_w",
+                                      "max_power_w", "mem_bytes")}
     memory_bytes = memory_bytes or (LAST_DEVICE_MEMORY if not synchronous else None)
     if memory_bytes:
         base_profile = base_profile.replace(mem_bytes=float(memory_bytes))
@@ -214,11 +263,14 @@ def calibrate(points: Sequence[Point], model: ModelProfile, device_kind: str, na
         "launch_s": "fitted: host time per launched operator",
         "min_kernel_s": "fitted: floor of one operator's time" if synchronous or graph_points else hidden,
         "graph_replay_s": ("fitted from graph points" if graph_points else
-                           f"{UNIDENTIFIED}: no graph points; {base_profile.name}'s figure kept"),
+                           f"{UNIDENTIFIED}: no graph points; {base_profile.graph_replay_s * 1e6:g} us kept from "
+                           f"{base_profile.name}" + ("" if base_profile.device_names else " (a typical estimate)")),
+        **fallback_sources,
         "mem_bytes": ("this machine's RAM" if synchronous else "the sweeps' device" if memory_bytes
-                      else f"from {base_profile.name}: give sweeps recorded on the device (they carry its memory)"),
-        "other fields": f"from {base_profile.name}" if not synchronous else "this machine: copies free",
+                      else fallback_sources.get("mem_bytes", "")),
     }
+    if synchronous:
+        sources["other fields"] = "this machine: copies free, power not known"
     profile = base_profile.replace(
         name=name, kind="measured",
         description=(f"fitted to {len(points)} batch-sweep points ({device_kind}, lengths "
@@ -232,10 +284,12 @@ def calibrate(points: Sequence[Point], model: ModelProfile, device_kind: str, na
 
 def calibrate_files(paths: Iterable[str | Path], name: str, model: ModelProfile | None = None,
                     base: str | None = None) -> tuple[DeviceProfile, float, list[Point]]:
+    """:func:`calibrate` on sweep files, with the card's name and memory the sweeps recorded."""
     from tuning.sim import embedded_model_profile
 
     points, kind = read_sweeps(list(paths))
-    profile, worst = calibrate(points, model or embedded_model_profile(), kind, name, base)
+    profile, worst = calibrate(points, model or embedded_model_profile(), kind, name, base,
+                               device_name=LAST_DEVICE_NAME)
     return profile, worst, points
 
 

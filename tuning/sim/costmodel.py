@@ -1,11 +1,20 @@
 """The cost model of the simulated accelerator: model profile x device profile -> time per call.
 
 A **model profile** is measured once for any ``torch.nn.Module`` on any machine (the CPU
-included): every aten operator one forward dispatches, whether it launches a kernel (a view
-or an op that returns its input's storage launches none), its FLOPs (``FlopCounterMode``) and
-the bytes it reads and writes, at a small grid of (batch B, padded length T). Each operator's
-FLOPs and bytes are fitted exactly as ``c0 + c1*B + c2*B*T + c3*B*T**2`` (linear layers and
-norms grow with B*T, attention with B*T**2, pooling with B), so the profile predicts any shape.
+included): every aten operator one forward dispatches, whether it launches a kernel, its FLOPs
+(``FlopCounterMode``) and the bytes it reads and writes, at a small grid of (batch B, padded
+length T). An operator launches when it writes memory: an in-place or ``out=`` operator always
+(``add_``, ``relu_``, ``mul.out``; metadata-only ones such as ``transpose_`` or ``resize_``, tagged
+``inplace_view``, never), any other when one of its outputs is new storage (a cast, ``contiguous``
+of a transposed tensor, a copying ``reshape``); a pure view (view, expand, transpose, slice,
+unsqueeze, alias, detach, a no-op ``to``, a ``reshape`` that needs no copy) returns its input's
+storage and launches none; allocations (``empty*``) launch none. Each operator's FLOPs and bytes
+are fitted as ``c0 + c1*B + c2*T + c3*T**2 + c4*B*T + c5*B*T**2`` (linear layers and norms grow
+with B*T, attention with B*T**2, pooling with B, the position-embedding add and the attention
+bias with T alone), exact for every operator of a BERT-class encoder, so the profile predicts
+any shape; the grid must hold at least 3 distinct lengths, two batch sizes at 3 of them, and
+more points than terms (checked), and each operator's own worst fit error is kept
+(``fit_errors``), so one badly fitted operator cannot hide in an aggregate.
 
 A **device profile** (:mod:`tuning.sim.profiles`) gives peak FLOP/s per dtype, bandwidth,
 their achievable fractions, the host cost of one eager launch and of one graph replay, the
@@ -16,8 +25,12 @@ The formula, for one forward at (B, T) in dtype d::
     kernel_i   = max(min_kernel_s, flops_i / (peak_flops[d] * flops_efficiency),
                      bytes_i(d) / (mem_bandwidth * bandwidth_efficiency))
     device_s   = sum_i kernel_i                                   (what NVML's utilization sees)
-    host_s     = launches * launch_s     (eager: every kernel; compile: fused kernels;
-                 graph_replay_s          cuda_graph: one replay)
+    host_s     = launches * launch_s     (eager: every kernel; compile: fused kernels)
+    host_s     = graph_replay_s + copies * launch_s      (cuda_graph, as CudaGraphRunner runs a call:
+                 2 input copies into the static buffers, 3 padding writes when the batch has fewer
+                 rows than the captured size, the replay, then a clone of the output rows; each
+                 copy is a bandwidth-bound kernel, max(min_kernel_s, bytes / bandwidth), that the
+                 device runs too; compile_graph: the replay alone)
     call_s     = end of the last kernel, where kernel i starts at max(its launch, end of kernel i-1)
                  (an asynchronous device: about max(host_s, device_s) plus the start-up lag);
                  synchronous devices (a CPU) run launch then kernel in series: host_s + device_s
@@ -27,8 +40,10 @@ The formula, for one forward at (B, T) in dtype d::
 graph) fuses each run of operators without FLOPs between two FLOP-heavy operators into
 one kernel whose traffic is the largest of the run's (inductor's pointwise/reduction fusion;
 matmuls and attention stay extern kernels). ``cuda_graph`` keeps the kernels and replaces
-their launches by one replay. bytes_i(d) scales floating-point traffic by the dtype's size; ``tf32``
-is fp32 storage with matmuls at the profile's TF32 rate (fp32's where the profile gives none).
+their launches by one replay plus the runner's per-call copies. bytes_i(d) scales floating-point
+traffic by the dtype's size; an operator that launches only in half precision (``.float()``,
+a no-op on fp32 tensors) launches under bf16 and fp16 (``half_launches``); ``tf32`` is fp32
+storage with matmuls at the profile's TF32 rate (fp32's where the profile gives none).
 """
 
 from __future__ import annotations
@@ -44,14 +59,32 @@ import torch
 from tuning.sim.profiles import DeviceProfile
 
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}  # tf32: fp32 storage, matmuls on TF32 tensor cores
-FEATURES = ("1", "B", "B*T", "B*T^2")
+FEATURES = ("1", "B", "T", "T^2", "B*T", "B*T^2")
 CUDA_CONTEXT_BYTES = 0.5e9  # CUDA context, cuBLAS workspaces: typically 0.3-0.6 GB before the first tensor
-DEFAULT_GRID = ((1, 8), (2, 8), (1, 16), (2, 16), (4, 32), (1, 64), (3, 48), (2, 64))
+# 9 points for 6 terms: 5 distinct lengths (3 needed by 1, T, T^2), two batch sizes at 4 of them (3 needed by
+# B, B*T, B*T^2), so every term is determined and 3 degrees of freedom are left to check the fit
+DEFAULT_GRID = ((1, 8), (2, 8), (1, 16), (2, 16), (1, 32), (4, 32), (1, 64), (3, 48), (2, 64))
+TOKEN_BYTES = 8  # int64 input ids and attention mask, as the tokenizer hands them to the model
+OUTPUT_BYTES = 4  # the embedded model returns fp32 embeddings (``pooled.float()``) in every dtype
 
 
 def features(batch: int | np.ndarray, length: int | np.ndarray) -> np.ndarray:
+    """The fit basis :data:`FEATURES` at (batch, length): ``[1, B, T, T^2, B*T, B*T^2]`` along the last axis."""
     b, t = np.asarray(batch, dtype=float), np.asarray(length, dtype=float)
-    return np.stack([np.ones_like(b), b, b * t, b * t * t], axis=-1)
+    return np.stack([np.ones_like(b), b, t, t * t, b * t, b * t * t], axis=-1)
+
+
+def check_grid(grid: Sequence[tuple[int, int]]) -> None:
+    """Refuse a grid on which the least squares over :data:`FEATURES` is not well determined (with a fix)."""
+    lengths = sorted({t for _, t in grid})
+    paired = [t for t in lengths if len({b for b, tt in grid if tt == t}) >= 2]
+    x = features(*np.asarray(grid, dtype=float).T) if grid else np.zeros((0, len(FEATURES)))
+    scaled = x / np.maximum(np.abs(x).max(axis=0), 1.0) if len(x) else x
+    if (len(lengths) < 3 or len(paired) < 3 or len(grid) <= len(FEATURES)
+            or np.linalg.matrix_rank(scaled) < len(FEATURES)):
+        raise ValueError(f"grid {list(grid)} cannot determine the fit basis {FEATURES}: it needs at least 3 "
+                         f"distinct lengths (has {len(lengths)}), two batch sizes at 3 of them (has {len(paired)}) and "
+                         f"more than {len(FEATURES)} points (has {len(grid)}); use DEFAULT_GRID")
 
 
 @dataclass
@@ -61,27 +94,48 @@ class ModelProfile:
     name: str
     ops: list[str]
     launches: list[bool]
-    flops: list[list[float]]  # per op, coefficients over FEATURES
+    flops: list[list[float]]  # per op, coefficients over FEATURES (4 in profiles made before T, T^2 joined)
     float_bytes: list[list[float]]  # floating-point traffic at fp32, per op
     other_bytes: list[list[float]]  # integer/bool traffic (ids, masks), per op
     param_bytes_fp32: float
     output_dim: int
     grid: list[list[int]] = field(default_factory=list)
-    fit_error: float = 0.0  # worst relative error of the fit on its own grid
+    fit_error: float = 0.0  # worst relative error of the fit on its own grid, over every operator
     source: str = ""
+    fit_errors: list[float] = field(default_factory=list)  # per op: its worst relative error on the grid
+    # per op: launches in half precision (bf16/fp16) though not in fp32: a cast to float32 such as the embedded
+    # model's ``pooled.float()``, a no-op on fp32 tensors (empty: not measured)
+    half_launches: list[bool] = field(default_factory=list)
 
     @property
     def kernels(self) -> int:
         """Kernels one eager forward launches."""
         return int(sum(self.launches))
 
+    @property
+    def worst_fit_op(self) -> str | None:
+        """The operator whose fit is worst (None for a profile without per-op errors)."""
+        if not self.fit_errors:
+            return None
+        return self.ops[int(np.argmax(self.fit_errors))]
+
+    def _features(self, batch: int, length: int) -> np.ndarray:
+        x = features(batch, length)
+        width = len(np.asarray(self.flops[0])) if self.flops else len(FEATURES)
+        if width == 4:  # a profile fitted over the old basis (1, B, B*T, B*T^2)
+            return x[..., [0, 1, 4, 5]]
+        return x
+
     def per_op(self, batch: int, length: int, dtype: str = "fp32") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(flops, bytes, launches) per operator at one shape and dtype."""
-        x = features(batch, length)
+        x = self._features(batch, length)
         flops = np.maximum(np.asarray(self.flops) @ x, 0.0)
         scale = DTYPE_BYTES[dtype] / 4
         nbytes = np.maximum(np.asarray(self.float_bytes) @ x, 0.0) * scale + np.maximum(np.asarray(self.other_bytes) @ x, 0.0)
-        return flops, nbytes, np.asarray(self.launches, dtype=bool)
+        launches = np.asarray(self.launches, dtype=bool)
+        if dtype in ("bf16", "fp16") and len(self.half_launches) == len(launches):
+            launches = launches | np.asarray(self.half_launches, dtype=bool)
+        return flops, nbytes, launches
 
     def totals(self, batch: int, length: int, dtype: str = "fp32") -> dict[str, float]:
         flops, nbytes, launches = self.per_op(batch, length, dtype)
@@ -114,15 +168,45 @@ class _OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
             flops = sdpa_flops(args[0], args[1])  # the CPU flash kernel has no FlopCounterMode formula
         inputs = [t for t in _tensors((args, kwargs))]
         outputs = [t for t in _tensors(out)]
-        in_storages = {_storage(t) for t in inputs}
-        aliases = bool(outputs) and all(_storage(t) in in_storages for t in outputs)
-        launches = not func.is_view and bool(outputs) and not aliases and "empty" not in str(func)
+        launches = launches_kernel(func, inputs, outputs)
         if "embedding" in str(func):  # a gather reads only the rows it looks up, not the whole table
             inputs = [t for t in inputs if not t.is_floating_point()] + outputs
         fbytes = sum(_nbytes(t) for t in inputs + outputs if t.is_floating_point())
         obytes = sum(_nbytes(t) for t in inputs + outputs if not t.is_floating_point())
         self.ops.append((str(func), launches, flops, float(fbytes), float(obytes)))
         return out
+
+
+def writes_in_place(func) -> bool:
+    """Whether an operator writes into one of its arguments' memory (in place, ``out=``): its schema marks
+    that argument ``Tensor(a!)``. Metadata-only in-place operators (``transpose_``, ``resize_``, ``set_``...,
+    tagged ``inplace_view``) change a tensor's shape or storage pointer, not its data, and write nothing."""
+    schema = getattr(func, "_schema", None)
+    if schema is None or torch.Tag.inplace_view in getattr(func, "tags", ()):
+        return False
+    return any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+
+
+def launches_kernel(func, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> bool:
+    """Whether one dispatched operator launches a device kernel.
+
+    In place or ``out=`` (the schema's ``Tensor(a!)``): it writes memory, so it launches (unless it writes
+    nothing: empty outputs, or a metadata-only ``inplace_view`` operator). Otherwise it launches when one of its
+    outputs is new storage: ``func.is_view`` only says an operator *may* alias (``to``, ``contiguous``,
+    ``reshape`` are marked so and copy when they must), so the storages decide. An operator all of whose
+    outputs are its inputs' storage (a pure view, a no-op cast) launches none; nor does an allocation
+    (``empty``, ``empty_like``, ``new_empty``, ``empty_strided``: memory, no kernel)."""
+    name = str(func)
+    if not any(t.numel() for t in outputs):
+        return False
+    if torch.Tag.inplace_view in getattr(func, "tags", ()):
+        return False
+    if writes_in_place(func):
+        return True
+    if "empty" in name.split(".")[1]:
+        return False
+    in_storages = {_storage(t) for t in inputs}
+    return any(_storage(t) not in in_storages for t in outputs)
 
 
 def sdpa_flops(query: torch.Tensor, key: torch.Tensor) -> float:
@@ -163,7 +247,12 @@ def record_ops(model: torch.nn.Module, batch: int, length: int, vocab: int = 100
 
 def measure_model_profile(model: torch.nn.Module, name: str = "model",
                           grid: Sequence[tuple[int, int]] = DEFAULT_GRID) -> ModelProfile:
-    """Measure a model profile on this machine (fp32, CPU is fine: counts, FLOPs and bytes do not depend on it)."""
+    """Measure a model profile on this machine (fp32, CPU is fine: counts, FLOPs and bytes do not depend on it).
+
+    ``grid``: the (batch, length) shapes recorded; :func:`check_grid` refuses one that cannot determine the
+    fit. The profile keeps each operator's worst relative fit error on the grid (``fit_errors``) and the worst
+    of them (``fit_error``, the operator: ``worst_fit_op``)."""
+    check_grid(grid)
     model = model.float().cpu().eval()
     tables = [m.num_embeddings for m in model.modules() if isinstance(m, torch.nn.Embedding)]
     vocab = min(tables) if tables else 1001  # a token id every embedding table holds
@@ -175,34 +264,57 @@ def measure_model_profile(model: torch.nn.Module, name: str = "model",
                              f"{grid[0]}: the simulated device needs a shape-independent forward (no data-dependent "
                              "control flow); profile it at one shape per bucket instead")
     x = features(*np.asarray(grid, dtype=float).T)
-    coefs, worst = {}, 0.0
+    scale = np.maximum(np.abs(x).max(axis=0), 1.0)  # columns of one magnitude: a well-conditioned solve
+    coefs, errors = {}, np.zeros(len(names))
     for col, key in ((2, "flops"), (3, "float_bytes"), (4, "other_bytes")):
         y = np.asarray([[op[col] for op in run] for run in runs])  # shapes x ops
-        c, *_ = np.linalg.lstsq(x, y, rcond=None)
+        c, *_ = np.linalg.lstsq(x / scale, y, rcond=None)
+        c = np.round(c / scale[:, None], 6)
         fitted = x @ c
-        denom = np.maximum(np.abs(y).sum(axis=1), 1.0)
-        worst = max(worst, float((np.abs(fitted - y).sum(axis=1) / denom).max()))
-        coefs[key] = np.round(c.T, 6).tolist()
+        # per operator: its worst error relative to its own largest recorded value (1 B or FLOP at least)
+        denom = np.maximum(np.abs(y).max(axis=0), 1.0)
+        errors = np.maximum(errors, (np.abs(fitted - y) / denom).max(axis=0))
+        coefs[key] = c.T.tolist()
     launches = [bool(any(run[i][1] for run in runs)) for i in range(len(names))]
+    half, half_note = _half_precision_launches(model, names, launches, grid[0], vocab)
     with torch.inference_mode():
         out = model(torch.ones((1, 4), dtype=torch.long), torch.ones((1, 4), dtype=torch.long))
     return ModelProfile(
         name=name, ops=names, launches=launches, flops=coefs["flops"], float_bytes=coefs["float_bytes"],
         other_bytes=coefs["other_bytes"], param_bytes_fp32=float(sum(p.numel() * 4 for p in model.parameters())),
-        output_dim=int(out.shape[-1]), grid=[list(g) for g in grid], fit_error=worst,
-        source=f"measured with FlopCounterMode and a dispatch-mode op recorder, torch {torch.__version__}",
+        output_dim=int(out.shape[-1]), grid=[list(g) for g in grid], fit_error=float(errors.max(initial=0.0)),
+        fit_errors=[float(e) for e in errors], half_launches=half,
+        source=f"measured with FlopCounterMode and a dispatch-mode op recorder, torch {torch.__version__}; {half_note}",
     )
+
+
+def _half_precision_launches(model: torch.nn.Module, names: list[str], launches: list[bool],
+                             shape: tuple[int, int], vocab: int) -> tuple[list[bool], str]:
+    """Operators that launch only in half precision: one bf16 forward of a copy of the model at ``shape``
+    (casts to float32 are no-ops, so free, in the fp32 recording). Empty when bf16 does not run here or runs
+    another operator sequence."""
+    import copy
+
+    try:
+        half = copy.deepcopy(model).to(torch.bfloat16)
+        run = record_ops(half, *shape, vocab)
+    except Exception as exc:  # an operator without a bf16 CPU kernel: keep the fp32 classification
+        return [], f"half-precision launches not measured (bf16 forward failed here: {type(exc).__name__})"
+    if [op[0] for op in run] != names:
+        return [], "half-precision launches not measured (bf16 runs another operator sequence)"
+    extra = [bool(op[1] and not fp32) for op, fp32 in zip(run, launches)]
+    return extra, f"{sum(extra)} operator(s) launch only in bf16/fp16 (from one bf16 forward at {tuple(shape)})"
 
 
 @dataclass(frozen=True)
 class CallCost:
     """The predicted cost of one forward call (seconds) on a device."""
 
-    host_s: float  # host CPU time: launches (eager/compile) or one replay (cuda_graph)
-    device_s: float  # device compute time (sum of kernel times)
+    host_s: float  # host CPU time: launches (eager/compile), one replay (+ the runner's copies under cuda_graph)
+    device_s: float  # device compute time (sum of kernel times, the runner's copies included)
     call_s: float  # wall time of the call, until the result is ready
-    kernels: int
-    launches: int
+    kernels: int  # kernels the device runs (under cuda_graph: the graph's and the runner's copies)
+    launches: int  # host launches: kernels (eager/compile), 1 replay (+ the copies under cuda_graph)
     memory_bytes: float
 
     @property
@@ -229,9 +341,38 @@ def fused_groups(model: ModelProfile, flops: np.ndarray, nbytes: np.ndarray) -> 
     return np.asarray(out_flops), np.asarray(out_bytes)
 
 
+def graph_call_copies(model: ModelProfile, batch: int, length: int, rows: int | None = None) -> tuple[list[float], list[float]]:
+    """Bytes each small copy kernel of one :class:`~tuning.runtime.graphs.CudaGraphRunner` call moves (read plus
+    write), as (before the replay, after it). Before: the input ids and the mask copied into the captured
+    buffers (``rows`` x ``length`` int64 each) and, when ``rows`` < ``batch`` (a ragged batch), the three
+    padding writes (zero the pad rows of both buffers, then set their first mask column). After: the clone of
+    the output's ``rows`` rows (fp32: the embedded model returns float32 embeddings)."""
+    rows = batch if rows is None else min(int(rows), batch)
+    tokens = rows * length * TOKEN_BYTES
+    before = [2.0 * tokens, 2.0 * tokens]
+    pad = batch - rows
+    if pad > 0:
+        before += [float(pad * length * TOKEN_BYTES)] * 2 + [float(pad * TOKEN_BYTES)]
+    after = [2.0 * rows * model.output_dim * OUTPUT_BYTES]
+    return before, after
+
+
+def async_call_seconds(segments: Sequence[tuple[float, np.ndarray]]) -> float:
+    """End of the last kernel of an asynchronous call: ``segments`` are (host time to issue, kernel times it
+    issues) in order; a segment's kernels start once it is issued and the device is free, back to back."""
+    t = end = 0.0
+    for issue_s, kernels in segments:
+        t += issue_s
+        end = max(end, t) + float(np.sum(kernels))  # issued together: once the first starts, the rest follow
+    return end
+
+
 def predict(model: ModelProfile, device: DeviceProfile, batch: int, length: int, dtype: str = "fp32",
-            graph: str = "eager") -> CallCost:
-    """The cost of one forward at (batch, length) per the module docstring's formula."""
+            graph: str = "eager", rows: int | None = None) -> CallCost:
+    """The cost of one forward at (batch, length) per the module docstring's formula.
+
+    ``rows``: under ``cuda_graph``, the rows the caller passed (fewer than ``batch``, the captured size,
+    for a ragged batch: the runner pads the rest); None: ``batch``."""
     flops, nbytes, launches = model.per_op(batch, length, dtype)
     if graph in ("compile", "compile_graph"):
         k_flops, k_bytes = fused_groups(model, flops, nbytes)
@@ -242,7 +383,18 @@ def predict(model: ModelProfile, device: DeviceProfile, batch: int, length: int,
     kernels = np.maximum(device.min_kernel_s, np.maximum(k_flops / peak, k_bytes / bandwidth))
     device_s = float(kernels.sum())
     n = len(kernels)
-    if graph in ("cuda_graph", "compile_graph"):  # compile_graph: compile with mode='reduce-overhead'
+    if graph == "cuda_graph":  # the runner's copies launched from the host around one replay
+        before, after = graph_call_copies(model, batch, length, rows)
+        pre = [max(device.min_kernel_s, b / bandwidth) for b in before]
+        post = [max(device.min_kernel_s, b / bandwidth) for b in after]
+        copies = len(pre) + len(post)
+        host_s, n_launches = device.graph_replay_s + copies * device.launch_s, 1 + copies
+        device_s += float(sum(pre) + sum(post))
+        n += copies
+        call_s = async_call_seconds([(device.launch_s, np.asarray([k])) for k in pre]
+                                    + [(device.graph_replay_s, kernels)]
+                                    + [(device.launch_s, np.asarray([k])) for k in post])
+    elif graph == "compile_graph":  # compile with mode='reduce-overhead'
         host_s, n_launches = device.graph_replay_s, 1
         call_s = host_s + device_s
     else:
@@ -250,11 +402,7 @@ def predict(model: ModelProfile, device: DeviceProfile, batch: int, length: int,
         if device.synchronous:
             call_s = host_s + device_s
         else:
-            launched = device.launch_s * np.arange(1, n + 1)
-            end = 0.0
-            for t_launch, k in zip(launched, kernels):
-                end = max(end, t_launch) + k
-            call_s = float(end)
+            call_s = async_call_seconds([(device.launch_s, np.asarray([k])) for k in kernels])
     # weights, plus the live activations around the largest operator (its inputs and outputs, twice for the
     # next layer's and the allocator's slack), plus the CUDA context on an accelerator
     memory = (model.param_bytes_fp32 * DTYPE_BYTES[dtype] / 4 + 2 * float(nbytes.max(initial=0.0))

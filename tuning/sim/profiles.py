@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from tuning.base.assets import device_profile_path
+from tuning.base.assets import device_profile_path, shipped_profiles
 from tuning.base.contract import device_object
 
 DEFAULT_PROFILE = "h200-sxm-estimate"
@@ -40,6 +40,9 @@ class DeviceProfile:
     synchronous: bool = False  # True for a CPU: host dispatch and compute run in series
     idle_power_w: float = math.nan
     max_power_w: float = math.nan
+    # the names the driver reports for this card (torch.cuda.get_device_name, nvidia-smi's Name): how a
+    # calibration on that card finds this profile for the figures a sweep cannot measure
+    device_names: list[str] = field(default_factory=list)
     sources: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -93,6 +96,19 @@ class DeviceProfile:
         data = self.as_dict()
         data.update(changes)
         return DeviceProfile(**data)
+
+
+def profile_for_card(card: str | None) -> DeviceProfile | None:
+    """The shipped profile of the card the driver names ``card`` (its ``device_names``, case and spacing
+    ignored), or None when no shipped profile is of that card."""
+    if not card:
+        return None
+    key = " ".join(str(card).lower().split())
+    for name in shipped_profiles():
+        profile = load_profile(name)
+        if key in {" ".join(n.lower().split()) for n in profile.device_names}:
+            return profile
+    return None
 
 
 def load_profile(name_or_path: str | Path | DeviceProfile = DEFAULT_PROFILE) -> DeviceProfile:

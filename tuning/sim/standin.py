@@ -129,7 +129,7 @@ class SimulatedDevice:
         self.model = model
         self.clock = clock
         self.timeline = DeviceTimeline()
-        self._costs: dict[tuple[int, int, str, str], CallCost] = {}
+        self._costs: dict[tuple, CallCost] = {}
         self._overshoot = 60e-6  # learnt: how late time.sleep wakes up here
         self.burner = IntraOpBurner(ops=model.kernels) if device.synchronous else None
         rng = np.random.default_rng(0)
@@ -142,11 +142,13 @@ class SimulatedDevice:
     def label(self) -> str:
         return self.profile.label()
 
-    def cost(self, batch: int, length: int, dtype: str, graph: str) -> CallCost:
-        key = (batch, length, dtype, graph)
+    def cost(self, batch: int, length: int, dtype: str, graph: str, rows: int | None = None) -> CallCost:
+        """The predicted cost of one call (cached); ``rows``: the rows passed under ``cuda_graph`` when fewer than
+        the captured ``batch`` (the runner pads the rest)."""
+        key = (batch, length, dtype, graph) if rows is None or rows >= batch else (batch, length, dtype, graph, rows)
         cost = self._costs.get(key)
         if cost is None:
-            cost = self._costs[key] = predict(self.model, self.profile, batch, length, dtype, graph)
+            cost = self._costs[key] = predict(self.model, self.profile, batch, length, dtype, graph, rows=rows)
         return cost
 
     def sleep(self, seconds: float) -> None:
@@ -190,9 +192,9 @@ class SimulatedDevice:
         self.sleep(seconds)
         return seconds
 
-    def run(self, batch: int, length: int, dtype: str, graph: str) -> CallCost:
+    def run(self, batch: int, length: int, dtype: str, graph: str, rows: int | None = None) -> CallCost:
         """Take the time one forward takes on the device and record it on the timeline."""
-        cost = self.cost(batch, length, dtype, graph)
+        cost = self.cost(batch, length, dtype, graph, rows)
         limit = self.profile.mem_bytes * MEMORY_USABLE
         if cost.memory_bytes > limit:
             raise torch.OutOfMemoryError(
@@ -236,16 +238,38 @@ class SimulatedModel:
 
     Under ``compile`` and ``cuda_graph``, a batch smaller than the captured size is padded to the
     smallest captured size that holds it (as the real graph runner does), so it costs that size.
+    Under ``cuda_graph`` it keeps the real :class:`~tuning.runtime.graphs.CudaGraphRunner`'s shape book:
+    a (batch, length) first seen before :meth:`seal` is captured (three warm-up forwards and the capture's
+    launches, taken as time); after it, an uncaptured shape is refused with the real runner's
+    ``ValueError``, and so is a batch larger than every captured size. Row counts restart at the seal.
     """
 
     simulated = True
+    CAPTURE_WARMUP = 3  # forwards cuda_capture runs on a side stream before capturing
 
     def __init__(self, device: SimulatedDevice, dtype: str, graph: str, captured_batches: Sequence[int] = (),
                  compile_mode: str = "default", tf32: bool = False):
         self.device = device
         self.dtype = "tf32" if tf32 and dtype == "fp32" else dtype
         self.graph = "compile_graph" if graph == "compile" and compile_mode == "reduce-overhead" else graph
-        self.captured_batches = tuple(sorted(captured_batches))
+        self.captured_batches = tuple(sorted(set(captured_batches)))
+        self.sealed = False
+        self.late_shapes: list[tuple[int, int]] = []
+        self.graphs: dict[tuple[int, int], bool] = {}  # the (batch, length) shapes captured
+        self.capture_s = 0.0  # time spent capturing (warm-up forwards and the capture's launches)
+        self.rows_requested = 0
+        self.rows_computed = 0
+
+    def seal(self) -> None:
+        """Warm-up is over: under ``cuda_graph`` a shape not captured by now is refused (as the real runner
+        refuses it). Row counts restart here."""
+        self.sealed = True
+        self.rows_requested = self.rows_computed = 0
+
+    @property
+    def padded_rows_share(self) -> float:
+        """Rows computed only as padding / rows requested (0: none)."""
+        return (self.rows_computed - self.rows_requested) / self.rows_requested if self.rows_requested else 0.0
 
     def shape_cost_batch(self, batch: int) -> int:
         if self.graph == "eager" or not self.captured_batches:
@@ -253,11 +277,36 @@ class SimulatedModel:
         for size in self.captured_batches:
             if size >= batch:
                 return size
-        return batch  # larger than every captured size: the real runner would capture (or compile) it
+        if self.graph == "cuda_graph":
+            raise ValueError(f"batch of {batch} is larger than every captured batch size {self.captured_batches}")
+        return batch  # larger than every compiled size: the compiled runner compiles it
+
+    def _capture(self, batch: int, length: int) -> None:
+        key = (batch, length)
+        if key in self.graphs:
+            return
+        if self.sealed:
+            self.late_shapes.append(key)
+            raise ValueError(f"shape {key} was not captured during warm-up (captured: {sorted(self.graphs)}); "
+                             "capturing inside the measured window is refused: warm up every (batch, length) "
+                             "the run will see (Engine.warmup_shapes)")
+        t0 = time.perf_counter()
+        for _ in range(self.CAPTURE_WARMUP):
+            self.device.run(batch, length, self.dtype, "eager")
+        spin_cpu(self.device.cost(batch, length, self.dtype, "eager").host_s)  # the capture records every launch
+        self.capture_s += time.perf_counter() - t0
+        self.graphs[key] = True
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids has shape {tuple(input_ids.shape)}; expected [batch, length]")
         batch, length = input_ids.shape
-        self.device.run(self.shape_cost_batch(batch), length, self.dtype, self.graph)
+        size = self.shape_cost_batch(batch)
+        if self.graph == "cuda_graph":
+            self._capture(size, length)
+            self.device.run(size, length, self.dtype, self.graph, rows=batch)
+        else:
+            self.device.run(size, length, self.dtype, self.graph)
+        self.rows_requested += batch
+        self.rows_computed += size
         return self.device.embeddings(input_ids, attention_mask)
