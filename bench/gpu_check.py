@@ -410,8 +410,9 @@ class Check:
         points = self.calibration_points()
         name = (torch.cuda.get_device_name(self.device) if self.cuda else "this-cpu").lower().replace(" ", "-")
         memory = torch.cuda.get_device_properties(self.device).total_memory if self.cuda else None
+        card = torch.cuda.get_device_name(self.device) if self.cuda else None  # picks the shipped profile of this card
         profile, worst = calibrate(points, embedded_model_profile(), "cuda" if self.cuda else "cpu",
-                                   f"{name}-measured", memory_bytes=memory)
+                                   f"{name}-measured", memory_bytes=memory, device_name=card)
         path = self.report.path.parent / "device_profile.json"
         profile.to_json(path)
         shipped = describe(load_profile("h200-sxm-estimate"))
