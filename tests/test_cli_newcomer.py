@@ -134,10 +134,17 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _interruptible(argv: list[str]) -> subprocess.Popen:
+    """The command as a user's terminal starts it: SIGINT at its default. A suite started in the background by
+    a non-interactive shell (``cmd &``) inherits SIGINT ignored, and Python then never raises
+    KeyboardInterrupt: the child would run on past the test's timeout."""
+    return subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
 @pytest.mark.slow
 def test_ctrl_c_during_run_keeps_the_ledger_and_ends_loader_workers():
-    proc = subprocess.Popen([sys.executable, "-m", "tuning", "run", "--limit", "2000", "--set", "num_workers=2"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = _interruptible([sys.executable, "-m", "tuning", "run", "--limit", "2000", "--set", "num_workers=2"])
     try:
         _wait_for(lambda: len(_children(proc.pid)) >= 2)  # the loader workers: the measured loop is running
         workers = _children(proc.pid)
@@ -155,9 +162,8 @@ def test_ctrl_c_during_run_keeps_the_ledger_and_ends_loader_workers():
 
 @pytest.mark.slow
 def test_ctrl_c_during_loadtest_prints_valid_json_with_what_was_measured():
-    proc = subprocess.Popen([sys.executable, "-m", "tuning", "loadtest", "--duration", "600", "--concurrency", "2",
-                             "--limit", "50", "--json"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = _interruptible([sys.executable, "-m", "tuning", "loadtest", "--duration", "600", "--concurrency", "2",
+                           "--limit", "50", "--json"])
     try:
         _wait_for(lambda: "batcher" in _thread_names(proc.pid))  # the server is up; load starts next
         time.sleep(3.0)
