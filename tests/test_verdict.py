@@ -368,6 +368,33 @@ def test_a_kept_step_must_not_lower_the_capacity():
     assert ladder.recommended.tokenizer == "naive"
 
 
+def test_a_machine_that_slows_under_the_ladder_searches_the_reference_again_instead_of_judging_on_it():
+    """A hypervisor takes 60% of the CPU after the baseline's search: the reference then fails at 60% of the
+    capacity it was found to have, so the pairs judged the machine, not the knob. Its capacity is searched
+    again and the step judged at the new rate, and the row says why."""
+    def build(after):
+        stub = QueueStub([(lambda k: k.tokenizer == "fast", 1.5)], base_rate=100.0, noise=0.0, seed=2, window=600)
+        plain = stub.__call__
+
+        def measure(knobs, *, rate=None, record=False, seed=None):
+            if after is not None and len(stub.calls) >= after:
+                stub.base_rate = 40.0  # the machine changed, not the knobs
+            return plain(knobs, rate=rate, record=record, seed=seed)
+        return stub, measure
+
+    stub, measure = build(None)
+    _ladder(measure, steps=(), target_p99_ms=100.0)
+    baseline_calls = len(stub.calls)  # noise 0: the same calls again
+    stub, measure = build(baseline_calls)
+    ladder = _ladder(measure, steps=("tokenizer",), target_p99_ms=100.0)
+    step = ladder.step("tokenizer")
+    assert "the machine changed" in step.reason and "searched again" in step.reason, step.reason
+    assert ladder.baseline_capacity.capacity > 60  # found before the slowdown: about 77 req/s
+    assert step.figures["reference_capacity"] < 0.6 * ladder.baseline_capacity.capacity, step.figures
+    assert step.figures["rate"] < 0.6 * 40.0, step.figures  # judged below the slowed reference's capacity
+    assert step.status == "kept" and ladder.recommended.tokenizer == "fast", step.reason
+
+
 def test_when_the_reference_misses_a_step_that_gets_closer_is_kept():
     """Two steps each take 100 ms off a 900 ms floor: neither alone meets 800 ms; together they do."""
     floor = lambda k: 900.0 - 100.0 * (k.tokenizer == "fast") - 100.0 * (k.dtype == "bf16")  # noqa: E731

@@ -10,6 +10,7 @@ torch's threads from the cores the tool's own load generators leave free.
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 from typing import Any, Mapping
@@ -130,6 +131,19 @@ def busy_elsewhere(load1: float | None = None, own_threads: int = 0, cores: int 
         return (f"another process keeps the cores busy (load average {load1:.1f} on {cores} cores): "
                 "expect slower and noisier figures, and fewer threads for torch to share")
     return None
+
+
+def steal_ticks() -> tuple[int, int] | None:
+    """(steal, total) jiffies of the machine so far; :func:`steal_share` of two readings is the share of CPU
+    time the hypervisor gave to other guests in between (None where ``/proc/stat`` has no steal column)."""
+    return _steal_ticks()
+
+
+def steal_share(start: tuple[int, int] | None, end: tuple[int, int] | None) -> float:
+    """The steal share between two :func:`steal_ticks` readings (NaN when either is missing or no time passed)."""
+    if start is None or end is None or end[1] <= start[1]:
+        return math.nan
+    return (end[0] - start[0]) / (end[1] - start[1])
 
 
 def _steal_ticks() -> tuple[int, int] | None:

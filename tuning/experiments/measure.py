@@ -15,6 +15,7 @@ import signal
 import warnings
 from typing import Any, Callable, Sequence
 
+from tuning.base.machine import steal_share, steal_ticks
 from tuning.experiments.trial import Trial
 from tuning.knobs import Knobs
 
@@ -207,15 +208,19 @@ class LoadMeasure:
                               "warmup_requests": (min(self.warmup_requests, math.ceil(rate * 2 * self.warmup_s))
                                                   if rate is not None else 0)}
         with Server(knobs, engine=self.engine(knobs), **self.serve_kwargs) as server:
+            start = steal_ticks()
             if not record:
-                return Trial.from_load(self._load(server, **kw))
-            from tuning.profile import Recorder
+                trial = Trial.from_load(self._load(server, **kw))
+            else:
+                from tuning.profile import Recorder
 
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)  # no NVML here: the report says so
-                with Recorder() as recorder:
-                    result = self._load(server, **kw)
-            return Trial.from_load(result, recorder.join(result))
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)  # no NVML here: the report says so
+                    with Recorder() as recorder:
+                        result = self._load(server, **kw)
+                trial = Trial.from_load(result, recorder.join(result))
+        trial.steal_share = steal_share(start, steal_ticks())
+        return trial
 
     def close(self) -> None:
         """End the load process (it also ends with this process)."""

@@ -44,6 +44,7 @@ class Trial:
     rate: float | None = None  # the open loop's requested rate (None: closed loop)
     offered_rate: float = math.nan  # arrivals scheduled in the window per second (open loop)
     late: int = 0  # open loop: sends more than LATE_MS after their scheduled arrival
+    steal_share: float = math.nan  # the CPU time the hypervisor gave other guests during the run (a busy host)
     latencies_ms: Any = field(default=None, repr=False, compare=False)
     lags_ms: Any = field(default=None, repr=False, compare=False)  # open loop: each send's lag after its schedule
     first_error: str | None = None
