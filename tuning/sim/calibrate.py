@@ -278,7 +278,12 @@ def calibrate(points: Sequence[Point], model: ModelProfile, device_kind: str, na
                      f"{time.strftime('%Y-%m-%d')}; worst fit error {worst:.1%}"),
         peak_flops=peak, flops_efficiency=1.0, mem_bandwidth=float(params["bandwidth"]), bandwidth_efficiency=1.0,
         launch_s=float(params["launch_s"]), min_kernel_s=float(params["min_kernel_s"]),
-        graph_replay_s=float(params["graph_replay_s"]), synchronous=synchronous, sources=sources)
+        graph_replay_s=float(params["graph_replay_s"]), synchronous=synchronous, sources=sources,
+        # the fit's rates are flat (one per dtype, one floor): the shape model of the base profile stays off so that
+        # the profile predicts what was fitted
+        sm_count=0, gemm_efficiency={}, bandwidth_half_bytes=0.0, graph_min_kernel_s=None)
+    for key in ("sm_count", "gemm_efficiency", "gemm_k_half", "bandwidth_half_bytes", "graph_min_kernel_s"):
+        profile.sources.pop(key, None)
     return profile, worst
 
 

@@ -18,23 +18,39 @@ more points than terms (checked), and each operator's own worst fit error is kep
 
 A **device profile** (:mod:`tuning.sim.profiles`) gives peak FLOP/s per dtype, bandwidth,
 their achievable fractions, the host cost of one eager launch and of one graph replay, the
-minimum kernel time and copy bandwidths.
+minimum kernel time per mode, the SM count and copy bandwidths.
 
 The formula, for one forward at (B, T) in dtype d::
 
-    kernel_i   = max(min_kernel_s, flops_i / (peak_flops[d] * flops_efficiency),
-                     bytes_i(d) / (mem_bandwidth * bandwidth_efficiency))
+    kernel_i   = max(min_kernel_s[mode], compute_i, memory_i)
+    compute_i  = flops_i / (peak_flops[d] * eff_i)
+    eff_i      = gemm_efficiency[d] * wave_i * K_i / (K_i + gemm_k_half)    (a GEMM with dims batch, M, N, K;
+                 flops_efficiency where the profile has no sm_count, or the op's dims were not recorded)
+    wave_i     = useful tiles / (waves * sm_count): tiles of tm x tn (tn 128 in bf16/fp16, 64 in fp32/tf32;
+                 tm the smallest of 16, 32, 64, 128 that holds M, as cuBLAS picks small-M kernels),
+                 tiles = batch * ceil(M/tm) * ceil(N/tn) * splits, splits = min(sm_count // tiles, K // 128)
+                 (>= 1: split-K when the tiles do not fill the card), waves = ceil(tiles / sm_count),
+                 useful = batch * M * N * splits / (tm * tn)
+    memory_i   = (bytes_i(d) + bandwidth_half_bytes) / (mem_bandwidth * bandwidth_efficiency)
+                 (bandwidth reached = bytes / (bytes + half-saturation size) of the asymptote: a small
+                 elementwise or reduction kernel cannot keep enough bytes in flight)
+    min_kernel_s[mode] = min_kernel_s (eager, compile) or graph_min_kernel_s (cuda_graph, compile_graph)
     device_s   = sum_i kernel_i                                   (what NVML's utilization sees)
     host_s     = launches * launch_s     (eager: every kernel; compile: fused kernels)
     host_s     = graph_replay_s + copies * launch_s      (cuda_graph, as CudaGraphRunner runs a call:
                  2 input copies into the static buffers, 3 padding writes when the batch has fewer
                  rows than the captured size, the replay, then a clone of the output rows; each
-                 copy is a bandwidth-bound kernel, max(min_kernel_s, bytes / bandwidth), that the
-                 device runs too; compile_graph: the replay alone)
+                 copy is a bandwidth-bound kernel that the device runs too; compile_graph: the replay alone)
     call_s     = end of the last kernel, where kernel i starts at max(its launch, end of kernel i-1)
                  (an asynchronous device: about max(host_s, device_s) plus the start-up lag);
                  synchronous devices (a CPU) run launch then kernel in series: host_s + device_s
     copy_s     = copy_latency_s + input bytes / (h2d_pinned_bps or h2d_pageable_bps)
+
+GEMMs are the operators named mm, addmm, bmm, baddbmm, matmul, linear or scaled_dot_product_*
+(:data:`GEMM_OPS`); the recorder keeps their (batch, M, N, K) per grid point, fitted over the same basis
+(M = B*T for a linear layer, N and K fixed; attention: batch = B*heads, M = N = T). A profile made
+before dims were recorded (no ``gemm_dims``) loads and runs its GEMMs at the asymptotic fraction.
+Every constant's source is in the device profile's ``sources``.
 
 ``compile`` (``compile_graph``: compile with mode='reduce-overhead', fused kernels replayed as one
 graph) fuses each run of operators without FLOPs between two FLOP-heavy operators into
@@ -49,6 +65,7 @@ storage with matmuls at the profile's TF32 rate (fp32's where the profile gives 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -64,6 +81,8 @@ CUDA_CONTEXT_BYTES = 0.5e9  # CUDA context, cuBLAS workspaces: typically 0.3-0.6
 # 9 points for 6 terms: 5 distinct lengths (3 needed by 1, T, T^2), two batch sizes at 4 of them (3 needed by
 # B, B*T, B*T^2), so every term is determined and 3 degrees of freedom are left to check the fit
 DEFAULT_GRID = ((1, 8), (2, 8), (1, 16), (2, 16), (1, 32), (4, 32), (1, 64), (3, 48), (2, 64))
+GEMM_OPS = ("aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.matmul", "aten.linear",
+            "aten._scaled_dot_product", "aten.scaled_dot_product")
 TOKEN_BYTES = 8  # int64 input ids and attention mask, as the tokenizer hands them to the model
 OUTPUT_BYTES = 4  # the embedded model returns fp32 embeddings (``pooled.float()``) in every dtype
 
@@ -106,6 +125,8 @@ class ModelProfile:
     # per op: launches in half precision (bf16/fp16) though not in fp32: a cast to float32 such as the embedded
     # model's ``pooled.float()``, a no-op on fp32 tensors (empty: not measured)
     half_launches: list[bool] = field(default_factory=list)
+    # per op: [] (not a GEMM) or coefficients over FEATURES of its (batch, M, N, K); empty: not recorded
+    gemm_dims: list[list[list[float]]] = field(default_factory=list)
 
     @property
     def kernels(self) -> int:
@@ -137,6 +158,18 @@ class ModelProfile:
             launches = launches | np.asarray(self.half_launches, dtype=bool)
         return flops, nbytes, launches
 
+    def gemm_shapes(self, batch: int, length: int) -> np.ndarray:
+        """Per operator its GEMM (batch, M, N, K) at one shape; NaN rows for other operators (and for every
+        operator of a profile that did not record dims)."""
+        out = np.full((len(self.ops), 4), np.nan)
+        if len(self.gemm_dims) != len(self.ops):
+            return out
+        x = features(batch, length)
+        for i, dims in enumerate(self.gemm_dims):
+            if dims:
+                out[i] = np.maximum(np.rint(np.asarray(dims) @ x), 1.0)
+        return out
+
     def totals(self, batch: int, length: int, dtype: str = "fp32") -> dict[str, float]:
         flops, nbytes, launches = self.per_op(batch, length, dtype)
         return {"flops": float(flops.sum()), "bytes": float(nbytes[launches].sum()), "kernels": int(launches.sum())}
@@ -156,6 +189,7 @@ class _OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.ops: list[tuple[str, bool, float, float, float]] = []
+        self.dims: list[tuple[float, float, float, float] | None] = []  # per op: GEMM (batch, M, N, K)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         from torch.utils.flop_counter import FlopCounterMode
@@ -174,7 +208,39 @@ class _OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
         fbytes = sum(_nbytes(t) for t in inputs + outputs if t.is_floating_point())
         obytes = sum(_nbytes(t) for t in inputs + outputs if not t.is_floating_point())
         self.ops.append((str(func), launches, flops, float(fbytes), float(obytes)))
+        self.dims.append(gemm_dims(str(func), args) if flops > 0 else None)
         return out
+
+
+def is_gemm(name: str) -> bool:
+    """Whether an aten operator's name is one of :data:`GEMM_OPS` (matmul-like: its FLOPs run on the GEMM units)."""
+    return any(name == g or name.startswith(g + ".") or (g.endswith("dot_product") and name.startswith(g))
+               for g in GEMM_OPS)
+
+
+def gemm_dims(name: str, args: Sequence[Any]) -> tuple[float, float, float, float] | None:
+    """(batch, M, N, K) of a GEMM operator from its arguments, None for another operator (or shapes it cannot
+    read). mm/addmm/bmm/baddbmm/matmul/linear as their schemas order them; attention: batch = B*heads, M = the
+    queries, N = the keys, K = the head size (its second GEMM, P V, has the same work: N and K swapped)."""
+    if not is_gemm(name):
+        return None
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    try:
+        if "dot_product" in name:
+            q, k = tensors[0], tensors[1]
+            return float(np.prod(q.shape[:-2])), float(q.shape[-2]), float(k.shape[-2]), float(q.shape[-1])
+        if name.startswith(("aten.addmm", "aten.baddbmm")):
+            a, b = tensors[1], tensors[2]
+        elif name.startswith("aten.linear"):
+            a, w = tensors[0], tensors[1]
+            return 1.0, float(np.prod(a.shape[:-1])), float(w.shape[0]), float(a.shape[-1])
+        else:
+            a, b = tensors[0], tensors[1]
+        if a.dim() == 2 and b.dim() == 2:
+            return 1.0, float(a.shape[0]), float(b.shape[1]), float(a.shape[1])
+        return float(np.prod(a.shape[:-2])), float(a.shape[-2]), float(b.shape[-1]), float(a.shape[-1])
+    except (IndexError, AttributeError):
+        return None
 
 
 def writes_in_place(func) -> bool:
@@ -235,13 +301,17 @@ def _nbytes(t: torch.Tensor) -> float:
     return float(t.numel() * t.element_size())
 
 
-def record_ops(model: torch.nn.Module, batch: int, length: int, vocab: int = 1000) -> list[tuple[str, bool, float, float, float]]:
-    """Every aten op of one fp32 forward at (batch, length): (name, launches, flops, float bytes, other bytes)."""
+def record_ops(model: torch.nn.Module, batch: int, length: int, vocab: int = 1000,
+               dims: list | None = None) -> list[tuple[str, bool, float, float, float]]:
+    """Every aten op of one fp32 forward at (batch, length): (name, launches, flops, float bytes, other bytes);
+    ``dims``: a list that receives each op's GEMM (batch, M, N, K) or None."""
     ids = torch.full((batch, length), min(1000, vocab - 1), dtype=torch.long)
     mask = torch.ones_like(ids)
     recorder = _OpRecorder()
     with torch.inference_mode(), recorder:
         model(ids, mask)
+    if dims is not None:
+        dims.extend(recorder.dims)
     return recorder.ops
 
 
@@ -256,7 +326,8 @@ def measure_model_profile(model: torch.nn.Module, name: str = "model",
     model = model.float().cpu().eval()
     tables = [m.num_embeddings for m in model.modules() if isinstance(m, torch.nn.Embedding)]
     vocab = min(tables) if tables else 1001  # a token id every embedding table holds
-    runs = [record_ops(model, b, t, vocab) for b, t in grid]
+    dim_runs: list[list] = [[] for _ in grid]
+    runs = [record_ops(model, b, t, vocab, dims=d) for (b, t), d in zip(grid, dim_runs)]
     names = [op[0] for op in runs[0]]
     for (b, t), run in zip(grid, runs):
         if [op[0] for op in run] != names:
@@ -276,6 +347,14 @@ def measure_model_profile(model: torch.nn.Module, name: str = "model",
         errors = np.maximum(errors, (np.abs(fitted - y) / denom).max(axis=0))
         coefs[key] = c.T.tolist()
     launches = [bool(any(run[i][1] for run in runs)) for i in range(len(names))]
+    gemm = []
+    for i in range(len(names)):
+        rows = [d[i] for d in dim_runs]
+        if any(r is None for r in rows):
+            gemm.append([])
+            continue
+        c, *_ = np.linalg.lstsq(x / scale, np.asarray(rows, dtype=float), rcond=None)
+        gemm.append(np.round(c / scale[:, None], 6).T.tolist())  # 4 x FEATURES: batch, M, N, K
     half, half_note = _half_precision_launches(model, names, launches, grid[0], vocab)
     with torch.inference_mode():
         out = model(torch.ones((1, 4), dtype=torch.long), torch.ones((1, 4), dtype=torch.long))
@@ -283,7 +362,7 @@ def measure_model_profile(model: torch.nn.Module, name: str = "model",
         name=name, ops=names, launches=launches, flops=coefs["flops"], float_bytes=coefs["float_bytes"],
         other_bytes=coefs["other_bytes"], param_bytes_fp32=float(sum(p.numel() * 4 for p in model.parameters())),
         output_dim=int(out.shape[-1]), grid=[list(g) for g in grid], fit_error=float(errors.max(initial=0.0)),
-        fit_errors=[float(e) for e in errors], half_launches=half,
+        fit_errors=[float(e) for e in errors], half_launches=half, gemm_dims=gemm,
         source=f"measured with FlopCounterMode and a dispatch-mode op recorder, torch {torch.__version__}; {half_note}",
     )
 
@@ -322,23 +401,71 @@ class CallCost:
         return self.device_s / self.call_s if self.call_s > 0 else 0.0
 
 
-def fused_groups(model: ModelProfile, flops: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Kernels after compile-style fusion: FLOP-heavy ops alone, runs of other launching ops fused into one."""
-    out_flops, out_bytes = [], []
+def fused_groups(model: ModelProfile, flops: np.ndarray, nbytes: np.ndarray,
+                 shapes: np.ndarray | None = None):
+    """Kernels after compile-style fusion: FLOP-heavy ops alone, runs of other launching ops fused into one.
+    Returns (flops, bytes), and (flops, bytes, GEMM shapes) when ``shapes`` (per op) is given."""
+    out_flops, out_bytes, out_shapes = [], [], []
     run_bytes: list[float] = []
-    for f, b, launches in zip(flops, nbytes, model.launches):
+    none = np.full(4, np.nan)
+    for i, (f, b, launches) in enumerate(zip(flops, nbytes, model.launches)):
         if not launches:
             continue
         if f > 0:
             if run_bytes:
-                out_flops.append(0.0), out_bytes.append(max(run_bytes))
+                out_flops.append(0.0), out_bytes.append(max(run_bytes)), out_shapes.append(none)
                 run_bytes = []
             out_flops.append(f), out_bytes.append(b)
+            out_shapes.append(shapes[i] if shapes is not None else none)
         else:
             run_bytes.append(b)
     if run_bytes:
-        out_flops.append(0.0), out_bytes.append(max(run_bytes))
-    return np.asarray(out_flops), np.asarray(out_bytes)
+        out_flops.append(0.0), out_bytes.append(max(run_bytes)), out_shapes.append(none)
+    if shapes is None:
+        return np.asarray(out_flops), np.asarray(out_bytes)
+    return np.asarray(out_flops), np.asarray(out_bytes), np.asarray(out_shapes).reshape(-1, 4)
+
+
+def gemm_efficiency(device: DeviceProfile, dtype: str, shape: Sequence[float]) -> float:
+    """Achievable fraction of ``dtype``'s peak for one GEMM of (batch, M, N, K), per the module docstring: the
+    dtype's asymptotic fraction x the share of the card's SMs that do useful work over the waves x a K factor.
+    The flat ``flops_efficiency`` where the profile has no ``sm_count`` or per-dtype fraction, or the shape is
+    unknown (NaN)."""
+    base = device.gemm_efficiency.get(dtype, device.gemm_efficiency.get("fp32" if dtype == "tf32" else dtype))
+    if base is None or not device.sm_count:
+        return device.flops_efficiency
+    batch, m, n, k = (float(v) for v in shape)
+    if not np.isfinite([batch, m, n, k]).all():
+        return float(base)
+    sms = int(device.sm_count)
+    tn = 128 if dtype in ("bf16", "fp16") else 64
+    tm = next((t for t in (16, 32, 64) if m <= t), 128)
+    tiles_mn = batch * math.ceil(m / tm) * math.ceil(n / tn)
+    splits = max(1, min(sms // max(int(tiles_mn), 1), int(k // 128)))
+    tiles = tiles_mn * splits
+    waves = math.ceil(tiles / sms)
+    wave = batch * m * n * splits / (tm * tn) / (waves * sms)
+    return float(base) * min(wave, 1.0) * k / (k + device.gemm_k_half)
+
+
+def kernel_seconds(device: DeviceProfile, flops: np.ndarray, nbytes: np.ndarray, dtype: str,
+                   shapes: np.ndarray | None = None, graph: str = "eager") -> np.ndarray:
+    """Each kernel's device time (seconds) per the module docstring's formula."""
+    flops, nbytes = np.asarray(flops, dtype=float), np.asarray(nbytes, dtype=float)
+    if shapes is None:
+        shapes = np.full((len(flops), 4), np.nan)
+    peak = device.flops_for(dtype)
+    eff = np.asarray([gemm_efficiency(device, dtype, s) if f > 0 else 1.0 for f, s in zip(flops, shapes)])
+    bandwidth = device.mem_bandwidth * device.bandwidth_efficiency
+    floor = device.min_kernel_for(graph)
+    return np.maximum(floor, np.maximum(flops / (peak * eff), (nbytes + device.bandwidth_half_bytes) / bandwidth))
+
+
+def copy_kernel_seconds(device: DeviceProfile, nbytes: float) -> float:
+    """One small copy kernel (the graph runner's input copies, padding writes, output clone): launched from the
+    host outside the graph, so at the eager floor."""
+    bandwidth = device.mem_bandwidth * device.bandwidth_efficiency
+    return max(device.min_kernel_s, (nbytes + device.bandwidth_half_bytes) / bandwidth)
 
 
 def graph_call_copies(model: ModelProfile, batch: int, length: int, rows: int | None = None) -> tuple[list[float], list[float]]:
@@ -374,19 +501,18 @@ def predict(model: ModelProfile, device: DeviceProfile, batch: int, length: int,
     ``rows``: under ``cuda_graph``, the rows the caller passed (fewer than ``batch``, the captured size,
     for a ragged batch: the runner pads the rest); None: ``batch``."""
     flops, nbytes, launches = model.per_op(batch, length, dtype)
+    shapes = model.gemm_shapes(batch, length)
     if graph in ("compile", "compile_graph"):
-        k_flops, k_bytes = fused_groups(model, flops, nbytes)
+        k_flops, k_bytes, k_shapes = fused_groups(model, flops, nbytes, shapes)
     else:
-        k_flops, k_bytes = flops[launches], nbytes[launches]
-    peak = device.flops_for(dtype) * device.flops_efficiency
-    bandwidth = device.mem_bandwidth * device.bandwidth_efficiency
-    kernels = np.maximum(device.min_kernel_s, np.maximum(k_flops / peak, k_bytes / bandwidth))
+        k_flops, k_bytes, k_shapes = flops[launches], nbytes[launches], shapes[launches]
+    kernels = kernel_seconds(device, k_flops, k_bytes, dtype, k_shapes, graph)
     device_s = float(kernels.sum())
     n = len(kernels)
     if graph == "cuda_graph":  # the runner's copies launched from the host around one replay
         before, after = graph_call_copies(model, batch, length, rows)
-        pre = [max(device.min_kernel_s, b / bandwidth) for b in before]
-        post = [max(device.min_kernel_s, b / bandwidth) for b in after]
+        pre = [copy_kernel_seconds(device, b) for b in before]
+        post = [copy_kernel_seconds(device, b) for b in after]
         copies = len(pre) + len(post)
         host_s, n_launches = device.graph_replay_s + copies * device.launch_s, 1 + copies
         device_s += float(sum(pre) + sum(post))

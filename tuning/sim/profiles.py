@@ -44,6 +44,13 @@ class DeviceProfile:
     # calibration on that card finds this profile for the figures a sweep cannot measure
     device_names: list[str] = field(default_factory=list)
     sources: dict[str, str] = field(default_factory=dict)
+    # shape-aware device time (tuning.sim.costmodel's docstring); the defaults keep a profile without them on the
+    # flat flops_efficiency and min_kernel_s (a calibrated profile, one made before these fields existed)
+    sm_count: int = 0  # streaming multiprocessors: the wave-quantization model (0: no GEMM shape model)
+    gemm_efficiency: dict[str, float] = field(default_factory=dict)  # asymptotic fraction of peak per dtype
+    gemm_k_half: float = 64.0  # K at which a GEMM tile reaches half its asymptotic rate (prologue/epilogue)
+    bandwidth_half_bytes: float = 0.0  # kernel size (bytes) at which it reaches half the achievable bandwidth
+    graph_min_kernel_s: float | None = None  # shortest kernel inside a CUDA graph (None: min_kernel_s)
 
     def __post_init__(self) -> None:
         if self.kind not in ("estimate", "measured"):
@@ -58,9 +65,23 @@ class DeviceProfile:
         for name in ("mem_bandwidth", "mem_bytes", "h2d_pinned_bps", "h2d_pageable_bps"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"device profile {self.name!r}: {name}={getattr(self, name)!r} must be > 0")
+        for dtype, value in self.gemm_efficiency.items():
+            if dtype not in ("fp32", "tf32", "bf16", "fp16") or not 0 < value <= 1:
+                raise ValueError(f"device profile {self.name!r}: gemm_efficiency[{dtype!r}]={value!r}; dtypes fp32, "
+                                 "tf32, bf16, fp16, each in (0, 1]")
+        if self.sm_count < 0 or self.gemm_k_half < 0 or self.bandwidth_half_bytes < 0:
+            raise ValueError(f"device profile {self.name!r}: sm_count, gemm_k_half, bandwidth_half_bytes must be >= 0")
+        if self.graph_min_kernel_s is not None and not self.graph_min_kernel_s >= 0:
+            raise ValueError(f"device profile {self.name!r}: graph_min_kernel_s={self.graph_min_kernel_s!r} must be >= 0")
         for name in ("launch_s", "graph_replay_s", "min_kernel_s", "copy_latency_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"device profile {self.name!r}: {name}={getattr(self, name)!r} must be >= 0 seconds")
+
+    def min_kernel_for(self, graph: str = "eager") -> float:
+        """Shortest kernel in a mode: inside a CUDA graph (cuda_graph, compile_graph) the graph floor."""
+        if graph in ("cuda_graph", "compile_graph") and self.graph_min_kernel_s is not None:
+            return self.graph_min_kernel_s
+        return self.min_kernel_s
 
     @property
     def source(self) -> str:
