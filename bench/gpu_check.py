@@ -11,7 +11,8 @@ checking the time budget inside long steps, not only between them. In order:
 3. the launch budget: host launch calls, kernel and wall time per batch at batch 1, eager
    and replayed, so the predicted capture gain can be read against the measured one;
 4. TF32: fp32 with and without TF32 beside the half-precision dtype (its gain is overstated
-   against strict fp32);
+   against strict fp32); then MiniLM eager at the shapes of ``bench/published.csv``'s A100 rows, fp32
+   and half, beside the simulator's prediction on this card's shipped profile (``published_shapes``);
 5. the real paths: ``Engine.run`` with pinned copies, the padded ``CudaGraphRunner`` at
    several batch sizes with ragged batches, and a short ``run_batch_sweep`` per graph mode;
 6. the simulated accelerator: a device profile fitted from every forward timed so far
@@ -254,6 +255,36 @@ class Check:
                   f"busy {s['busy_ms_per_batch']:.3f} ms, launch {s['launch_cost_us']:.1f} us -> capture gain <= "
                   f"{100 * s['launch_share']:.0f}%", flush=True)
 
+    def published_shapes(self) -> None:
+        """MiniLM eager at the (batch, length) shapes of bench/published.csv's A100 rows, fp32 (TF32 off) and the
+        half dtype, each beside the simulator's prediction on this card's shipped profile (None without one): a
+        measured MiniLM row for that table on a real card (its published rows are other models). On the CPU one
+        shape, logic only."""
+        from tuning.sim import embedded_model_profile, predict
+        from tuning.sim.profiles import profile_for_card
+
+        card = torch.cuda.get_device_name(self.device) if self.cuda else None
+        profile = profile_for_card(card)
+        shapes = PUBLISHED_SHAPES if self.cuda else PUBLISHED_SHAPES[:1]
+        minilm, rows = embedded_model_profile(), []
+        info = {"card": card, "profile": profile.name if profile else None,
+                "note": "measured_ms is measured on this device; simulated_ms is the cost model's prediction"}
+        for dtype, model in (("fp32", self.fp32), (self.dtype_name, self.model)):
+            for batch, length in shapes:
+                self.report.check(f"published shape {dtype} b={batch} L={length}")
+                ids, mask = self.batch(batch, length, ragged=False)
+                with _tf32(False):
+                    _, median_ms, n, _ = time_runner(model, ids, mask, self.sizes["repeats"], self.device, self.report)
+                sim_ms = predict(minilm, profile, batch, length, dtype).call_s * 1e3 if profile else None
+                rows.append({"model": "all-MiniLM-L6-v2 (random weights)", "framework": "PyTorch eager",
+                             "dtype": dtype, "batch": batch, "seq_len": length, "measured_ms": median_ms,
+                             "timed_calls": n, "simulated_ms": sim_ms,
+                             "sim_over_measured_speed": median_ms / sim_ms if sim_ms else None})
+                self.report.step("published_shapes", status="partial", rows=_clean(rows), **info)
+                print(f"  published shape {dtype:>4} b={batch:<3} L={length:<3}: {median_ms:8.3f} ms measured, "
+                      f"simulated {'-' if sim_ms is None else f'{sim_ms:.3f} ms'}", flush=True)
+        self.report.step("published_shapes", status="ok", rows=_clean(rows), **info)
+
     def tf32(self) -> None:
         if not self.cuda:
             self.report.step("tf32", status="n/a: no CUDA device")
@@ -464,7 +495,9 @@ class Check:
         print("  sim/real throughput: " + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items()), flush=True)
 
 
-STEPS = ("points", "launch_budget", "tf32", "engine_run_pinned", "graph_runner_padded", "sweep_eager",
+# the (batch, length) shapes of bench/published.csv's A100 PyTorch rows (P01-P09, P27-P31)
+PUBLISHED_SHAPES = ((1, 16), (1, 128), (1, 256), (1, 512), (8, 256), (32, 128), (32, 256), (32, 384), (128, 256))
+STEPS = ("points", "launch_budget", "tf32", "published_shapes", "engine_run_pinned", "graph_runner_padded", "sweep_eager",
          "sweep_cuda_graph", "device_profile", "sim_fidelity", "compile_default", "compile_reduce-overhead",
          "sweep_compile")
 
@@ -503,6 +536,7 @@ def run_check(out: Path, budget_s: float, device_name: str | None = None, dtype_
               flush=True)
         check = Check(report, device, dtype_name, sizes)
         plan = [("points", check.points), ("launch_budget", check.launch_budget), ("tf32", check.tf32),
+                 ("published_shapes", check.published_shapes),
                  ("engine_run_pinned", check.engine_run_pinned), ("graph_runner_padded", check.graph_runner_padded),
                  ("sweep_eager", functools.partial(check.sweep, "eager")),
                  ("sweep_cuda_graph", functools.partial(check.sweep, "cuda_graph")),

@@ -52,8 +52,8 @@ CONFIGS = {
     "bge-large-en-v1.5": (1024, 24, 16, 4096),
     "BERT-large (24L/1024/16H) + SQuAD head": (1024, 24, 16, 4096),
 }
-MODELLED_FRAMEWORKS = ("HF transformers (PyTorch eager)", "PyTorch TorchScript (HF transformers BertEncoder)",
-                       "PyTorch eager", "sentence-transformers")
+PYTORCH = ("PyTorch", "sentence-transformers", "HF transformers")  # aten kernels launched one by one
+FUSED = ("TensorRT", "ONNX", "FasterTransformer", "TEI", "Infinity")  # fused kernels of their own
 # host setups: rows that share a publishing host and software stack share one fitted per-op host cost
 HOSTS = {"HF transformers (PyTorch eager)": "optimum-benchmark HF eager (EPYC 7742, torch 2.0.1)",
          "PyTorch TorchScript (HF transformers BertEncoder)": "FasterTransformer TorchScript (EPYC 7742)"}
@@ -102,8 +102,9 @@ def seq_metric(row: dict, call_s: float) -> float:
 
 def why_not(row: dict) -> str | None:
     """Why a row gets no target (None: it is predicted and judged)."""
-    if row["framework"] not in MODELLED_FRAMEWORKS:
-        return f"framework not modelled by the simulator ({row['framework']}: fused kernels of its own)"
+    fw = row["framework"]
+    if not any(k in fw for k in PYTORCH) or any(k in fw for k in FUSED):
+        return f"framework not modelled by the simulator ({fw}: fused kernels of its own)"
     if row["timed_scope"] != "model_forward":
         return f"timed scope {row['timed_scope']}: its host side (tokenization, data loading, HTTP) is not modelled"
     if row["card"] not in CARDS:
@@ -112,6 +113,8 @@ def why_not(row: dict) -> str | None:
         return f"no configuration for {row['model']}"
     if not (row["batch"].isdigit() and row["seq_len"].isdigit()):
         return "batch or length not stated"
+    if fw not in HOSTS:
+        return f"no calibration row for the host setup of {fw}"
     return None
 
 

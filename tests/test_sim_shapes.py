@@ -104,3 +104,17 @@ def test_bert_base_bf16_over_fp32_on_a100_is_near_the_measured_6_9x():
     fp32 = predict(profile, dev, 128, 256, "fp32").device_s
     bf16 = predict(profile, dev, 128, 256, "bf16").device_s
     assert 5.0 < fp32 / bf16 < 9.0, fp32 / bf16
+
+
+def test_gpu_check_times_the_published_shapes_beside_the_prediction(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check_published", ROOT / "bench" / "gpu_check.py")
+    gc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gc)
+    data = gc.run_check(tmp_path, budget_s=120, device_name="cpu", quick=True, steps=("published_shapes",))
+    step = data["steps"]["published_shapes"]
+    assert step["status"] == "ok" and step["profile"] is None  # the CPU has no shipped profile: no prediction
+    assert [(r["dtype"], r["batch"], r["seq_len"]) for r in step["rows"]] == [("fp32", 1, 16), ("bf16", 1, 16)]
+    assert all(r["measured_ms"] > 0 and r["simulated_ms"] is None for r in step["rows"])
+    assert (1, 16) in gc.PUBLISHED_SHAPES and (128, 256) in gc.PUBLISHED_SHAPES
