@@ -10,19 +10,13 @@ import numpy as np
 import pytest
 import torch
 
+from tests.sim_units import unit_device
 from tuning.sim import ModelProfile, SimulatedDevice, SimulatedModel, load_profile, model_profile_for, predict
 from tuning.sim.calibrate import Point, calibrate
 from tuning.sim.costmodel import DEFAULT_GRID, measure_model_profile, record_ops
 from tuning.sim.profiles import DeviceProfile
 
-
-def _device(**changes) -> DeviceProfile:
-    base = dict(name="unit", kind="estimate", description="round numbers for hand computation",
-                peak_flops={"fp32": 1e12, "bf16": 2e12, "fp16": 2e12}, flops_efficiency=1.0, mem_bandwidth=1e9,
-                bandwidth_efficiency=1.0, mem_bytes=1e9, launch_s=10e-6, graph_replay_s=5e-6, min_kernel_s=1e-6,
-                h2d_pinned_bps=1e9, h2d_pageable_bps=0.5e9, copy_latency_s=0.0)
-    base.update(changes)
-    return DeviceProfile(**base)
+_device = unit_device
 
 
 class _Ops(torch.nn.Module):
