@@ -9,7 +9,7 @@ import pytest
 
 from tests.verdict_stubs import ClosedStub, QueueStub, SmoothStub, md1_latencies
 from tuning.base.decide import Paired, count_verdict, pass_limits, quantile_interval
-from tuning.experiments.capacity import CapacitySettings, capacity_at_target, probe
+from tuning.experiments.capacity import CapacitySettings, capacity_at_target, pooled_figures, probe
 from tuning.experiments.ladder import LadderError, LadderSettings, run_ladder
 from tuning.experiments.trial import Trial
 from tuning.knobs import preset
@@ -368,31 +368,79 @@ def test_a_kept_step_must_not_lower_the_capacity():
     assert ladder.recommended.tokenizer == "naive"
 
 
+def _slowing(after, to, rules=((lambda k: k.tokenizer == "fast", 1.5),), stall=None):
+    """A QueueStub whose service rate falls to ``to`` from its ``after``-th call on (the machine changed, not the
+    knobs); ``stall(call, knobs, rate)`` may add latency to one run's slowest share instead."""
+    stub = QueueStub(list(rules), base_rate=100.0, noise=0.0, seed=2, window=600)
+    plain = stub.__call__
+
+    def measure(knobs, *, rate=None, record=False, seed=None):
+        if after is not None and len(stub.calls) >= after:
+            stub.base_rate = to
+        t = plain(knobs, rate=rate, record=record, seed=seed)
+        if stall is not None and rate is not None:
+            t = stall(len(stub.calls), knobs, t)
+        return t
+    return stub, measure
+
+
+def _baseline_calls() -> int:
+    stub, measure = _slowing(None, 100.0)
+    _ladder(measure, steps=(), target_p99_ms=100.0)
+    return len(stub.calls)  # noise 0: the same calls again
+
+
 def test_a_machine_that_slows_under_the_ladder_searches_the_reference_again_instead_of_judging_on_it():
     """A hypervisor takes 60% of the CPU after the baseline's search: the reference then fails at 60% of the
     capacity it was found to have, so the pairs judged the machine, not the knob. Its capacity is searched
-    again and the step judged at the new rate, and the row says why."""
-    def build(after):
-        stub = QueueStub([(lambda k: k.tokenizer == "fast", 1.5)], base_rate=100.0, noise=0.0, seed=2, window=600)
-        plain = stub.__call__
-
-        def measure(knobs, *, rate=None, record=False, seed=None):
-            if after is not None and len(stub.calls) >= after:
-                stub.base_rate = 40.0  # the machine changed, not the knobs
-            return plain(knobs, rate=rate, record=record, seed=seed)
-        return stub, measure
-
-    stub, measure = build(None)
-    _ladder(measure, steps=(), target_p99_ms=100.0)
-    baseline_calls = len(stub.calls)  # noise 0: the same calls again
-    stub, measure = build(baseline_calls)
+    again and the step judged at the new rate; the reference is the baseline's configuration, so the
+    baseline's capacity is the new one too (the headline compares one machine), and the row says why."""
+    stub, measure = _slowing(_baseline_calls(), 40.0)
     ladder = _ladder(measure, steps=("tokenizer",), target_p99_ms=100.0)
     step = ladder.step("tokenizer")
     assert "the machine changed" in step.reason and "searched again" in step.reason, step.reason
-    assert ladder.baseline_capacity.capacity > 60  # found before the slowdown: about 77 req/s
-    assert step.figures["reference_capacity"] < 0.6 * ladder.baseline_capacity.capacity, step.figures
+    (drift,) = ladder.summary()["machine_changed"]
+    assert drift["capacity_before"] > 60 and drift["capacity_after"] < 0.6 * drift["capacity_before"], drift
+    assert drift["baseline_searched_again"] and ladder.baseline_capacity.capacity == drift["capacity_after"]
     assert step.figures["rate"] < 0.6 * 40.0, step.figures  # judged below the slowed reference's capacity
     assert step.status == "kept" and ladder.recommended.tokenizer == "fast", step.reason
+    assert 1.2 < ladder.summary()["result"]["ratio"] < 3  # both capacities on the slowed machine (not 40/77)
+    assert {e.step for e in ladder.experiments} == {"baseline", "tokenizer"}  # no invented step names
+
+
+def test_a_machine_too_slow_for_the_target_is_searched_once_and_the_target_is_not_met():
+    stub, measure = _slowing(_baseline_calls(), 5.0)  # 200 ms a request: no rate meets 100 ms
+    ladder = _ladder(measure, steps=("tokenizer", "workers"), target_p99_ms=100.0)
+    s = ladder.summary()
+    assert len(s["machine_changed"]) == 1 and not ladder.target_met, s["machine_changed"]
+    assert ladder.step("workers").status != "kept" and "machine changed" not in ladder.step("workers").reason
+
+
+def test_a_stall_in_one_reference_run_is_not_a_changed_machine():
+    """One reference run's slowest 10% held up 2 s: the pooled count fails, but its p50 did not move."""
+    def stall(call, knobs, t):
+        if knobs.tokenizer != "fast" and stall.armed and t.rate is not None and t.rate < 50:
+            stall.armed = False
+            lat = np.array(t.latencies_ms, dtype=float)
+            lat[np.argsort(lat)[-len(lat) // 10:]] += 2000.0
+            return Trial(qps=t.qps, p99_ms=float(np.percentile(lat, 99)), p50_ms=float(np.median(lat)), ok=t.ok,
+                         submitted=t.submitted, window_s=t.window_s, rate=t.rate, offered_rate=t.offered_rate,
+                         latencies_ms=lat)
+        return t
+    stall.armed = False
+    calls = _baseline_calls()
+    stub, measure = _slowing(None, 100.0, stall=stall)
+    plain = measure
+
+    def armed(knobs, **kw):
+        if len(stub.calls) == calls:
+            stall.armed = True  # the first run after the baseline: pair 1's reference
+        return plain(knobs, **kw)
+    ladder = _ladder(armed, steps=("tokenizer",), target_p99_ms=100.0)
+    assert not stall.armed  # the stall happened
+    f = pooled_figures(ladder.step("tokenizer").comparison.reference, 100.0)
+    assert count_verdict(f["exceed"], f["n"]) == "fail", f  # the count alone would have blamed the machine
+    assert ladder.summary()["machine_changed"] == [], ladder.step("tokenizer").reason
 
 
 def test_when_the_reference_misses_a_step_that_gets_closer_is_kept():

@@ -399,6 +399,9 @@ def headline(inv: Investigation) -> str:
             return f"TARGET NOT MET: no configuration kept p99 <= {t:.0f} ms at any rate tried{closest}{p99}"
         was = (f"{b.capacity:.1f} [{fixed(b.low, '.1f')}-{fixed(b.high, '.1f')}]" if b is not None and b.met
                else "none (the baseline missed the target)")
+        changed = [d["step"] for d in lad.state.get("drifts") or [] if not d["baseline_searched_again"]]
+        if changed:  # the capacities before and after were measured on two different machines
+            was += f" (then the machine slowed, at the {changed[0]} step: not comparable)"
         return (f"capacity at p99 <= {t:.0f} ms: {was} -> {r.capacity:.1f} [{fixed(r.low, '.1f')}-{fixed(r.high, '.1f')}]"
                 f" req/s{p99}; ship: {lad.set_line()}")
     bq, rq = lad.baseline_figures.get("qps"), lad.final_figures.get("qps")

@@ -378,7 +378,10 @@ class LadderResult:
     def summary(self) -> dict[str, Any]:
         base_cap, cap = self.baseline_capacity, self.capacity
         ratio = None
-        if self.objective == "target" and base_cap is not None and cap is not None and base_cap.met and cap.met:
+        drifts = self.state.get("drifts") or []
+        comparable = not any(not d["baseline_searched_again"] for d in drifts)  # one machine before and after
+        if (self.objective == "target" and base_cap is not None and cap is not None and base_cap.met and cap.met
+                and comparable):
             ratio = rounded(cap.capacity / base_cap.capacity)
         elif self.objective == "qps" and self.baseline_figures.get("qps") and self.final_figures.get("qps"):
             ratio = rounded(self.final_figures["qps"] / self.baseline_figures["qps"])
@@ -391,6 +394,7 @@ class LadderResult:
                          "capacity": base_cap.summary() if base_cap is not None else None},
             "result": {**_figures_summary(self.final_figures), "capacity": cap.summary() if cap is not None else None,
                        "ratio": ratio, "ratio_of": "capacity" if self.objective == "target" else "qps"},
+            "machine_changed": drifts,
             "steps": [s.row() for s in self.steps],
             "experiments": [e.row() for e in self.experiments],
             "top": self.top().astype(object).where(lambda f: f.notna(), None).to_dict("records"),
@@ -517,6 +521,7 @@ class Ladder:
         self.baseline_capacity: Capacity | None = None
         self.baseline_figures: dict[str, Any] = {}
         self.done: list[str] = []
+        self.drifts: list[dict[str, Any]] = []  # the machine changed under the ladder (see drifted)
         self.on_step: Callable[[Step], None] | None = None
 
     @property
@@ -548,11 +553,11 @@ class Ladder:
     # --- measuring ---
 
     def search(self, name: str, knobs: Knobs, *, saturation: float | None = None,
-               known_pass: Probe | None = None) -> tuple[Capacity, list[int]]:
+               known_pass: Probe | None = None, label: str = "") -> tuple[Capacity, list[int]]:
         cap = capacity_at_target(self.measure, knobs, self.target, saturation=saturation, known_pass=known_pass,
-                                 settings=self.settings.capacity, status=lambda t: self.status(f"{name}: {t}"))
-        ids = [self.experiment(name, "probe", f"capacity probe at {p.rate:.1f} req/s", knobs, p.trials, p.rate).id
-               for p in cap.probes if p is not known_pass]
+                                 settings=self.settings.capacity, status=lambda t: self.status(f"{name}: {label}{t}"))
+        ids = [self.experiment(name, "probe", f"{label}capacity probe at {p.rate:.1f} req/s", knobs, p.trials,
+                               p.rate).id for p in cap.probes if p is not known_pass]
         return cap, ids
 
     def start(self, knobs: Knobs, first: Trial | None) -> Step:
@@ -606,14 +611,10 @@ class Ladder:
                self.experiment(name, "candidate", change, knobs, cmp.candidate, rate).id]
         if self.target_mode and cap.met and not again:
             drift = self.drifted(name, ref, cmp, rate)
-            if drift is not None:
-                why, new_ref, probe_ids = drift
+            if drift is not None:  # judged again against the reference's new capacity (met or not)
+                why, probe_ids = drift
                 note = f"{note}; {why}" if note else why
-                if new_ref.met:
-                    return self.judge(name, title, change, knobs, note, again=True, carried=ids + probe_ids)
-                return self.finish(Step(name, title, change, "not kept", f"{note}: nothing to compare against",
-                                        knobs, ref, {"rate": rounded(rate), "meets_target": False}, ids + probe_ids,
-                                        cmp))
+                return self.judge(name, title, change, knobs, note, again=True, carried=ids + probe_ids)
         cand, refd = cmp.figures("candidate", self.target), cmp.figures("reference", self.target)
         figures = {"metric": cmp.metric, "rate": rounded(rate), "ratio": rounded(cmp.ratio), "low": rounded(cmp.low),
                    "high": rounded(cmp.high), "median_ratio": rounded(cmp.median_ratio), "pairs": cmp.pairs,
@@ -697,27 +698,40 @@ class Ladder:
         reason = f"{note}; {reason}" if note else reason
         return self.finish(Step(name, title, change, status, reason, knobs, ref, figures, ids, cmp, new_cap))
 
-    def drifted(self, name: str, ref: Knobs, cmp: Comparison, rate: float) -> tuple[str, Capacity, list[int]] | None:
-        """When the reference fails by the count at ``compare_at`` of the capacity it was found to have, the
+    def drifted(self, name: str, ref: Knobs, cmp: Comparison, rate: float) -> tuple[str, list[int]] | None:
+        """When the reference fails by the count at ``compare_at`` of the capacity it was found to have, and its
+        median p50 there is above 1.5x the p50 it had at that capacity (a stall moves a p99, not a p50), the
         machine changed under the ladder (a hypervisor's steal, another tenant), not the knobs: the pairs
-        judged nothing. Its capacity is searched again, becomes the reference's, and the step is judged once
-        more (the caller). Returns (what happened, the new capacity, its probes' ids), or None."""
+        judged nothing. Its capacity is searched again and becomes the reference's (met or not); the caller
+        judges the step once more. When the reference is the baseline's configuration the baseline's capacity
+        is replaced too (the headline then compares one machine); otherwise the ladder records the change and
+        its summary gives no before/after ratio. Returns (what happened, the experiments' ids), or None."""
         f = pooled_figures(cmp.reference, self.target)
         if not (f["counted"] and f["n"]) or count_verdict(min(f["exceed"], f["n"]), f["n"]) != "fail":
             return None
-        steal = known_median([t.steal_share for t in cmp.reference])
         old = self.capacity
+        then = old.best.p50_ms if old.best is not None else math.nan
+        now = known_median([t.p50_ms for t in cmp.reference])
+        if not (math.isfinite(then) and math.isfinite(now) and now > 1.5 * then):
+            return None
+        steal = known_median([t.steal_share for t in cmp.reference])
         closed = self.measure(ref)  # its completion rate now brackets the search, as the baseline's did
         ids = [self.experiment(name, "reference", "the reference again (closed loop)", ref, [closed]).id]
-        new, probe_ids = self.search(f"{name}: the reference again", ref, saturation=closed.qps)
+        new, probe_ids = self.search(name, ref, saturation=closed.qps, label="the reference again: ")
         ids += probe_ids
-        if new.met:
-            self.capacity = new
+        self.capacity = new
+        baseline = next((st.knobs for st in self.steps if st.status == "baseline"), None)
+        if ref == baseline:
+            self.baseline_capacity = new
+        self.drifts.append({"step": name, "rate": rounded(rate), "capacity_before": rounded(old.capacity),
+                            "capacity_after": rounded(new.capacity), "steal_share": rounded(steal),
+                            "baseline_searched_again": ref == baseline})
         said = f", steal {100 * steal:.0f}% of the CPU during its pairs" if math.isfinite(steal) else ""
-        why = (f"the reference failed at {rate:.1f} req/s ({f['exceed']} of {f['n']} over {self.target:.0f} ms), "
-               f"{100 * self.settings.compare_at:.0f}% of the capacity it was found to have ({old.capacity:.1f} "
-               f"req/s): the machine changed{said}; its capacity searched again: {new.sentence()}")
-        return why, new, ids
+        why = (f"the reference failed at {rate:.1f} req/s ({f['exceed']} of {f['n']} over {self.target:.0f} ms, p50 "
+               f"{now:.0f} ms against {then:.0f} ms at its capacity), {100 * self.settings.compare_at:.0f}% of the "
+               f"capacity it was found to have ({old.capacity:.1f} req/s): the machine changed{said}; its capacity "
+               f"searched again: {new.sentence()}")
+        return why, ids
 
     def try_change(self, name: str, title: str, changes: dict[str, Any], note: str = "") -> Step:
         """Measure the current knobs with ``changes`` and judge it. A knob refusing the change is ``refused``;
@@ -753,7 +767,7 @@ class Ladder:
                  "capacity": self.capacity.summary() if self.capacity is not None else None,
                  "baseline_capacity": self.baseline_capacity.summary() if self.baseline_capacity is not None else None,
                  "baseline_figures": self.baseline_figures, "figures": self.figures, "knee": extra.get("knee"),
-                 "objective": self.settings.objective, "target_p99_ms": self.target}
+                 "objective": self.settings.objective, "target_p99_ms": self.target, "drifts": list(self.drifts)}
         return LadderResult(base, self.current or base, list(self.steps), list(self.experiments),
                             device_block(dev, base.sim_profile), self.settings, self.target,
                             self.baseline_capacity, self.capacity, extra.get("sweep"), extra.get("sweep_final"),
@@ -784,6 +798,7 @@ class Ladder:
                                   if state.get("baseline_capacity") else None)
         self.baseline_figures, self.figures = dict(state.get("baseline_figures") or {}), dict(state.get("figures") or {})
         self.done = done
+        self.drifts = list(state.get("drifts") or [])
 
 
 def _round(x: Any) -> Any:
