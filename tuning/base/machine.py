@@ -133,12 +133,6 @@ def busy_elsewhere(load1: float | None = None, own_threads: int = 0, cores: int 
     return None
 
 
-def steal_ticks() -> tuple[int, int] | None:
-    """(steal, total) jiffies of the machine so far; :func:`steal_share` of two readings is the share of CPU
-    time the hypervisor gave to other guests in between (None where ``/proc/stat`` has no steal column)."""
-    return _steal_ticks()
-
-
 def steal_share(start: tuple[int, int] | None, end: tuple[int, int] | None) -> float:
     """The steal share between two :func:`steal_ticks` readings (NaN when either is missing or no time passed)."""
     if start is None or end is None or end[1] <= start[1]:
@@ -146,8 +140,9 @@ def steal_share(start: tuple[int, int] | None, end: tuple[int, int] | None) -> f
     return (end[0] - start[0]) / (end[1] - start[1])
 
 
-def _steal_ticks() -> tuple[int, int] | None:
-    """(steal, total) jiffies from ``/proc/stat``'s cpu line; None where it has no steal column."""
+def steal_ticks() -> tuple[int, int] | None:
+    """(steal, total) jiffies from ``/proc/stat``'s cpu line; :func:`steal_share` of two readings is the share of
+    CPU time the hypervisor gave to other guests in between (None where it has no steal column)."""
     try:
         with open("/proc/stat") as stat:
             fields = stat.readline().split()
@@ -193,7 +188,7 @@ class MachineWatch:
 
     def __init__(self) -> None:
         self.load_at_start = _load()
-        self._steal_at_start = _steal_ticks()
+        self._steal_at_start = steal_ticks()
         self.busy_at_start = busy_elsewhere(self.load_at_start[0]) if self.load_at_start else None
 
     def info(self) -> dict[str, Any]:
@@ -201,9 +196,9 @@ class MachineWatch:
         info["load_average_at_start"] = self.load_at_start
         info["load_average_at_end"] = _load()
         info["busy_elsewhere_at_start"] = self.busy_at_start
-        start, end = self._steal_at_start, _steal_ticks()
-        if start and end and end[1] > start[1]:
-            info["steal_share"] = round((end[0] - start[0]) / (end[1] - start[1]), 4)
+        share = steal_share(self._steal_at_start, steal_ticks())
+        if math.isfinite(share):
+            info["steal_share"] = round(share, 4)
         return info
 
 
@@ -224,7 +219,7 @@ def machine_info() -> dict[str, Any]:
         threads = (torch.get_num_threads(), torch.get_num_interop_threads())
     except ImportError:
         pass
-    steal = _steal_ticks()
+    steal = steal_ticks()
     return {
         "cpu": {"model": cpu_name(info),
                 "vendor": info.get("vendor_id"), "arch": platform.machine(), "flags": flags,
