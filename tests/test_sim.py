@@ -55,26 +55,26 @@ def _two_op_model() -> ModelProfile:
 
 def test_cost_formula_by_hand():
     model, dev = _two_op_model(), _device()
-    c = predict(model, dev, batch=2, length=5, dtype="fp32", graph="eager")
+    c = predict(model, dev, batch=2, length=5, dtype="fp32", graph="eager", host_dispatch_s=0.0)
     # B*T = 10: mm 1e10 FLOP / 1e12 = 10 ms (bytes 1e3/1e9 = 1 us); norm 1e5 B / 1e9 = 100 us
     assert c.kernels == 2 and c.launches == 2
     assert c.device_s == pytest.approx(0.010 + 0.0001)
     assert c.host_s == pytest.approx(20e-6)
     # async: mm launched at 10 us runs to 10.01 ms; norm launched at 20 us waits for it, then 100 us
     assert c.call_s == pytest.approx(10e-6 + 0.010 + 0.0001)
-    bf16 = predict(model, dev, 2, 5, "bf16", "eager")
+    bf16 = predict(model, dev, 2, 5, "bf16", "eager", host_dispatch_s=0.0)
     assert bf16.device_s == pytest.approx(0.005 + 0.00005)  # twice the FLOP/s, half the bytes
-    graph = predict(model, dev, 2, 5, "fp32", "cuda_graph")
+    graph = predict(model, dev, 2, 5, "fp32", "cuda_graph", host_dispatch_s=0.0)
     # the runner's 2 input copies (launched at 10 and 20 us, 1 us each on the floor), the replay at 25 us, the
     # output clone launched at 35 us after the graph's 10.1 ms
     assert graph.host_s == pytest.approx(5e-6 + 3 * 10e-6) and graph.call_s == pytest.approx(25e-6 + 0.0101 + 1e-6)
-    sync = predict(model, _device(synchronous=True), 2, 5, "fp32", "eager")
+    sync = predict(model, _device(synchronous=True), 2, 5, "fp32", "eager", host_dispatch_s=0.0)
     assert sync.call_s == pytest.approx(20e-6 + 0.0101)
 
 
 def test_launch_bound_call_is_host_time_and_minimum_kernel_applies():
     model, dev = _two_op_model(), _device(launch_s=1e-3, min_kernel_s=50e-6)
-    c = predict(model, dev, batch=1, length=1, dtype="fp32", graph="eager")
+    c = predict(model, dev, batch=1, length=1, dtype="fp32", graph="eager", host_dispatch_s=0.0)
     # kernels: mm 1e9/1e12 = 1 ms, norm max(50 us, 1e4/1e9 = 10 us) = 50 us; launches at 1 ms and 2 ms
     assert c.device_s == pytest.approx(1e-3 + 50e-6)
     assert c.call_s == pytest.approx(2e-3 + 50e-6)
@@ -233,7 +233,7 @@ def _timed_device(host_s: float, device_s: float) -> SimulatedDevice:
     """A device and model where one call costs exactly ``host_s`` of launches and ``device_s`` of compute."""
     model = ModelProfile(name="one", ops=["k"], launches=[True], flops=[[device_s * 1e12, 0, 0, 0]],
                          float_bytes=[[0, 0, 0, 0]], other_bytes=[[0, 0, 0, 0]], param_bytes_fp32=0, output_dim=3)
-    return SimulatedDevice(_device(launch_s=host_s, min_kernel_s=0.0, mem_bytes=1e12), model)
+    return SimulatedDevice(_device(launch_s=host_s, min_kernel_s=0.0, mem_bytes=1e12), model, host_dispatch_s=0.0)
 
 
 def test_stand_in_takes_the_predicted_time():
@@ -466,7 +466,8 @@ def test_a_synchronous_device_burns_fixed_work_on_the_intra_op_pool(monkeypatch)
     model = ModelProfile(name="four", ops=["k"] * 4, launches=[True] * 4, flops=[[0.003 * 1e12, 0, 0, 0]] * 4,
                          float_bytes=[[0, 0, 0, 0]] * 4, other_bytes=[[0, 0, 0, 0]] * 4, param_bytes_fp32=0,
                          output_dim=3)
-    device = SimulatedDevice(_device(launch_s=0.0, min_kernel_s=0.0, mem_bytes=1e12, synchronous=True), model)
+    device = SimulatedDevice(_device(launch_s=0.0, min_kernel_s=0.0, mem_bytes=1e12, synchronous=True), model,
+                             host_dispatch_s=0.0)
     burner = device.burner
     assert isinstance(burner, IntraOpBurner) and burner.ops == 4
     threads = torch.get_num_threads()

@@ -122,14 +122,14 @@ def test_cuda_graph_charges_the_runners_input_copies_padding_and_output_clone():
     """CudaGraphRunner per call: 2 input copies into the static buffers, 3 padding writes on a ragged batch,
     the replay, and a clone of the output: the extra kernels are launched from the host like any other."""
     model, dev = _two_op_model(), _device()
-    full = predict(model, dev, 2, 5, "fp32", "cuda_graph")
+    full = predict(model, dev, 2, 5, "fp32", "cuda_graph", host_dispatch_s=0.0)
     # graph kernels: mm 10 ms, norm 100 us; every copy (<= 160 B at 1 GB/s) sits on the 1 us floor
     assert full.launches == 1 + 3 and full.kernels == 2 + 3
     assert full.host_s == pytest.approx(5e-6 + 3 * 10e-6)
     assert full.device_s == pytest.approx(0.0101 + 3e-6)
     # copies launched at 10 and 20 us, replay at 25 us, the clone launched at 35 us waits for the graph
     assert full.call_s == pytest.approx(25e-6 + 0.0101 + 1e-6)
-    ragged = predict(model, dev, 2, 5, "fp32", "cuda_graph", rows=1)
+    ragged = predict(model, dev, 2, 5, "fp32", "cuda_graph", rows=1, host_dispatch_s=0.0)
     assert ragged.launches == 1 + 6 and ragged.kernels == 2 + 6
     assert ragged.call_s == pytest.approx(55e-6 + 0.0101 + 1e-6)
     eager = predict(model, dev, 2, 5, "fp32", "eager")

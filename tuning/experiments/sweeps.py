@@ -210,6 +210,10 @@ def run_batch_sweep(knobs, sizes: Sequence[int], length: int = 64, repeats: int 
     result.setup = {"compile_mode": k.compile_mode, "tf32": k.tf32, "device_name": engine.device_info.get("name")}
     if engine.device.type == "cuda" and not engine.simulated:
         result.setup["device_memory_bytes"] = torch.cuda.get_device_properties(engine.device).total_memory
+    if not engine.simulated:  # the sweeping host's dispatch per op: a calibration subtracts it from its launch cost
+        from tuning.sim.dispatch import host_dispatch_s
+
+        result.setup["host_dispatch_s"] = host_dispatch_s()
     if engine.simulated:  # never a CPU label on the stand-in's figures
         result.device = f"simulated {k.sim_profile}"
         result.setup["device_name"] = f"simulated {k.sim_profile}"

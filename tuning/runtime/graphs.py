@@ -26,6 +26,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from tuning.base.refusals import batch_too_large, uncaptured_shape
+
 _PROFILER_READY = False
 
 
@@ -143,7 +145,7 @@ class CudaGraphRunner(_Sealable):
     def _capture_size(self, batch: int) -> int:
         size = fitting_size(batch, self.batch_sizes)
         if size is None:
-            raise ValueError(f"batch of {batch} is larger than every captured batch size {self.batch_sizes}")
+            raise ValueError(batch_too_large(batch, self.batch_sizes))
         return size
 
     def capture(self, batch: int, length: int) -> _Graph:
@@ -151,9 +153,7 @@ class CudaGraphRunner(_Sealable):
         if key not in self.graphs:
             if self.sealed:
                 self.late_shapes.append(key)
-                raise ValueError(f"shape {key} was not captured during warm-up (captured: {sorted(self.graphs)}); "
-                                 "capturing inside the measured window is refused: warm up every (batch, length) "
-                                 "the run will see (Engine.warmup_shapes)")
+                raise ValueError(uncaptured_shape(key, self.graphs))
             if self._real:
                 init_profiler_for_graphs()
             self.profiler_ready = self.profiler_ready and _PROFILER_READY

@@ -10,6 +10,7 @@ from __future__ import annotations
 from tuning.base.assets import ASSETS, shipped_profiles
 from tuning.sim.costmodel import CallCost, ModelProfile, measure_model_profile, predict
 from tuning.sim.device import DeviceChoice, device_for
+from tuning.sim.dispatch import host_dispatch_s
 from tuning.sim.profiles import DEFAULT_PROFILE, DeviceProfile, load_profile
 from tuning.sim.standin import SimulatedDevice, SimulatedModel
 from tuning.sim.timeline import DeviceTimeline
@@ -18,7 +19,7 @@ MINILM_PROFILE = ASSETS / "minilm_model_profile.json"
 
 __all__ = ["CallCost", "DeviceProfile", "ModelProfile", "SimulatedDevice", "SimulatedModel", "DeviceChoice",
            "device_for", "DeviceTimeline", "load_profile", "shipped_profiles", "measure_model_profile", "predict",
-           "embedded_model_profile", "model_profile_for", "DEFAULT_PROFILE"]
+           "embedded_model_profile", "model_profile_for", "DEFAULT_PROFILE", "host_dispatch_s"]
 
 
 def embedded_model_profile() -> ModelProfile:

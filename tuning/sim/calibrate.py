@@ -26,6 +26,7 @@ from tuning.sim.profiles import DEFAULT_PROFILE, DeviceProfile, load_profile
 
 LAST_DEVICE_MEMORY: float | None = None  # total memory of the device the last sweeps read were measured on
 LAST_DEVICE_NAME: str | None = None  # the card's name (as the driver reports it) the last sweeps read were measured on
+LAST_HOST_DISPATCH: float | None = None  # the sweeping host's dispatch per op (seconds), where the sweeps recorded it
 UNKNOWN = "unknown"  # the start of a source that says no shipped profile of this card gives the figure
 # a card without a shipped profile: copies at PCIe Gen4 x16 rates (most inference cards), marked unknown
 GENERIC_COPIES = {"h2d_pinned_bps": 25e9, "h2d_pageable_bps": 8e9, "copy_latency_s": 10e-6}
@@ -47,9 +48,10 @@ def read_sweeps(paths: Sequence[str | Path]) -> tuple[list[Point], str]:
 
     A sweep under ``compile_mode='reduce-overhead'`` counts as ``compile_graph`` (fused kernels replayed
     as one graph) and one with ``tf32`` on as dtype ``tf32``; the device's memory, where a sweep on CUDA
-    recorded it, is kept in :data:`LAST_DEVICE_MEMORY`, and the card's name in :data:`LAST_DEVICE_NAME`."""
-    global LAST_DEVICE_MEMORY, LAST_DEVICE_NAME
-    LAST_DEVICE_MEMORY = LAST_DEVICE_NAME = None
+    recorded it, is kept in :data:`LAST_DEVICE_MEMORY`, the card's name in :data:`LAST_DEVICE_NAME` and the sweeping
+    host's dispatch per op in :data:`LAST_HOST_DISPATCH`."""
+    global LAST_DEVICE_MEMORY, LAST_DEVICE_NAME, LAST_HOST_DISPATCH
+    LAST_DEVICE_MEMORY = LAST_DEVICE_NAME = LAST_HOST_DISPATCH = None
     points: list[Point] = []
     devices: set[str] = set()
     for path in paths:
@@ -82,6 +84,8 @@ def read_sweeps(paths: Sequence[str | Path]) -> tuple[list[Point], str]:
                 dtype = "tf32"
             if sweep.get("device_memory_bytes"):
                 LAST_DEVICE_MEMORY = float(sweep["device_memory_bytes"])
+            if sweep.get("host_dispatch_s"):
+                LAST_HOST_DISPATCH = float(sweep["host_dispatch_s"])
             for p in sweep["points"]:
                 if p.get("status", "ok") != "ok" or p.get("per_batch_ms") is None:
                     continue
@@ -213,8 +217,14 @@ def _fallback_base(device_name: str | None) -> tuple[DeviceProfile, dict[str, st
 
 def calibrate(points: Sequence[Point], model: ModelProfile, device_kind: str, name: str,
               base: str | DeviceProfile | None = None, memory_bytes: float | None = None,
-              device_name: str | None = None) -> tuple[DeviceProfile, float]:
+              device_name: str | None = None, host_dispatch_s: float | None = None) -> tuple[DeviceProfile, float]:
     """A measured device profile fitted to ``points``, and the fit's worst relative error on them.
+
+    The fitted host time per launch (and per replay) includes the calibrating host's own dispatch per op;
+    the profile keeps the driver's part only, the fitted value minus that dispatch (clamped at 0), so a
+    what-if on another host adds its own (:mod:`tuning.sim.costmodel`). ``host_dispatch_s``: the calibrating
+    host's dispatch per op; None: the one the sweeps recorded (:data:`LAST_HOST_DISPATCH`), else this host's,
+    measured now (calibration runs where the sweeps ran); ``sources['host_dispatch_s']`` says which.
 
     Fields the sweep cannot see (copy bandwidths, power; memory unless ``memory_bytes`` or the sweeps give
     it) come from ``base`` when given; on CUDA otherwise from the shipped profile of the same card
@@ -227,6 +237,14 @@ def calibrate(points: Sequence[Point], model: ModelProfile, device_kind: str, na
     """
     synchronous = device_kind == "cpu"
     params, worst = fit_parameters(model, points, synchronous)
+    if host_dispatch_s is not None:
+        dispatch, dispatch_from = float(host_dispatch_s), "given"
+    elif LAST_HOST_DISPATCH is not None:
+        dispatch, dispatch_from = LAST_HOST_DISPATCH, "recorded by the sweeps on the sweeping host"
+    else:
+        from tuning.sim.dispatch import host_dispatch_s as measured
+
+        dispatch, dispatch_from = measured(), "measured on the calibrating host (the sweeps recorded none)"
     fallback_sources: dict[str, str] = {}
     if base is None and synchronous:
         import psutil
@@ -260,9 +278,12 @@ def calibrate(points: Sequence[Point], model: ModelProfile, device_kind: str, na
         "peak_flops": f"fitted: achieved FLOP/s per dtype ({', '.join(measured)} measured"
                       + (f"; {', '.join(copied)} copied from a measured one, not fitted)" if copied else ")"),
         "mem_bandwidth": "fitted: achieved bandwidth of operators without FLOPs" if synchronous or graph_points else hidden,
-        "launch_s": "fitted: host time per launched operator",
+        "launch_s": (f"fitted: host time per launched operator, {params['launch_s'] * 1e6:.2f} us, less the calibrating "
+                     f"host's dispatch ({dispatch * 1e6:.2f} us, clamped at 0): the driver's part"),
+        "host_dispatch_s": (f"{dispatch * 1e6:.3f} us per op on the calibrating host ({dispatch_from}; "
+                            "tuning.sim.dispatch.host_dispatch_s)"),
         "min_kernel_s": "fitted: floor of one operator's time" if synchronous or graph_points else hidden,
-        "graph_replay_s": ("fitted from graph points" if graph_points else
+        "graph_replay_s": ("fitted from graph points, less one dispatch of the calibrating host" if graph_points else
                            f"{UNIDENTIFIED}: no graph points; {base_profile.graph_replay_s * 1e6:g} us kept from "
                            f"{base_profile.name}" + ("" if base_profile.device_names else " (a typical estimate)")),
         **fallback_sources,
@@ -277,8 +298,10 @@ def calibrate(points: Sequence[Point], model: ModelProfile, device_kind: str, na
                      f"{sorted({p.length for p in points})}, {', '.join(measured)}, {', '.join(graphs)}) on "
                      f"{time.strftime('%Y-%m-%d')}; worst fit error {worst:.1%}"),
         peak_flops=peak, flops_efficiency=1.0, mem_bandwidth=float(params["bandwidth"]), bandwidth_efficiency=1.0,
-        launch_s=float(params["launch_s"]), min_kernel_s=float(params["min_kernel_s"]),
-        graph_replay_s=float(params["graph_replay_s"]), synchronous=synchronous, sources=sources,
+        launch_s=max(float(params["launch_s"]) - dispatch, 0.0), min_kernel_s=float(params["min_kernel_s"]),
+        graph_replay_s=(max(float(params["graph_replay_s"]) - dispatch, 0.0) if graph_points
+                        else base_profile.graph_replay_s),
+        synchronous=synchronous, sources=sources, host_dispatch_separate=True,
         # the fit's rates are flat (one per dtype, one floor): the shape model of the base profile stays off so that
         # the profile predicts what was fitted
         sm_count=0, gemm_efficiency={}, bandwidth_half_bytes=0.0, graph_min_kernel_s=None)

@@ -17,8 +17,11 @@ more points than terms (checked), and each operator's own worst fit error is kep
 (``fit_errors``), so one badly fitted operator cannot hide in an aggregate.
 
 A **device profile** (:mod:`tuning.sim.profiles`) gives peak FLOP/s per dtype, bandwidth,
-their achievable fractions, the host cost of one eager launch and of one graph replay, the
-minimum kernel time per mode, the SM count and copy bandwidths.
+their achievable fractions, the driver's part of one eager launch and of one graph replay, the
+minimum kernel time per mode, the SM count and copy bandwidths. The host's part of a launch is not the
+device's: it is this host's eager dispatch cost per op (:func:`tuning.sim.dispatch.host_dispatch_s`,
+Python and torch's dispatcher for a tiny op, measured once per process), so a slow or busy host launches
+slower.
 
 The formula, for one forward at (B, T) in dtype d::
 
@@ -36,11 +39,17 @@ The formula, for one forward at (B, T) in dtype d::
                  elementwise or reduction kernel cannot keep enough bytes in flight)
     min_kernel_s[mode] = min_kernel_s (eager, compile) or graph_min_kernel_s (cuda_graph, compile_graph)
     device_s   = sum_i kernel_i                                   (what NVML's utilization sees)
-    host_s     = launches * launch_s     (eager: every kernel; compile: fused kernels)
-    host_s     = graph_replay_s + copies * launch_s      (cuda_graph, as CudaGraphRunner runs a call:
+    launch     = dispatch + launch_s       (dispatch: this host's per-op dispatch, measured, or the
+                 ``host_dispatch_s`` given; launch_s: the driver's cudaLaunchKernel, from the profile)
+    replay     = dispatch + graph_replay_s (one Python call into the driver's cudaGraphLaunch)
+    host_s     = launches * launch     (eager: every kernel; compile: fused kernels)
+    host_s     = replay + copies * launch      (cuda_graph, as CudaGraphRunner runs a call:
                  2 input copies into the static buffers, 3 padding writes when the batch has fewer
                  rows than the captured size, the replay, then a clone of the output rows; each
                  copy is a bandwidth-bound kernel that the device runs too; compile_graph: the replay alone)
+    dispatch_s = the dispatch part of host_s (launches * dispatch); host_s - dispatch_s is the driver's
+                 (a profile made before the split, ``host_dispatch_separate`` false, has launch_s and
+                 graph_replay_s as whole host costs: dispatch is 0 for it)
     call_s     = end of the last kernel, where kernel i starts at max(its launch, end of kernel i-1)
                  (an asynchronous device: about max(host_s, device_s) plus the start-up lag);
                  synchronous devices (a CPU) run launch then kernel in series: host_s + device_s
@@ -73,6 +82,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
+from tuning.sim.dispatch import host_dispatch_s as measured_dispatch_s
 from tuning.sim.profiles import DeviceProfile
 
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}  # tf32: fp32 storage, matmuls on TF32 tensor cores
@@ -395,6 +405,12 @@ class CallCost:
     kernels: int  # kernels the device runs (under cuda_graph: the graph's and the runner's copies)
     launches: int  # host launches: kernels (eager/compile), 1 replay (+ the copies under cuda_graph)
     memory_bytes: float
+    dispatch_s: float = 0.0  # the part of host_s that is this host's per-op dispatch (launches x dispatch)
+
+    @property
+    def driver_s(self) -> float:
+        """The part of ``host_s`` that is the driver's (the profile's launch and replay constants)."""
+        return self.host_s - self.dispatch_s
 
     @property
     def device_share(self) -> float:
@@ -494,12 +510,28 @@ def async_call_seconds(segments: Sequence[tuple[float, np.ndarray]]) -> float:
     return end
 
 
+def launch_costs(device: DeviceProfile, host_dispatch_s: float | None = None) -> tuple[float, float, float]:
+    """(dispatch, launch, replay) host seconds per the module docstring: this host's dispatch per op
+    (``host_dispatch_s``; None: measured once per process, :func:`tuning.sim.dispatch.host_dispatch_s`; 0 for
+    a profile whose constants are whole host costs), one eager launch and one graph replay."""
+    if not device.host_dispatch_separate:
+        dispatch = 0.0
+    elif host_dispatch_s is None:
+        dispatch = measured_dispatch_s()
+    else:
+        dispatch = float(host_dispatch_s)
+    return dispatch, dispatch + device.launch_s, dispatch + device.graph_replay_s
+
+
 def predict(model: ModelProfile, device: DeviceProfile, batch: int, length: int, dtype: str = "fp32",
-            graph: str = "eager", rows: int | None = None) -> CallCost:
+            graph: str = "eager", rows: int | None = None, host_dispatch_s: float | None = None) -> CallCost:
     """The cost of one forward at (batch, length) per the module docstring's formula.
 
     ``rows``: under ``cuda_graph``, the rows the caller passed (fewer than ``batch``, the captured size,
-    for a ragged batch: the runner pads the rest); None: ``batch``."""
+    for a ragged batch: the runner pads the rest); None: ``batch``. ``host_dispatch_s``: the host's eager
+    dispatch cost per op (seconds); None: this host's, measured once per process (pass a value to predict
+    another host, or for determinism)."""
+    dispatch, launch_s, replay_s = launch_costs(device, host_dispatch_s)
     flops, nbytes, launches = model.per_op(batch, length, dtype)
     shapes = model.gemm_shapes(batch, length)
     if graph in ("compile", "compile_graph"):
@@ -514,26 +546,26 @@ def predict(model: ModelProfile, device: DeviceProfile, batch: int, length: int,
         pre = [copy_kernel_seconds(device, b) for b in before]
         post = [copy_kernel_seconds(device, b) for b in after]
         copies = len(pre) + len(post)
-        host_s, n_launches = device.graph_replay_s + copies * device.launch_s, 1 + copies
+        host_s, n_launches = replay_s + copies * launch_s, 1 + copies
         device_s += float(sum(pre) + sum(post))
         n += copies
-        call_s = async_call_seconds([(device.launch_s, np.asarray([k])) for k in pre]
-                                    + [(device.graph_replay_s, kernels)]
-                                    + [(device.launch_s, np.asarray([k])) for k in post])
+        call_s = async_call_seconds([(launch_s, np.asarray([k])) for k in pre]
+                                    + [(replay_s, kernels)]
+                                    + [(launch_s, np.asarray([k])) for k in post])
     elif graph == "compile_graph":  # compile with mode='reduce-overhead'
-        host_s, n_launches = device.graph_replay_s, 1
+        host_s, n_launches = replay_s, 1
         call_s = host_s + device_s
     else:
-        host_s, n_launches = n * device.launch_s, n
+        host_s, n_launches = n * launch_s, n
         if device.synchronous:
             call_s = host_s + device_s
         else:
-            call_s = async_call_seconds([(device.launch_s, np.asarray([k])) for k in kernels])
+            call_s = async_call_seconds([(launch_s, np.asarray([k])) for k in kernels])
     # weights, plus the live activations around the largest operator (its inputs and outputs, twice for the
     # next layer's and the allocator's slack), plus the CUDA context on an accelerator
     memory = (model.param_bytes_fp32 * DTYPE_BYTES[dtype] / 4 + 2 * float(nbytes.max(initial=0.0))
               + (0.0 if device.synchronous else CUDA_CONTEXT_BYTES))
-    return CallCost(host_s, device_s, call_s, n, n_launches, memory)
+    return CallCost(host_s, device_s, call_s, n, n_launches, memory, dispatch_s=n_launches * dispatch)
 
 
 def copy_seconds(device: DeviceProfile, nbytes: float, pinned: bool) -> float:

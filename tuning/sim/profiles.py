@@ -31,8 +31,11 @@ class DeviceProfile:
     mem_bandwidth: float
     bandwidth_efficiency: float
     mem_bytes: float
-    launch_s: float  # host CPU time per eager kernel launch
-    graph_replay_s: float  # host CPU time of one CUDA-graph replay
+    # host CPU time of the driver's part of one eager kernel launch (cudaLaunchKernel) and of one CUDA-graph
+    # replay (cudaGraphLaunch); the host's own per-op dispatch is measured on the host that runs the what-if
+    # (tuning.sim.dispatch) and added by the cost model, unless host_dispatch_separate is False
+    launch_s: float
+    graph_replay_s: float
     min_kernel_s: float  # shortest a kernel takes on the device
     h2d_pinned_bps: float
     h2d_pageable_bps: float
@@ -51,6 +54,10 @@ class DeviceProfile:
     gemm_k_half: float = 64.0  # K at which a GEMM tile reaches half its asymptotic rate (prologue/epilogue)
     bandwidth_half_bytes: float = 0.0  # kernel size (bytes) at which it reaches half the achievable bandwidth
     graph_min_kernel_s: float | None = None  # shortest kernel inside a CUDA graph (None: min_kernel_s)
+    # True: launch_s and graph_replay_s are the driver's part only (the host's dispatch is added per launch);
+    # False: a profile written before the split (no such key in its JSON), whose launch_s and graph_replay_s
+    # are whole host costs per launch measured or estimated on some host: used as they are
+    host_dispatch_separate: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in ("estimate", "measured"):
@@ -143,6 +150,8 @@ def load_profile(name_or_path: str | Path | DeviceProfile = DEFAULT_PROFILE) -> 
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"sim_profile={text!r}: cannot read {path}: {exc}") from None
     known = {f.name for f in fields(DeviceProfile)}
+    if isinstance(raw, dict):
+        raw.setdefault("host_dispatch_separate", False)  # written before the split: whole host costs
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ValueError(f"sim_profile={text!r}: unknown field(s) {unknown}; known: {', '.join(sorted(known))}")

@@ -2,10 +2,13 @@
 
 Everything on the host runs for real; only the forward is replaced. Each call
 
-1. spins the calling thread for the predicted host time, counted in the thread's own CPU time
-   (eager dispatch is CPU work that competes with preprocessing threads for cores and the GIL,
-   and stretches when the scheduler preempts it; under ``cuda_graph`` it is one short replay);
-   on a synchronous (CPU) profile the whole call is host work: it runs a fixed amount of real
+1. runs the predicted host time as real CPU work on the calling thread, with torch's GIL pattern
+   (:class:`~tuning.sim.dispatch.HostPart`): per launch one real tiny torch op (this host's dispatch:
+   the binding holds the GIL to parse its arguments and releases it inside the dispatcher) and the
+   profile's launch constant burnt with the GIL released, as a real launch is; it competes with
+   preprocessing threads for cores, lets other Python threads run inside each launch as a real eager
+   forward does, and stretches when the scheduler preempts it (under ``cuda_graph``: one replay and the
+   runner's copies); on a synchronous (CPU) profile the whole call is host work: it runs a fixed amount of real
    matrix work on torch's intra-op thread pool (:class:`IntraOpBurner`), so it takes the cores, the
    GIL pattern (released inside each op) and the slowdown under contention a CPU model's forward has,
 2. sleeps for the rest of the predicted call without holding the GIL (the host is free
@@ -28,7 +31,9 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from tuning.base.refusals import batch_too_large, uncaptured_shape
 from tuning.sim.costmodel import CallCost, ModelProfile, copy_seconds, predict
+from tuning.sim.dispatch import HostPart, host_dispatch_s
 from tuning.sim.profiles import DeviceProfile
 from tuning.sim.timeline import DeviceTimeline
 
@@ -39,8 +44,9 @@ SPIN_TAIL_S = 50e-6  # the most a device wait spins (holding the GIL) to land on
 
 
 def spin_cpu(seconds: float, wall_cap: float = 0.25) -> None:
-    """Host work: burn ``seconds`` of this thread's CPU time. Preempted by the scheduler, it takes longer
-    in wall time, as real launches would on an oversubscribed host (capped at ``wall_cap`` extra)."""
+    """Host work holding the GIL: burn ``seconds`` of this thread's CPU time in a Python loop. Preempted by the
+    scheduler, it takes longer in wall time (capped at ``wall_cap`` extra). The stand-in's host part used it
+    until it took torch's GIL pattern (:func:`host_part`); kept as the reference that holds the GIL."""
     if seconds <= 0:
         return
     cpu_end = time.thread_time() + seconds
@@ -121,15 +127,33 @@ class IntraOpBurner:
         return units
 
 
-class SimulatedDevice:
-    """A device profile, a model profile, a timeline of calls and the clock they share."""
+def host_part(cost: CallCost) -> HostPart:
+    """The stand-in's host work for a call: one tiny torch op per launch (each costs this host's measured
+    dispatch; fewer when ``host_s`` is smaller than that, e.g. a test's zero-cost host) and the rest of
+    ``host_s`` burnt with the GIL released."""
+    if cost.host_s <= 0:
+        return HostPart(0, 0.0)
+    dispatch = host_dispatch_s()
+    ops = min(cost.launches, int(cost.host_s / dispatch)) if dispatch > 0 else 0
+    return HostPart(ops, cost.host_s - ops * dispatch)
 
-    def __init__(self, device: DeviceProfile, model: ModelProfile, clock: Callable[[], float] = time.perf_counter):
+
+class SimulatedDevice:
+    """A device profile, a model profile, a timeline of calls and the clock they share.
+
+    ``host_dispatch_s``: the host's eager dispatch cost per op the predictions assume (None: this host's,
+    measured once per process; a fixed value makes them deterministic, and the host part still runs real
+    tiny ops for as much of it as they cover)."""
+
+    def __init__(self, device: DeviceProfile, model: ModelProfile, clock: Callable[[], float] = time.perf_counter,
+                 host_dispatch_s: float | None = None):
         self.profile = device
         self.model = model
         self.clock = clock
+        self.host_dispatch_s = host_dispatch_s
         self.timeline = DeviceTimeline()
         self._costs: dict[tuple, CallCost] = {}
+        self._plans: dict[CallCost, HostPart] = {}
         self._overshoot = 60e-6  # learnt: how late time.sleep wakes up here
         self.burner = IntraOpBurner(ops=model.kernels) if device.synchronous else None
         rng = np.random.default_rng(0)
@@ -148,7 +172,8 @@ class SimulatedDevice:
         key = (batch, length, dtype, graph) if rows is None or rows >= batch else (batch, length, dtype, graph, rows)
         cost = self._costs.get(key)
         if cost is None:
-            cost = self._costs[key] = predict(self.model, self.profile, batch, length, dtype, graph, rows=rows)
+            cost = self._costs[key] = predict(self.model, self.profile, batch, length, dtype, graph, rows=rows,
+                                              host_dispatch_s=self.host_dispatch_s)
         return cost
 
     def sleep(self, seconds: float) -> None:
@@ -175,6 +200,14 @@ class SimulatedDevice:
                 while time.perf_counter() < deadline:
                     pass
                 return
+
+    def host_work(self, cost: CallCost) -> None:
+        """A call's host part (:func:`host_part`): real CPU work on this thread, the GIL released inside each
+        launch as torch's bindings release it. Plans are cached per cost."""
+        plan = self._plans.get(cost)
+        if plan is None:
+            plan = self._plans[cost] = host_part(cost)
+        plan.run()
 
     def wait(self, seconds: float, spin: bool) -> None:
         """``seconds`` of host work (``spin``: this thread's CPU time) or of device time (a sleep)."""
@@ -205,7 +238,7 @@ class SimulatedDevice:
         if self.burner is not None:  # a CPU-like device: its compute is host CPU work on the intra-op pool
             self.burner.burn(cost.call_s)
         else:
-            spin_cpu(cost.host_s)
+            self.host_work(cost)
             self.sleep(cost.call_s - (time.perf_counter() - start))
         self.timeline.add(t0, self.clock(), cost.device_s, cost.call_s, cost.memory_bytes)
         return cost
@@ -255,7 +288,7 @@ class SimulatedModel:
         self.captured_batches = tuple(sorted(set(captured_batches)))
         self.sealed = False
         self.late_shapes: list[tuple[int, int]] = []
-        self.graphs: dict[tuple[int, int], bool] = {}  # the (batch, length) shapes captured
+        self.graphs: set[tuple[int, int]] = set()  # the (batch, length) shapes captured
         self.capture_s = 0.0  # time spent capturing (warm-up forwards and the capture's launches)
         self.rows_requested = 0
         self.rows_computed = 0
@@ -278,7 +311,7 @@ class SimulatedModel:
             if size >= batch:
                 return size
         if self.graph == "cuda_graph":
-            raise ValueError(f"batch of {batch} is larger than every captured batch size {self.captured_batches}")
+            raise ValueError(batch_too_large(batch, self.captured_batches))
         return batch  # larger than every compiled size: the compiled runner compiles it
 
     def _capture(self, batch: int, length: int) -> None:
@@ -287,15 +320,13 @@ class SimulatedModel:
             return
         if self.sealed:
             self.late_shapes.append(key)
-            raise ValueError(f"shape {key} was not captured during warm-up (captured: {sorted(self.graphs)}); "
-                             "capturing inside the measured window is refused: warm up every (batch, length) "
-                             "the run will see (Engine.warmup_shapes)")
+            raise ValueError(uncaptured_shape(key, self.graphs))
         t0 = time.perf_counter()
         for _ in range(self.CAPTURE_WARMUP):
             self.device.run(batch, length, self.dtype, "eager")
-        spin_cpu(self.device.cost(batch, length, self.dtype, "eager").host_s)  # the capture records every launch
+        self.device.host_work(self.device.cost(batch, length, self.dtype, "eager"))  # the capture records every launch
         self.capture_s += time.perf_counter() - t0
-        self.graphs[key] = True
+        self.graphs.add(key)
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         if input_ids.dim() != 2:
