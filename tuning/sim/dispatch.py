@@ -20,6 +20,7 @@ intra-op pool's grain size: the tiny op never wakes the pool.
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 
 import torch
@@ -30,9 +31,12 @@ _CHUNK = 1 << 16  # the largest update of one burn: ~60 us here, so a long burn 
 _BUFFER = memoryview(bytes(_CHUNK))
 _OPERANDS = (torch.ones(1), torch.ones(1), torch.empty(1))
 
-# measured once per process (None: not yet): seconds per tiny op, hashed bytes per second of CPU
+# measured once per process (None: not yet): seconds per tiny op, hashed bytes per second of CPU, and the
+# fixed seconds of one hashlib update call (the Python call, the GIL's release and retake)
 _DISPATCH_S: float | None = None
 _BURN_BPS: float | None = None
+_UPDATE_S: float | None = None
+_PAIR_S: float | None = None  # what one op followed by one update costs beyond the two apart (measured here: ~0.7 us)
 
 
 def tiny_op() -> None:
@@ -43,18 +47,21 @@ def tiny_op() -> None:
 
 
 def host_dispatch_s(refresh: bool = False) -> float:
-    """This host's eager dispatch cost per op (seconds): Python and torch's dispatcher for :func:`tiny_op`,
-    the fastest of 15 tries of 100 ops after a warm-up, 1 ms apart (load only slows tries; spread out, some
-    land in a quiet moment of a shared VM). Measured once per process (about 25 ms); ``refresh``: again."""
+    """This host's eager dispatch cost per op (seconds): Python and torch's dispatcher for :func:`tiny_op`'s
+    op in a loop, the fastest of 15 tries of 100 ops after a warm-up, 1 ms apart (load only slows tries; spread
+    out, some land in a quiet moment of a shared VM). Measured once per process (about 25 ms); ``refresh``:
+    measure again."""
     global _DISPATCH_S
     if _DISPATCH_S is None or refresh:
+        a, b, c = _OPERANDS
+        add = torch.add
         for _ in range(50):
-            tiny_op()
+            add(a, b, out=c)
         tries = []
         for _ in range(15):
             t0 = time.perf_counter()
             for _ in range(100):
-                tiny_op()
+                add(a, b, out=c)
             tries.append((time.perf_counter() - t0) / 100)
             time.sleep(1e-3)
         _DISPATCH_S = min(tries)
@@ -63,25 +70,57 @@ def host_dispatch_s(refresh: bool = False) -> float:
 
 def burn_rate_bps(refresh: bool = False) -> float:
     """Bytes of SHA-256 this host hashes per second of one thread's CPU (the fastest of 7 tries of 4 updates
-    of 64 KiB); measured once per process."""
-    global _BURN_BPS
+    of 64 KiB); measured once per process, with :func:`update_overhead_s`."""
+    global _BURN_BPS, _UPDATE_S
     if _BURN_BPS is None or refresh:
-        h = hashlib.sha256()
-        h.update(_BUFFER)
-        tries = []
+        update = hashlib.sha256().update
+        update(_BUFFER)
+        small = _BUFFER[:4 * GIL_FREE_BYTES]
+        big, short = [], []
         for _ in range(7):
             t0 = time.perf_counter()
             for _ in range(4):
-                h.update(_BUFFER)
-            tries.append(4 * _CHUNK / (time.perf_counter() - t0))
-        _BURN_BPS = max(tries)
+                update(_BUFFER)
+            t1 = time.perf_counter()
+            for _ in range(32):
+                update(small)
+            big.append((t1 - t0) / 4)
+            short.append((time.perf_counter() - t1) / 32)
+        _BURN_BPS = _CHUNK / min(big)
+        _UPDATE_S = max(min(short) - len(small) / _BURN_BPS, 0.0)
     return _BURN_BPS
+
+
+def update_overhead_s() -> float:
+    """Seconds one GIL-free hashlib update costs beyond its bytes (the call, the GIL's release and retake)."""
+    burn_rate_bps()
+    return float(_UPDATE_S or 0.0)
+
+
+def pair_overhead_s(refresh: bool = False) -> float:
+    """Seconds a tiny op followed by a GIL-free update costs beyond the op and the update timed apart (the two
+    interleaved run slower than each in its own loop); the fastest of 7 tries of 50 pairs, once per process."""
+    global _PAIR_S
+    if _PAIR_S is None or refresh:
+        a, b, c = _OPERANDS
+        add, update = torch.add, hashlib.sha256().update
+        view = _BUFFER[:3 * GIL_FREE_BYTES]
+        apart = host_dispatch_s() + update_overhead_s() + len(view) / burn_rate_bps()
+        tries = []
+        for _ in range(7):
+            t0 = time.perf_counter()
+            for _ in range(50):
+                add(a, b, out=c)
+                update(view)
+            tries.append((time.perf_counter() - t0) / 50)
+        _PAIR_S = max(min(tries) - apart, 0.0)
+    return _PAIR_S
 
 
 def min_released_s() -> float:
     """The shortest burn that releases the GIL (:data:`GIL_FREE_BYTES` of hashing): shorter debts wait for
     the next launch's."""
-    return (GIL_FREE_BYTES + 1) / burn_rate_bps()
+    return (GIL_FREE_BYTES + 1) / burn_rate_bps() + update_overhead_s()
 
 
 def burn_released(seconds: float, wall_cap: float = 0.25) -> float:
@@ -117,24 +156,84 @@ def burn_released(seconds: float, wall_cap: float = 0.25) -> float:
 
 class HostPart:
     """The host part of one stand-in call: ``ops`` tiny ops, each followed by its share of ``released_s``
-    seconds burnt with the GIL released (a debt below :func:`min_released_s` carries to the next op)."""
+    seconds burnt with the GIL released.
+
+    Planned once: where one op's share is shorter than :func:`min_released_s`, every ``group`` ops share one
+    update (the GIL still changes hands inside every op's dispatch). Interleaved, an op and an update cost more
+    than each timed alone (by about a microsecond here, and it varies), so at its first run the plan is tuned:
+    the update size is corrected until the fastest of 5 runs takes ``ops`` dispatches + ``released_s`` (to 3%,
+    at most 4 rounds), so the part costs what the cost model charges on an idle host. A share of more than a
+    millisecond per group burns on this thread's CPU clock instead (:func:`burn_released`)."""
 
     def __init__(self, ops: int, released_s: float):
         self.ops = max(int(ops), 0)
         self.released_s = max(float(released_s), 0.0)
+        self.group, self._view, self._long_s, self._tuned = 1, None, 0.0, False
+        if self.ops and self.released_s > 0:
+            per_op = self.released_s / self.ops
+            group = min(self.ops, max(1, math.ceil(min_released_s() / per_op)))
+            if per_op * group > 1e-3:
+                self.group, self._long_s = group, per_op * group
+            else:
+                self._plan(group, int((per_op * group - update_overhead_s() - pair_overhead_s()) * burn_rate_bps()))
+        self._groups, self._tail = divmod(self.ops, self.group)
+
+    def _plan(self, group: int, nbytes: int) -> None:
+        self.group = group
+        self._view = memoryview(bytes(max(nbytes, GIL_FREE_BYTES + 1)))
+        self._groups, self._tail = divmod(self.ops, self.group)
+
+    def target_s(self) -> float:
+        """What the part costs an idle host: ``ops`` dispatches (:func:`host_dispatch_s`) + ``released_s``."""
+        return self.ops * host_dispatch_s() + self.released_s
+
+    def _tune(self) -> None:
+        self._tuned = True
+        if self._view is None:
+            return
+        target, rate = self.target_s(), burn_rate_bps()
+        for _ in range(4):
+            tries = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                self._run()
+                tries.append(time.perf_counter() - t0)
+            error = target - min(tries)  # > 0: the part ran short
+            if abs(error) <= 0.03 * target:
+                return
+            nbytes = len(self._view) + int(error / max(self._groups, 1) * rate)
+            if nbytes <= GIL_FREE_BYTES and self.group < self.ops:  # at the floor: fewer, larger updates
+                group = min(self.ops, 2 * self.group)
+                self._plan(group, int(len(self._view) * group / self.group + error / max(self.ops // group, 1) * rate))
+            else:
+                self._plan(self.group, nbytes)
 
     def run(self) -> None:
-        """Run it on the calling thread."""
+        """Run it on the calling thread (the first run tunes the plan)."""
+        if not self._tuned:
+            self._tune()
+        self._run()
+
+    def _run(self) -> None:
         if self.ops == 0:
             burn_released(self.released_s)
             return
-        per_op = self.released_s / self.ops
-        floor = min_released_s() if per_op > 0 else 0.0
-        debt = 0.0
-        for _ in range(self.ops):
-            tiny_op()
-            debt += per_op
-            if debt >= floor and debt > 0:
-                debt -= burn_released(debt)
-        if debt > 0:
-            burn_released(max(debt, floor))  # the tail: at least one GIL-free update
+        a, b, c = _OPERANDS
+        add = torch.add
+        if self._view is None and not self._long_s:
+            for _ in range(self.ops):
+                add(a, b, out=c)
+            return
+        burn = hashlib.sha256().update if self._view is not None else None
+        view, group, long_s = self._view, self.group, self._long_s
+        for _ in range(self._groups):
+            for _ in range(group):
+                add(a, b, out=c)
+            if burn is not None:
+                burn(view)
+            else:
+                burn_released(long_s)
+        for _ in range(self._tail):
+            add(a, b, out=c)
+        if self._tail:
+            burn_released(self.released_s * self._tail / self.ops)
