@@ -12,9 +12,13 @@ other threads. Three calls, each repeated enough times in a row to fill a window
 * ``standin_host`` (simulated host time): the stand-in's host part now, for the same predicted host time: one
   real tiny torch op per launch, the driver's launch constant burnt with the GIL released;
 * ``real_eager_cpu`` (measured, real): an eager forward of the embedded MiniLM (``load_minilm``), fp32 on this
-  CPU, batch 1, length 16, under ``torch.inference_mode`` (dispatch-bound: about 75 small kernels).
+  CPU, batch 1, length 16, under ``torch.inference_mode`` (dispatch-bound: about 75 small kernels);
+* ``real_eager_cuda`` (measured, real; only where CUDA is available): the same forward in bf16 on the GPU,
+  synchronized: the launches the stand-in imitates.
 
-Each reports the call's wall and CPU time (the calling thread's) alone and beside the counting thread. Medians
+Each reports the call's wall and CPU time (the calling thread's) alone and beside the counting thread (beside it,
+the calls run until the window is over: a call that drops the GIL often waits up to the interpreter's switch
+interval, 5 ms, to take it back from a busy Python thread, each time it drops it). Medians
 over interleaved rounds (every round runs each call once, in a shuffled order).
 """
 
@@ -76,11 +80,15 @@ def timed(fn, reps: int) -> tuple[float, float]:
 
 
 def share_beside(fn, reps: int) -> dict[str, float]:
-    """The counting thread's rate during ``reps`` calls over its rate during a sleep as long, and the calls' times."""
+    """The counting thread's rate during calls (``reps`` of them, or fewer once the window is over: beside a
+    Python thread a call can stretch a hundredfold) over its rate during a sleep as long, and the calls' times."""
     with Counter() as counter:
         n0, w0, c0 = counter.n, time.perf_counter(), time.thread_time()
-        for _ in range(reps):
+        done = 0
+        while done < reps and (done == 0 or time.perf_counter() - w0 < WINDOW_S):
             fn()
+            done += 1
+        reps = done
         wall, cpu = time.perf_counter() - w0, time.thread_time() - c0
         busy_rate = (counter.n - n0) / wall
         n0, t0 = counter.n, time.perf_counter()
@@ -112,6 +120,16 @@ def main() -> None:
             model(ids, mask)
 
     calls = {"old_spin": lambda: spin_cpu(cost.host_s), "standin_host": plan.run, "real_eager_cpu": real_forward}
+    if torch.cuda.is_available():  # the reference the stand-in imitates: a real eager call's launches on a card
+        cuda_model = load_minilm().to("cuda", torch.bfloat16).eval()
+        cuda_ids, cuda_mask = ids.cuda(), mask.cuda()
+
+        def real_forward_cuda() -> None:
+            with torch.inference_mode():
+                cuda_model(cuda_ids, cuda_mask)
+            torch.cuda.synchronize()
+
+        calls["real_eager_cuda"] = real_forward_cuda
     for fn in calls.values():  # warm: first-call set-up, the burner's calibration
         for _ in range(3):
             fn()
@@ -127,7 +145,8 @@ def main() -> None:
 
     labels = {"old_spin": "simulated host time, old stand-in (GIL-holding spin)",
               "standin_host": "simulated host time, new stand-in (tiny torch op per launch + GIL-free launch constant)",
-              "real_eager_cpu": "measured: real eager MiniLM forward on this CPU (fp32)"}
+              "real_eager_cpu": "measured: real eager MiniLM forward on this CPU (fp32)",
+              "real_eager_cuda": "measured: real eager MiniLM forward on this host's GPU (bf16, synchronized)"}
     rows = {}
     for name, runs in samples.items():
         med = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
