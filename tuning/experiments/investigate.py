@@ -188,6 +188,22 @@ def what_if_verdict(name: str, trial: Trial, label: str) -> str:
     return f"{head}: starved (< {FED_DEVICE_BUSY:.0%}){where}{thread}{verdict}"
 
 
+def what_if_cores(runs: dict[str, Trial], label: str,
+                  target_busy: float = FED_DEVICE_BUSY) -> dict[str, dict[str, Any]]:
+    """Per what-if run with a host thread table: the host cores (and server processes) that would keep the
+    simulated device ``target_busy`` busy (:func:`tuning.profile.hostcores.host_cores`), as a dict whose
+    ``sentence`` says it. The device's busy share is SIMULATED; the CPU per request is measured on this host."""
+    from tuning.profile.hostcores import host_cores
+
+    out = {}
+    for name, trial in runs.items():
+        if trial.profile is None or not trial.profile.top_threads(1):
+            continue
+        hc = host_cores(trial, target_busy=target_busy, device=label)
+        out[name] = {**hc.to_dict(), "sentence": f"{name}: {hc.say()}"}
+    return out
+
+
 def _stage_share(trial: Trial, stage: str) -> float:
     if trial.load is None:
         return math.nan
@@ -359,10 +375,11 @@ def _confirm_and_what_if(inv: Investigation, measure: Any, base: Any, ladder: La
             bar.update(1)
         bar.close()
         verdicts = [what_if_verdict(n, t, label) for n, t in runs.items()]
-        for v in verdicts:
+        cores = what_if_cores(runs, label)
+        for v in verdicts + [c["sentence"] for c in cores.values()]:
             say(f"what-if: {v}")
         inv.what_if = {"profile": what_if, "label": label, "source": profile.source, "runs": runs,
-                       "verdicts": verdicts, "simulated": True}
+                       "verdicts": verdicts, "host_cores": cores, "simulated": True}
     elif dev.knob == "cuda":
         inv.what_if = {"skipped": "run on a real GPU: the device itself answers whether it is fed"}
     elif dev.knob == "sim":

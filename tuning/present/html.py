@@ -478,6 +478,12 @@ def render_report(inv: Any) -> str:
                 charts.block(lambda: viz.throughput_chart(runs, device=wi["label"]), lambda: what_if_sentence(wi)),
                 charts.block(lambda: viz.ledger_chart(sim_loads, device=wi["label"]),
                              lambda: ledger_sentence(sim_loads))]
+        cores = wi.get("host_cores") or {}
+        if cores:
+            body.append("<h3>Host cores needed</h3><ul>" + "".join(f"<li>{_esc(c['sentence'])}</li>" for c in cores.values())
+                        + "</ul><p>Host CPU per request per thread is measured on this host; the device's busy share "
+                        "and capacity are SIMULATED. The Python threads of one server process share one GIL (about "
+                        "0.9 of a core), so the answer says how many processes it assumes.</p>")
         base_profile = wi["runs"]["baseline"].profile
         if base_profile is not None:
             body.append(charts.block(lambda: viz.trend_chart(base_profile),

@@ -262,6 +262,8 @@ def format_investigation(inv: Investigation) -> str:
     lines += ["", f"ship: python -m tuning serve {ladder.set_line()}{closest}", f"      {ladder.python_call()}"]
     for v in inv.what_if.get("verdicts", []):
         lines.append(f"what-if: {v}")
+    for c in (inv.what_if.get("host_cores") or {}).values():
+        lines.append(f"what-if cores: {c['sentence']}")
     if inv.environment.get("contended"):
         lines.append(f"note: {inv.environment['contended']}")
     names = ", ".join(n for n in inv.files if n != "report.html")

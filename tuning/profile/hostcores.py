@@ -1,0 +1,217 @@
+"""Host cores needed: how many CPU cores (in how many processes) would keep the device at a target busy share.
+
+From one measured run (a :class:`tuning.experiments.trial.Trial` with its recorder profile, or anything with
+``qps``, ``device_busy`` and ``profile.top_threads()``):
+
+- **host CPU per request**, per thread: the thread's mean CPU (share of one core) / QPS, in core-seconds;
+- **device capacity** at this configuration: QPS / device_busy, the requests per second at which the device
+  would be 100% busy. It is taken from the run itself (device busy time per request = device_busy / QPS) rather
+  than from :func:`tuning.sim.costmodel.predict` at some batch shape, because the run's batches (their sizes
+  and padded lengths) are what the device actually got; a run at another batch mix has another capacity;
+- **cores needed**: rate R = target x capacity; cores = R x total host CPU per request.
+
+The GIL: the Python threads of one process share one interpreter lock, so the part of their CPU spent holding
+it cannot exceed about one core per process (:data:`GIL_CORE`, 0.9: the lock's hand-offs cost some). The
+answer assumes ``processes = ceil(R x GIL-bound CPU per request / GIL_CORE)`` server processes (at least 1).
+Which threads count as GIL-bound (:func:`gil_bound`): every Python thread of the server (front and its pipe,
+batcher, completer, main thread, preprocessing, the model executor). The Rust fast tokenizer and torch's ops do
+release the GIL inside a call, but per request the Python around each call (one short text per ``encode``,
+eager dispatch op by op) holds it most of the time: measured here (``bench/host_cores.py``), the ``tuned``
+server process, fast tokenizer included, used 0.75 cores of 2 while its throughput stopped growing. Not
+GIL-bound: native threads (torch's intra-op pool, named ``... (native)``) and loader worker processes (each its
+own interpreter); ``pure_python=False`` treats the fast tokenizer and the executor as releasing it (the
+optimistic bound). Samplers and the load generator's process are not the service and are left out; CPU no
+sampled thread held (``unattributed``) is counted, as not GIL-bound.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+GIL_CORE = 0.9  # the most CPU one process's GIL-holding threads get (switch interval and hand-off overhead)
+DEFAULT_TARGET_BUSY = 0.70  # the what-if's "fed" share (investigate.FED_DEVICE_BUSY)
+
+# not the service: the recorder's own threads and the load generator's child process
+NOT_SERVICE = ("host-sampler", "gpu-sampler", "steal-watch", "load-client", "http-target", "parent-watch")
+
+
+@dataclass
+class ThreadCost:
+    """One thread's host CPU per request: ``cpu_share`` (cores, 1.0 = one core busy) / QPS."""
+
+    name: str
+    cpu_share: float
+    cpu_s_per_request: float
+    gil_bound: bool
+    why: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "cpu_share": _r(self.cpu_share), "cpu_ms_per_request": _r(1e3 * self.cpu_s_per_request),
+                "gil_bound": self.gil_bound, "why": self.why}
+
+
+@dataclass
+class HostCores:
+    """Cores (and processes) that would keep the device at ``target_busy``, from one measured run.
+
+    Figures: ``qps`` and ``device_busy`` as measured (on the simulated device ``device_busy`` is predicted by the
+    cost model and the host side measured); ``capacity`` = qps / device_busy; ``rate`` = target x capacity;
+    ``cores`` = rate x ``cpu_s_per_request``; ``processes`` from the GIL-bound part."""
+
+    device: str
+    simulated: bool
+    host_cores: int
+    qps: float
+    device_busy: float
+    target_busy: float
+    threads: list[ThreadCost] = field(default_factory=list)
+
+    @property
+    def cpu_s_per_request(self) -> float:
+        return sum(t.cpu_s_per_request for t in self.threads)
+
+    @property
+    def gil_s_per_request(self) -> float:
+        return sum(t.cpu_s_per_request for t in self.threads if t.gil_bound)
+
+    @property
+    def capacity(self) -> float:
+        """Requests per second with the device 100% busy (device busy time per request = device_busy / qps)."""
+        if not (self.device_busy > 0 and self.qps > 0):
+            return math.nan
+        return self.qps / self.device_busy
+
+    @property
+    def rate(self) -> float:
+        return self.target_busy * self.capacity
+
+    @property
+    def cores(self) -> float:
+        return self.rate * self.cpu_s_per_request
+
+    @property
+    def processes(self) -> int:
+        need = self.rate * self.gil_s_per_request / GIL_CORE
+        return max(1, math.ceil(need)) if math.isfinite(need) else 1
+
+    def rate_on(self, cores: float, processes: int = 1, other_cpu_s_per_request: float = 0.0) -> float:
+        """Requests per second ``cores`` cores in ``processes`` processes would serve at this configuration: the
+        least of the cores' rate, the GIL's rate, each thread's (one thread runs on one core at a time, so a
+        thread's rate is at most 1 / its CPU per request, times the processes) and the device's capacity.
+        ``other_cpu_s_per_request``: CPU per request of other work on the same cores (a load generator pinned
+        with the service)."""
+        total = self.cpu_s_per_request + other_cpu_s_per_request
+        limits = [cores / total if total > 0 else math.inf,
+                  processes * GIL_CORE / self.gil_s_per_request if self.gil_s_per_request > 0 else math.inf]
+        limits += [processes / t.cpu_s_per_request for t in self.threads if t.cpu_s_per_request > 0]
+        if math.isfinite(self.capacity):
+            limits.append(self.capacity)
+        return min(limits)
+
+    def say(self) -> str:
+        """One sentence: what this host's cores keep the device busy at, and the cores that would reach the target."""
+        if not math.isfinite(self.cores):
+            return (f"cores needed for {self.device}: not known (QPS {_f(self.qps)}, device busy {_pct(self.device_busy)}, "
+                    f"{len(self.threads)} service threads measured)")
+        procs = f"in {self.processes} process{'es' if self.processes != 1 else ''}"
+        return (f"this host's {self.host_cores} cores keep the {self.device} {_pct(self.device_busy)} busy; about "
+                f"{self.cores:.1f} cores ({procs}) would keep it {self.target_busy:.0%} busy "
+                f"({self.rate:.0f} req/s at {1e3 * self.cpu_s_per_request:.2f} ms host CPU per request, "
+                f"{1e3 * self.gil_s_per_request:.2f} ms of it holding the GIL)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "simulated": self.simulated,
+                "measured": "host CPU per thread and QPS" + ("; device busy predicted (simulated)" if self.simulated
+                                                             else "; device busy"),
+                "host_cores": self.host_cores, "qps": _r(self.qps), "device_busy": _r(self.device_busy),
+                "target_busy": self.target_busy, "capacity_rps": _r(self.capacity), "rate_rps": _r(self.rate),
+                "cpu_ms_per_request": _r(1e3 * self.cpu_s_per_request),
+                "gil_ms_per_request": _r(1e3 * self.gil_s_per_request), "gil_core": GIL_CORE,
+                "cores": _r(self.cores), "processes": self.processes, "threads": [t.to_dict() for t in self.threads],
+                "sentence": self.say()}
+
+
+def gil_bound(name: str, tokenizer: str | None = None, pure_python: bool = True) -> tuple[bool, str]:
+    """Whether a thread's CPU holds the GIL, and why (by the names the server and loader give their threads).
+
+    ``pure_python=False``: the fast tokenizer's threads and the model executor count as releasing it (the
+    optimistic bound); the default counts the Python around their calls, which holds it."""
+    n = name.lower()
+    if n.startswith("loader-worker") or n.startswith("pt_data_worker"):
+        return False, "a loader worker is a process of its own (its own GIL)"
+    if "(native)" in n:
+        return False, "a native thread (torch's intra-op pool) runs no Python"
+    if n == "unattributed" or n.startswith("other threads"):
+        return False, "CPU of threads too short-lived to sample (which lock they held is not known)"
+    if n.startswith("model-executor"):
+        if not pure_python:
+            return False, "torch's ops release the GIL (optimistic: eager dispatch runs Python between them)"
+        return True, "eager dispatch runs Python op by op; torch releases the GIL only inside each op"
+    if n.startswith("preprocess"):
+        if tokenizer != "fast":
+            return True, "pure-Python tokenization holds the GIL"
+        if not pure_python:
+            return False, "the Rust fast tokenizer releases the GIL while it encodes"
+        return True, "the fast tokenizer releases the GIL inside encode, but one short text per call is mostly Python"
+    return True, "pure-Python code (the front and its pipe, batcher, completer, main thread) holds the GIL"
+
+
+def _service_rows(rows: Iterable[dict[str, Any]], service_pid: int | None) -> list[dict[str, Any]]:
+    """The service's threads: not a sampler, not another process (the load generator) unless a loader worker."""
+    def other_process(r: dict[str, Any]) -> bool:
+        worker = str(r["name"]).startswith(("loader-worker", "pt_data_worker"))
+        return service_pid is not None and r.get("pid") is not None and r["pid"] != service_pid and not worker
+    return [r for r in rows if r.get("name") is not None and not str(r["name"]).startswith(NOT_SERVICE)
+            and r["cpu_mean"] > 0 and not other_process(r)]
+
+
+def host_cores(trial: Any, target_busy: float = DEFAULT_TARGET_BUSY, host_cores: int | None = None,
+               device: str | None = None, tokenizer: str | None = None, service_pid: int | None = None,
+               pure_python: bool = True) -> HostCores:
+    """:class:`HostCores` of one recorded run (``trial.profile`` needs its host thread table).
+
+    ``host_cores``: the cores the run had (default: this process's usable cores); ``device``: the device's label
+    (default: the run's ``device`` object's name); ``tokenizer``: the run's knob (default: from the workload's
+    knobs), which decides whether preprocessing threads hold the GIL; ``service_pid``: the server's process
+    (default: this one, where the measurement ran the server in-process); another process's threads (the load
+    generator, a child of the recorder's process) are left out, loader workers kept; ``pure_python``: see
+    :func:`gil_bound`."""
+    if not 0 < target_busy <= 1:
+        raise ValueError(f"target_busy={target_busy!r} must be in (0, 1]")
+    profile = getattr(trial, "profile", None)
+    if profile is None:
+        raise ValueError("host_cores needs a recorded run (measure with record=True): trial.profile is None")
+    work = getattr(profile, "workload", None)
+    knobs = getattr(work, "knobs", None)
+    tokenizer = tokenizer or getattr(knobs, "tokenizer", None)
+    dev = (work.summary().get("device") if work is not None and hasattr(work, "summary") else None) or {}
+    if host_cores is None:
+        from tuning.base.machine import usable_cores
+
+        host_cores = usable_cores()
+    if service_pid is None:
+        import os
+
+        service_pid = os.getpid()
+    qps = float(trial.qps)
+    threads = []
+    for r in _service_rows(profile.top_threads(64), service_pid):
+        share = float(r["cpu_mean"]) / 100
+        bound, why = gil_bound(str(r["name"]), tokenizer, pure_python)
+        threads.append(ThreadCost(str(r["name"]), share, share / qps if qps > 0 else math.nan, bound, why))
+    return HostCores(device or dev.get("name") or "device", bool(dev.get("kind") == "simulated"), int(host_cores),
+                     qps, float(trial.device_busy), float(target_busy), threads)
+
+
+def _r(x: float, digits: int = 4) -> float | None:
+    return round(float(x), digits) if x is not None and math.isfinite(x) else None
+
+
+def _f(x: float) -> str:
+    return f"{x:.1f}" if math.isfinite(x) else "n/a"
+
+
+def _pct(x: float) -> str:
+    return f"{x:.0%}" if math.isfinite(x) else "n/a"
