@@ -5,6 +5,7 @@ is faked (flags), so these hold on any machine."""
 import contextlib
 import io
 import json
+import math
 
 import pytest
 
@@ -156,3 +157,28 @@ def test_each_engine_runs_with_its_own_thread_count(monkeypatch):
         assert seen and set(seen) == {1}
     finally:
         torch.set_num_threads(before)
+
+
+def test_steal_watch_reads_the_window_not_the_warm_up():
+    """Steal during the warm-up (t < 2) and the server's shutdown (t > 5) is not the measured window's."""
+    from tuning.base.machine import StealWatch
+
+    # (t, steal jiffies, total jiffies): 50% steal before t=2 and after t=5, none from 2 to 5
+    table = [(0, 0, 0), (1, 50, 100), (2, 100, 200), (3, 100, 300), (4, 100, 400), (5, 100, 500), (6, 150, 600)]
+    clock_at = iter(t for t, *_ in table)
+    ticks_at = iter((s, tot) for _, s, tot in table)
+    watch = StealWatch(interval=3600, clock=lambda: next(clock_at), ticks=lambda: next(ticks_at))
+    for _ in table:
+        watch._read()
+    assert watch.share(2.0, 5.0) == 0.0
+    assert watch.share(2.5, 4.5) == 0.0  # the readings that cover the window
+    assert watch.share() == 150 / 600
+    assert watch.share(0.5, 2.0) == 0.5
+
+
+def test_steal_watch_without_a_steal_column_is_nan():
+    from tuning.base.machine import StealWatch
+
+    with StealWatch(interval=0.01, ticks=lambda: None) as watch:
+        pass
+    assert math.isnan(watch.share(0.0, 1.0)) and watch._thread is None

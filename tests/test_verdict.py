@@ -408,6 +408,52 @@ def test_a_machine_that_slows_under_the_ladder_searches_the_reference_again_inst
     assert {e.step for e in ladder.experiments} == {"baseline", "tokenizer"}  # no invented step names
 
 
+def test_the_first_comparison_after_a_change_of_machine_is_labelled_not_judged():
+    stub, measure = _slowing(_baseline_calls(), 40.0)
+    ladder = _ladder(measure, steps=("tokenizer",), target_p99_ms=100.0)
+    stale = [e for e in ladder.experiments if "not judged" in e.change]
+    assert sorted(e.role for e in stale) == ["candidate", "reference"], [(e.role, e.change) for e in stale]
+    judged = ladder.step("tokenizer").figures["rate"]
+    assert all(e.rate != judged for e in stale)  # the pairs that decided keep their plain label
+
+
+def test_a_machine_that_recovers_under_the_ladder_searches_the_reference_again():
+    """The baseline's capacity was searched while a hypervisor took half the CPU (steal 50%, service rate 40);
+    then the steal stops (1%, rate 100). The pairs at 60% of 40 hold, but a kept step's capacity would be set
+    against one found on a slower machine: the reference's capacity is searched again, the baseline's with it."""
+    calls = _baseline_calls()
+    stub, slow = _slowing(None, 100.0)
+    stub.base_rate = 40.0
+
+    def measure(knobs, **kw):
+        recovered = len(stub.calls) >= calls
+        if recovered:
+            stub.base_rate = 100.0
+        t = slow(knobs, **kw)
+        t.steal_share = 0.01 if recovered else 0.5
+        return t
+    ladder = _ladder(measure, steps=("tokenizer",), target_p99_ms=100.0)
+    step = ladder.step("tokenizer")
+    (drift,) = ladder.summary()["machine_changed"]
+    assert drift["kind"] == "recovered" and "the machine recovered" in step.reason, step.reason
+    assert drift["capacity_after"] > 1.6 * drift["capacity_before"], drift
+    assert drift["baseline_searched_again"]
+    assert ladder.baseline_capacity.capacity == pytest.approx(drift["capacity_after"], rel=1e-5)
+    assert step.figures["rate"] > 0.6 * drift["capacity_before"] * 1.5, step.figures  # judged on the faster machine
+    assert step.status == "kept" and 1.2 < ladder.summary()["result"]["ratio"] < 3
+
+
+def test_steady_steal_is_not_a_recovery():
+    stub, slow = _slowing(None, 100.0)
+
+    def measure(knobs, **kw):
+        t = slow(knobs, **kw)
+        t.steal_share = 0.3  # a busy host all along: nothing changed
+        return t
+    ladder = _ladder(measure, steps=("tokenizer",), target_p99_ms=100.0)
+    assert ladder.summary()["machine_changed"] == []
+
+
 def test_a_machine_too_slow_for_the_target_is_searched_once_and_the_target_is_not_met():
     stub, measure = _slowing(_baseline_calls(), 5.0)  # 200 ms a request: no rate meets 100 ms
     ladder = _ladder(measure, steps=("tokenizer", "workers"), target_p99_ms=100.0)

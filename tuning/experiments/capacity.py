@@ -296,6 +296,12 @@ class Race:
         return len(self.candidate)
 
 
+def paired_seed(seed: int, pair: int, salt: int) -> int:
+    """The arrival seed of pair ``pair`` of a paired test seeded ``seed``: both arms of a pair share it (common
+    random numbers), every pair draws another one; ``salt`` keeps two kinds of test from one seed apart."""
+    return (seed * 1_000_003 + pair * 7919 + salt) % (2**31 - 1)
+
+
 def race_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: float, target_p99_ms: float,
             settings: CapacitySettings = CapacitySettings(), min_pairs: int = 2, max_pairs: int = 6, seed: int = 0,
             status: Callable[[str], None] | None = None) -> Race:
@@ -315,7 +321,7 @@ def race_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: float
     for i in range(max_pairs):
         order = Paired.order(i)
         orders.append("".join(order))
-        pair_seed = (seed * 1_000_003 + i * 7919 + 17) % (2**31 - 1)
+        pair_seed = paired_seed(seed, i, salt=17)
         for arm in order:
             say(f"pair {i + 1}: {'reference' if arm == 'A' else 'candidate'} at {rate:.1f} req/s")
             trials = ref if arm == "A" else cand
@@ -534,7 +540,7 @@ def compare_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: fl
         order = Paired.order(paired.pairs)
         orders.append("".join(order))
         got = {}
-        pair_seed = (seed * 1_000_003 + paired.pairs * 7919 + 1) % (2**31 - 1)
+        pair_seed = paired_seed(seed, paired.pairs, salt=1)
         for arm in order:
             say(f"pair {paired.pairs + 1}: {'reference' if arm == 'A' else 'candidate'}")
             got[arm] = measure(reference if arm == "A" else candidate, rate=rate, seed=pair_seed)

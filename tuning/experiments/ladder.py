@@ -87,6 +87,9 @@ __all__ = ["LadderSettings", "LadderResult", "LadderError", "Step", "Experiment"
 MIN_COSINE = 0.999  # worst-case cosine of half-precision vs fp32 embeddings under which a dtype is not recommended
 BUCKET_WASTE_TARGET = 0.15  # planned buckets: the fewest (up to MAX_BUCKETS) whose padding waste is at most 15%
 MAX_BUCKETS = 8  # shapes to compile or capture at most
+# a capacity searched under this much hypervisor steal, then pairs under half of it: the machine recovered
+# (66.7% steal was seen here mid-run; 0.07% on a quiet run)
+RECOVERED_STEAL = 0.10
 DEFAULT_TARGET_P99_MS = 800.0  # the investigation's p99 target
 STEPS = ("workers", "batch", "tokenizer", "buckets", "precision", "graph", "batching", "joint")
 OBJECTIVES = ("target", "qps")
@@ -699,22 +702,32 @@ class Ladder:
         return self.finish(Step(name, title, change, status, reason, knobs, ref, figures, ids, cmp, new_cap))
 
     def drifted(self, name: str, ref: Knobs, cmp: Comparison, rate: float) -> tuple[str, list[int]] | None:
-        """When the reference fails by the count at ``compare_at`` of the capacity it was found to have, and its
-        median p50 there is above 1.5x the p50 it had at that capacity (a stall moves a p99, not a p50), the
-        machine changed under the ladder (a hypervisor's steal, another tenant), not the knobs: the pairs
-        judged nothing. Its capacity is searched again and becomes the reference's (met or not); the caller
-        judges the step once more. When the reference is the baseline's configuration the baseline's capacity
-        is replaced too (the headline then compares one machine); otherwise the ladder records the change and
-        its summary gives no before/after ratio. Returns (what happened, the experiments' ids), or None."""
+        """Whether the machine changed under the ladder (a hypervisor's steal, another tenant), not the knobs,
+        since the reference's capacity was found; then its capacity is searched again and becomes the
+        reference's (met or not), and the caller judges the step once more. Two ways:
+
+        - **slowed**: the reference fails by the count at ``compare_at`` of the capacity it was found to have,
+          and its median p50 there is above 1.5x the p50 it had at that capacity (a stall moves a p99, not a
+          p50): the pairs judged nothing;
+        - **recovered**: the capacity was searched under a steal of at least :data:`RECOVERED_STEAL` and these
+          pairs ran under half of it or less: the pairs hold, but at a rate below the machine's, and a kept
+          step's capacity would be set against one found on a slower machine.
+
+        When the reference is the baseline's configuration the baseline's capacity is replaced too (the headline
+        then compares one machine); otherwise the ladder records the change and its summary gives no
+        before/after ratio. Returns (what happened, the experiments' ids), or None."""
         f = pooled_figures(cmp.reference, self.target)
-        if not (f["counted"] and f["n"]) or count_verdict(min(f["exceed"], f["n"]), f["n"]) != "fail":
-            return None
+        failed = bool(f["counted"] and f["n"]) and count_verdict(min(f["exceed"], f["n"]), f["n"]) == "fail"
         old = self.capacity
         then = old.best.p50_ms if old.best is not None else math.nan
         now = known_median([t.p50_ms for t in cmp.reference])
-        if not (math.isfinite(then) and math.isfinite(now) and now > 1.5 * then):
+        steal_then = known_median([t.steal_share for p in old.probes for t in p.trials])
+        steal_now = known_median([t.steal_share for t in (*cmp.reference, *cmp.candidate)])
+        slowed = failed and math.isfinite(then) and math.isfinite(now) and now > 1.5 * then
+        recovered = (not failed and math.isfinite(steal_then) and math.isfinite(steal_now)
+                     and steal_then >= RECOVERED_STEAL and steal_now <= 0.5 * steal_then)
+        if not (slowed or recovered):
             return None
-        steal = known_median([t.steal_share for t in cmp.reference])
         closed = self.measure(ref)  # its completion rate now brackets the search, as the baseline's did
         ids = [self.experiment(name, "reference", "the reference again (closed loop)", ref, [closed]).id]
         new, probe_ids = self.search(name, ref, saturation=closed.qps, label="the reference again: ")
@@ -723,15 +736,22 @@ class Ladder:
         baseline = next((st.knobs for st in self.steps if st.status == "baseline"), None)
         if ref == baseline:
             self.baseline_capacity = new
-        self.drifts.append({"step": name, "rate": rounded(rate), "capacity_before": rounded(old.capacity),
-                            "capacity_after": rounded(new.capacity), "steal_share": rounded(steal),
+        self.drifts.append({"step": name, "kind": "slowed" if slowed else "recovered", "rate": rounded(rate),
+                            "capacity_before": rounded(old.capacity), "capacity_after": rounded(new.capacity),
+                            "steal_share": rounded(steal_now), "steal_share_at_capacity": rounded(steal_then),
                             "baseline_searched_again": ref == baseline})
-        said = f", steal {100 * steal:.0f}% of the CPU during its pairs" if math.isfinite(steal) else ""
-        why = (f"the reference failed at {rate:.1f} req/s ({f['exceed']} of {f['n']} over {self.target:.0f} ms, p50 "
-               f"{now:.0f} ms against {then:.0f} ms at its capacity), {100 * self.settings.compare_at:.0f}% of the "
-               f"capacity it was found to have ({old.capacity:.1f} req/s): the machine changed{said}; its capacity "
-               f"searched again: {new.sentence()}")
-        return why, ids
+        cap_at = f"{100 * self.settings.compare_at:.0f}% of the capacity it was found to have ({old.capacity:.1f} req/s)"
+        if slowed:
+            said = f", steal {100 * steal_now:.0f}% of the CPU during its pairs" if math.isfinite(steal_now) else ""
+            why = (f"the reference failed at {rate:.1f} req/s ({f['exceed']} of {f['n']} over {self.target:.0f} ms, "
+                   f"p50 {now:.0f} ms against {then:.0f} ms at its capacity), {cap_at}: the machine changed{said}")
+        else:
+            why = (f"the machine recovered: steal {100 * steal_then:.0f}% of the CPU while the reference's capacity was "
+                   f"searched, {100 * steal_now:.0f}% during these pairs at {rate:.1f} req/s, {cap_at}")
+        for e in self.experiments:  # the first comparison's rows judged nothing: say so where they are listed
+            if e.step == name and e.role in ("reference", "candidate") and e.id < ids[0] and e.rate == rate:
+                e.change = f"{e.change} (before the machine changed: not judged)"
+        return f"{why}; its capacity searched again: {new.sentence()}", ids
 
     def try_change(self, name: str, title: str, changes: dict[str, Any], note: str = "") -> Step:
         """Measure the current knobs with ``changes`` and judge it. A knob refusing the change is ``refused``;

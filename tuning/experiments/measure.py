@@ -15,7 +15,7 @@ import signal
 import warnings
 from typing import Any, Callable, Sequence
 
-from tuning.base.machine import steal_share, steal_ticks
+from tuning.base.machine import StealWatch
 from tuning.experiments.trial import Trial
 from tuning.knobs import Knobs
 
@@ -207,10 +207,10 @@ class LoadMeasure:
                               # warm-up arrivals, but never more than 2 x warmup_s of them at this rate
                               "warmup_requests": (min(self.warmup_requests, math.ceil(rate * 2 * self.warmup_s))
                                                   if rate is not None else 0)}
-        with Server(knobs, engine=self.engine(knobs), **self.serve_kwargs) as server:
-            start = steal_ticks()
+        with Server(knobs, engine=self.engine(knobs), **self.serve_kwargs) as server, StealWatch() as steal:
             if not record:
-                trial = Trial.from_load(self._load(server, **kw))
+                result = self._load(server, **kw)
+                trial = Trial.from_load(result)
             else:
                 from tuning.profile import Recorder
 
@@ -219,7 +219,8 @@ class LoadMeasure:
                     with Recorder() as recorder:
                         result = self._load(server, **kw)
                 trial = Trial.from_load(result, recorder.join(result))
-        trial.steal_share = steal_share(start, steal_ticks())
+        # over the measured window only (the load process's perf_counter is the same monotonic clock)
+        trial.steal_share = steal.share(getattr(result, "t_window_start", None), getattr(result, "t_end", None))
         return trial
 
     def close(self) -> None:
