@@ -240,3 +240,6 @@ def test_report_is_offline_with_a_chart_per_section(run):
     assert "simulated" in sections["what-if"].lower()
     summary = json.loads(stdout)
     assert math.isfinite(summary["what_if"]["runs"]["baseline"]["device_busy"])
+    cores = summary["what_if"]["host_cores"]["baseline"]  # the cores needed, in the JSON and on the page
+    assert cores["simulated"] and cores["cores"] > 0 and cores["processes"] >= 1
+    assert "Host cores needed" in sections["what-if"] and "would keep it 70% busy" in sections["what-if"]
