@@ -16,8 +16,10 @@ answer assumes ``processes = ceil(R x GIL-bound CPU per request / GIL_CORE)`` se
 Which threads count as GIL-bound (:func:`gil_bound`): every Python thread of the server (front and its pipe,
 batcher, completer, main thread, preprocessing, the model executor). The Rust fast tokenizer and torch's ops do
 release the GIL inside a call, but per request the Python around each call (one short text per ``encode``,
-eager dispatch op by op) holds it most of the time: measured here (``bench/host_cores.py``), the ``tuned``
-server process, fast tokenizer included, used 0.75 cores of 2 while its throughput stopped growing. Not
+eager dispatch op by op, the stand-in's per-launch torch op) holds it most of the time, and a thread counts
+whole. Measured (``bench/host_cores.py``, 2 cores, 3 pairs): the pure-Python ``baseline`` server's threads held
+0.61-0.84 of a core and 2 cores served it no faster than 1 (ratio 1.00); the ``tuned`` one's, counted this way,
+0.75-0.99, and it gained 1.46x (predicted 1.47x). Not
 GIL-bound: native threads (torch's intra-op pool, named ``... (native)``) and loader worker processes (each its
 own interpreter); ``pure_python=False`` treats the fast tokenizer and the executor as releasing it (the
 optimistic bound). Samplers and the load generator's process are not the service and are left out; CPU no
@@ -33,7 +35,7 @@ from typing import Any, Iterable
 GIL_CORE = 0.9  # the most CPU one process's GIL-holding threads get (switch interval and hand-off overhead)
 DEFAULT_TARGET_BUSY = 0.70  # the what-if's "fed" share (investigate.FED_DEVICE_BUSY)
 
-# not the service: the recorder's own threads and the load generator's child process
+# not the service: the recorder's own threads, a load generator's threads (another process's: by pid)
 NOT_SERVICE = ("host-sampler", "gpu-sampler", "steal-watch", "load-client", "http-target", "parent-watch")
 
 
