@@ -137,6 +137,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=256, help="closed-loop concurrency: high, so the host "
                     "cores (not the loop's latency) bound the throughput")
     ap.add_argument("--limit", type=int, default=600)
+    ap.add_argument("--name", default="host_cores", help="results file name (a second run beside the first)")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     if args.worker:
@@ -166,7 +167,7 @@ def main() -> None:
         "steal_share_measured": spread([r["steal_share"] for n in names for a in ARMS for r in runs[n][a]]),
         "seconds": time.time() - t0,
     }
-    write("host_cores", payload, quick=args.quick)
+    write(args.name, payload, quick=args.quick)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ release the GIL inside a call, but per request the Python around each call (one 
 eager dispatch op by op, the stand-in's per-launch torch op) holds it most of the time, and a thread counts
 whole. Measured (``bench/host_cores.py``, 2 cores, 3 pairs): the pure-Python ``baseline`` server's threads held
 0.61-0.84 of a core and 2 cores served it no faster than 1 (ratio 1.00); the ``tuned`` one's, counted this way,
-0.75-0.99, and it gained 1.46x (predicted 1.47x). Not
+0.75-1.06, and it gained 1.46x on a busy host (predicted 1.47x), 1.08x on a quiet one (predicted 1.24x): on 2
+cores the CPU per request rises (hand-offs of the lock across cores), so the process count is a lower bound. Not
 GIL-bound: native threads (torch's intra-op pool, named ``... (native)``) and loader worker processes (each its
 own interpreter); ``pure_python=False`` treats the fast tokenizer and the executor as releasing it (the
 optimistic bound). Samplers and the load generator's process are not the service and are left out; CPU no
