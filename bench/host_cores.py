@@ -10,7 +10,7 @@ polls), so the prediction takes that share off the cores; its threads are capped
 Every device figure is SIMULATED (``device=sim``, the h200-sxm-estimate profile: the cost model's device
 time); throughput, CPU per thread and steal are measured on this host. Writes ``bench/results/host_cores.json``.
 
-    flock /tmp/bench.lock python bench/host_cores.py            # about 4 minutes
+    flock /tmp/bench.lock python bench/host_cores.py            # about 5 minutes (264-305 s here)
     python bench/host_cores.py --quick                           # one pair, short windows
 """
 
