@@ -119,7 +119,8 @@ def test_tune_over_litserves_batching_knobs_leaves_no_process():
     code, out, err = _run("tune", "--cmd", f"{sys.executable} {APP} --port {{port}} --max-batch-size {{batch}} "
                           "--batch-timeout {timeout}", "--space", "batch=1,8", "--space", "timeout=0.002,0.02",
                           "--url", "http://127.0.0.1:{port}/predict", "--body", '{"input": "{text}"}',
-                          "--target-p99-ms", "1000", "--quick", "--limit", "40", "--startup-timeout", "240", "--json")
+                          "--target-p99-ms", "1000", "--quick", "--limit", "40", "--startup-timeout", "240",
+                          "--confirm-pairs", "2", "--json")
     assert code in (0, 3), err  # 3: no configuration met the target (a busy machine), still a full table
     s = json.loads(out)
     assert s["search"] == "exhaustive" and s["configurations"] == 4
@@ -131,4 +132,8 @@ def test_tune_over_litserves_batching_knobs_leaves_no_process():
         assert r["peak_memory_mb"] > 50  # the group's memory: the parent and its forked workers
     if s["best"] is not None:
         assert f"--max-batch-size {s['best']['batch']}" in s["best"]["command"]
+    if sum(bool(r["met"]) for r in s["rows"]) >= 2:  # the best raced against the runner-up, servers restarted
+        c = s["confirmation"]
+        assert c["verdict"] in ("candidate", "candidate fails", "reference passed", "undecided", "not raced"), c
+        assert c["best"] == {"batch": s["best"]["batch"], "timeout": s["best"]["timeout"]} and c["sentence"]
     assert litserve_pids() <= before  # every configuration's group stopped

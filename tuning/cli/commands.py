@@ -158,6 +158,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0 (0: off)")
+    return value
+
+
 def _bounded_int(lo: int, hi: int, what: str) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
@@ -656,6 +666,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
         import dataclasses
 
         settings = dataclasses.replace(settings, startup_timeout_s=args.startup_timeout)
+    if args.confirm_pairs is not None:
+        import dataclasses
+
+        settings = dataclasses.replace(settings, confirm_pairs=args.confirm_pairs)
     bodies = _api_inputs(args, api, _inputs(args))
     out = args.out
     if out is not None:
@@ -692,6 +706,9 @@ def _add_tune_flags(p: argparse.ArgumentParser) -> None:
                    help="seconds a configuration may take to answer (default 180)")
     p.add_argument("--target-p99-ms", type=_positive_float, default=500.0, help="the p99 target of the capacity")
     p.add_argument("--quick", action="store_true", help="short windows (about 30 s a configuration)")
+    p.add_argument("--confirm-pairs", type=_nonnegative_int, default=None, metavar="N",
+                   help="race the best against the runner-up in up to N interleaved pairs, restarting each server "
+                        "as it goes (default 6, --quick 4; 0: do not race, the best is then unconfirmed)")
     p.add_argument("--out", type=Path, default=None, help="write tune.json here, rewritten after every configuration")
     _add_api_flags(p)
     p.add_argument("--json", action="store_true", help="print only the JSON summary")

@@ -13,7 +13,10 @@ alone leaves its workers behind). The peak memory of the group is sampled meanwh
 server never comes up, or dies, is that configuration's error with the last lines of its output; the rest go
 on. The search: every configuration up to :data:`EXHAUSTIVE_MAX`; beyond, coordinate descent from the first
 value of each knob (each knob's values in turn, the others fixed, until a round changes nothing), then the
-best's neighbours (the adjacent value of each knob).
+best's neighbours (the adjacent value of each knob). Then the best is raced against the runner-up in
+interleaved pairs 20% past the rate where the runner-up failed (:func:`confirm_best`): two capacities searched one
+after the other are unpaired, and the result says whether the best held where the runner-up did not, or
+that the two are tied within the noise.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import Any, Callable, Sequence
 
 from tuning.base.format import rounded
 from tuning.base.net import free_port
-from tuning.experiments.capacity import Capacity, CapacitySettings, capacity_at_target
+from tuning.experiments.capacity import Capacity, CapacitySettings, capacity_at_target, pooled_figures, race_at
 from tuning.experiments.trial import Trial
 
 EXHAUSTIVE_MAX = 16
@@ -48,10 +51,15 @@ class TuneSettings:
     max_window_s: float = 10.0
     startup_timeout_s: float = 180.0
     capacity: CapacitySettings = field(default_factory=CapacitySettings.quick)
+    # the best against the runner-up in interleaved pairs (see confirm_best); 0: not raced
+    confirm_pairs: int = 6
+    # ...at this multiple of the runner-up's failing rate, as the ladder's race (LadderSettings.race_at): at
+    # the failing rate itself a runner-up whose one failing probe was unlucky still holds in most pairs
+    confirm_at: float = 1.2
 
     @classmethod
     def quick(cls) -> "TuneSettings":
-        return cls(duration_s=2.0, warmup_s=0.5, concurrency=8, min_outcomes=100, max_window_s=4.0)
+        return cls(duration_s=2.0, warmup_s=0.5, concurrency=8, min_outcomes=100, max_window_s=4.0, confirm_pairs=4)
 
 
 def parse_space(items: Sequence[str]) -> dict[str, list[str]]:
@@ -168,12 +176,52 @@ class TuneRow:
 
 
 @dataclass
+class Confirmation:
+    """The best configuration against the runner-up in interleaved pairs at the runner-up's failing rate: two
+    capacities searched one after the other are two unpaired measurements, and on a busy machine the order
+    of the search alone can put one above the other. ``confirmed``: the best kept p99 within the target by
+    the probe's rule in those pairs while the runner-up, in the same pairs, did not."""
+
+    best: dict[str, str]
+    runner_up: dict[str, str]
+    rate: float | None
+    verdict: str  # candidate (the best confirmed) | candidate fails | reference passed | undecided | not raced | error
+    pairs: int = 0
+    best_exceed: str = ""
+    runner_up_exceed: str = ""
+    note: str = ""
+
+    @property
+    def confirmed(self) -> bool:
+        return self.verdict == "candidate"
+
+    def sentence(self, target_p99_ms: float) -> str:
+        b, r = _label(self.best), _label(self.runner_up)
+        if self.verdict in ("not raced", "error"):
+            return f"not confirmed against the runner-up {r}: {self.note}"
+        at = (f"at {self.rate:.1f} req/s (past the rate where the runner-up failed its probe), {self.pairs} interleaved pairs: "
+              f"best {self.best_exceed} over {target_p99_ms:.0f} ms, runner-up {self.runner_up_exceed}")
+        if self.confirmed:
+            return f"confirmed against the runner-up {r} {at}"
+        why = {"candidate fails": "the best failed there too", "reference passed": "the runner-up passed there",
+               "undecided": "no decision within the pairs"}.get(self.verdict, self.verdict)
+        return (f"NOT DISTINGUISHABLE from the runner-up {r} {at}: {why}; {b} and {r} are tied within this "
+                "machine's noise, so choose between them on other grounds (memory, simplicity)")
+
+    def to_dict(self, target_p99_ms: float) -> dict[str, Any]:
+        return {"best": self.best, "runner_up": self.runner_up, "rate": rounded(self.rate), "verdict": self.verdict,
+                "confirmed": self.confirmed, "pairs": self.pairs, "best_exceed": self.best_exceed,
+                "runner_up_exceed": self.runner_up_exceed, "sentence": self.sentence(target_p99_ms)}
+
+
+@dataclass
 class TuneResult:
     space: dict[str, list[str]]
     rows: list[TuneRow]
     search: str
     target_p99_ms: float
     interrupted: bool = False
+    confirmation: Confirmation | None = None
 
     @property
     def best(self) -> TuneRow | None:
@@ -190,6 +238,7 @@ class TuneResult:
         return {"command": "tune", "search": self.search, "space": self.space, "target_p99_ms": self.target_p99_ms,
                 "configurations": len(self.rows), "interrupted": self.interrupted,
                 "best": best.row() if best else None, "target_met": best is not None,
+                "confirmation": self.confirmation.to_dict(self.target_p99_ms) if self.confirmation else None,
                 "rows": [r.row() for r in self.rows],
                 "capacities": {_label(r.values): r.capacity.summary() for r in self.rows if r.capacity is not None}}
 
@@ -269,10 +318,89 @@ def run_tune(cmd: str, space: dict[str, list[str]], url: str, bodies: Sequence[A
                 for j in (i - 1, i + 1):
                     if 0 <= j < len(space[n]):
                         evaluate({**current, n: space[n][j]})
+        if settings.confirm_pairs:
+            result.confirmation = confirm_best(result, SwitchingMeasure(cmd, url, bodies, api, settings, ready_url, say),
+                                               settings, say)
     except KeyboardInterrupt:
         result.interrupted = True
         say("interrupted: what was measured is kept")
     return result
+
+
+def confirm_best(result: TuneResult, measure: Callable[..., Trial], settings: TuneSettings,
+                 say: Callable[[str], None] | None = None) -> Confirmation | None:
+    """Race the best configuration against the runner-up (the next capacity that met the target) in
+    interleaved pairs (:func:`~tuning.experiments.capacity.race_at`, at most ``settings.confirm_pairs``) at a rate
+    20% past the one where the runner-up failed its probe (``settings.confirm_at``). None with fewer than two
+    configurations that met the target. ``measure(values, rate=..., seed=...)`` runs a configuration
+    (:class:`SwitchingMeasure` starts its server)."""
+    say = say or (lambda line: None)
+    met = sorted((r for r in result.rows if r.capacity is not None and r.capacity.met),
+                 key=lambda r: r.capacity.capacity, reverse=True)
+    if len(met) < 2:
+        return None
+    best, runner = met[0], met[1]
+    failing = runner.capacity.high
+    if failing is None or not math.isfinite(failing):
+        return Confirmation(best.values, runner.values, None, "not raced",
+                            note=f"the runner-up passed every probe (capacity at least {runner.capacity.capacity:.1f} "
+                                 "req/s): no failing rate to race at")
+    rate = settings.confirm_at * failing
+    say(f"confirming the best ({_label(best.values)}) against the runner-up ({_label(runner.values)}) at {rate:.1f} req/s")
+    try:
+        race = race_at(measure, runner.values, best.values, rate=rate, target_p99_ms=result.target_p99_ms,
+                       settings=settings.capacity, max_pairs=max(settings.confirm_pairs, 2),
+                       status=lambda t: say(f"confirm: {t}"))
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # a server that does not come back: the table stands, unconfirmed
+        return Confirmation(best.values, runner.values, rate, "error", note=f"{type(exc).__name__}: {exc}")
+    finally:
+        close = getattr(measure, "close", None)
+        if close is not None:
+            close()
+
+    def told(trials: list[Trial], by: tuple[str, str]) -> str:
+        f = pooled_figures(trials, result.target_p99_ms)
+        return f"{f['exceed']} of {f['n']} ({by[0]} by {by[1]})"
+    return Confirmation(best.values, runner.values, rate, race.verdict, race.pairs,
+                        told(race.candidate, race.candidate_by), told(race.reference, race.reference_by))
+
+
+class SwitchingMeasure:
+    """``measure(values, *, rate=None, seed=None) -> Trial`` with that configuration's server running: when
+    another configuration is asked for, the running one is stopped (its whole process group) and the asked one
+    started on a free port and waited for, as :func:`measure_config` does. ``starts`` counts the starts."""
+
+    def __init__(self, cmd: str, url: str, bodies: Sequence[Any], api: Any, settings: TuneSettings,
+                 ready_url: str | None, say: Callable[[str], None]):
+        self.cmd, self.url, self.bodies, self.api, self.settings = cmd, url, bodies, api, settings
+        self.ready_url, self.say = ready_url, say
+        self.values: dict[str, str] | None = None
+        self.group: ServiceGroup | None = None
+        self.measure: HttpMeasure | None = None
+        self.starts = 0
+
+    def __call__(self, values: dict[str, str], *, rate: float | None = None, record: bool = False,
+                 seed: int | None = None) -> Trial:
+        if values != self.values or self.group is None or not self.group.alive():
+            self.close()
+            port = free_port()
+            self.group = ServiceGroup(fill(self.cmd, values, port))
+            self.measure = HttpMeasure(self.api.url(fill(self.url, values, port)), self.bodies, self.api, self.settings)
+            self.starts += 1
+            error = _wait_ready(self.group, self.measure, fill(self.ready_url, values, port) if self.ready_url else None,
+                                self.settings.startup_timeout_s)
+            if error:
+                self.close()
+                raise RuntimeError(f"{_label(values)} did not come back: {error}")
+            self.values = dict(values)
+        return self.measure(values, rate=rate, seed=seed)
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.stop()
+        self.group, self.values = None, None
 
 
 def measure_config(cmd: str, values: dict[str, str], url: str, bodies: Sequence[Any], api: Any, target_p99_ms: float,

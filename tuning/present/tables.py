@@ -301,5 +301,7 @@ def format_tune(result: Any) -> str:
     else:
         lines.append(f"best: {best.capacity.capacity:.1f} req/s at p99 <= {result.target_p99_ms:.0f} ms with "
                      f"{' '.join(f'{k}={v}' for k, v in best.values.items())}")
+        if result.confirmation is not None:
+            lines.append(result.confirmation.sentence(result.target_p99_ms))
         lines.append(f"run it: {best.command}")
     return "\n".join(lines)
