@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import threading
 import time
 
 import torch
@@ -37,6 +38,10 @@ _DISPATCH_S: float | None = None
 _BURN_BPS: float | None = None
 _UPDATE_S: float | None = None
 _PAIR_S: float | None = None  # what one op followed by one update costs beyond the two apart (measured here: ~0.7 us)
+# one measurement at a time (two threads measuring at once would slow each other), and every try on this
+# thread's CPU clock: waiting for the GIL or a core is not CPU, so a busy Python thread beside the first
+# measurement does not inflate the value cached for the process
+_MEASURE = threading.RLock()
 
 
 def tiny_op() -> None:
@@ -52,43 +57,53 @@ def host_dispatch_s(refresh: bool = False) -> float:
     out, some land in a quiet moment of a shared VM). Measured once per process (about 25 ms); ``refresh``:
     measure again."""
     global _DISPATCH_S
-    if _DISPATCH_S is None or refresh:
-        a, b, c = _OPERANDS
-        add = torch.add
-        for _ in range(50):
-            add(a, b, out=c)
-        tries = []
-        for _ in range(15):
-            t0 = time.perf_counter()
-            for _ in range(100):
-                add(a, b, out=c)
-            tries.append((time.perf_counter() - t0) / 100)
-            time.sleep(1e-3)
-        _DISPATCH_S = min(tries)
+    with _MEASURE:
+        if _DISPATCH_S is None or refresh:
+            _DISPATCH_S = _measure_dispatch()
     return _DISPATCH_S
+
+
+def _measure_dispatch() -> float:
+    a, b, c = _OPERANDS
+    add = torch.add
+    for _ in range(50):
+        add(a, b, out=c)
+    tries = []
+    for _ in range(15):
+        t0 = time.thread_time()
+        for _ in range(100):
+            add(a, b, out=c)
+        tries.append((time.thread_time() - t0) / 100)
+        time.sleep(1e-3)
+    return min(tries)
 
 
 def burn_rate_bps(refresh: bool = False) -> float:
     """Bytes of SHA-256 this host hashes per second of one thread's CPU (the fastest of 7 tries of 4 updates
     of 64 KiB); measured once per process, with :func:`update_overhead_s`."""
     global _BURN_BPS, _UPDATE_S
-    if _BURN_BPS is None or refresh:
-        update = hashlib.sha256().update
-        update(_BUFFER)
-        small = _BUFFER[:4 * GIL_FREE_BYTES]
-        big, short = [], []
-        for _ in range(7):
-            t0 = time.perf_counter()
-            for _ in range(4):
-                update(_BUFFER)
-            t1 = time.perf_counter()
-            for _ in range(32):
-                update(small)
-            big.append((t1 - t0) / 4)
-            short.append((time.perf_counter() - t1) / 32)
-        _BURN_BPS = _CHUNK / min(big)
-        _UPDATE_S = max(min(short) - len(small) / _BURN_BPS, 0.0)
+    with _MEASURE:
+        if _BURN_BPS is None or refresh:
+            _BURN_BPS, _UPDATE_S = _measure_burn()
     return _BURN_BPS
+
+
+def _measure_burn() -> tuple[float, float]:
+    update = hashlib.sha256().update
+    update(_BUFFER)
+    small = _BUFFER[:4 * GIL_FREE_BYTES]
+    big, short = [], []
+    for _ in range(7):
+        t0 = time.thread_time()
+        for _ in range(4):
+            update(_BUFFER)
+        t1 = time.thread_time()
+        for _ in range(32):
+            update(small)
+        big.append((t1 - t0) / 4)
+        short.append((time.thread_time() - t1) / 32)
+    bps = _CHUNK / max(min(big), 1e-9)
+    return bps, max(min(short) - len(small) / bps, 0.0)
 
 
 def update_overhead_s() -> float:
@@ -101,20 +116,25 @@ def pair_overhead_s(refresh: bool = False) -> float:
     """Seconds a tiny op followed by a GIL-free update costs beyond the op and the update timed apart (the two
     interleaved run slower than each in its own loop); the fastest of 7 tries of 50 pairs, once per process."""
     global _PAIR_S
-    if _PAIR_S is None or refresh:
-        a, b, c = _OPERANDS
-        add, update = torch.add, hashlib.sha256().update
-        view = _BUFFER[:3 * GIL_FREE_BYTES]
-        apart = host_dispatch_s() + update_overhead_s() + len(view) / burn_rate_bps()
-        tries = []
-        for _ in range(7):
-            t0 = time.perf_counter()
-            for _ in range(50):
-                add(a, b, out=c)
-                update(view)
-            tries.append((time.perf_counter() - t0) / 50)
-        _PAIR_S = max(min(tries) - apart, 0.0)
+    with _MEASURE:
+        if _PAIR_S is None or refresh:
+            _PAIR_S = _measure_pair()
     return _PAIR_S
+
+
+def _measure_pair() -> float:
+    a, b, c = _OPERANDS
+    add, update = torch.add, hashlib.sha256().update
+    view = _BUFFER[:3 * GIL_FREE_BYTES]
+    apart = host_dispatch_s() + update_overhead_s() + len(view) / burn_rate_bps()
+    tries = []
+    for _ in range(7):
+        t0 = time.thread_time()
+        for _ in range(50):
+            add(a, b, out=c)
+            update(view)
+        tries.append((time.thread_time() - t0) / 50)
+    return max(min(tries) - apart, 0.0)
 
 
 def min_released_s() -> float:
@@ -141,8 +161,10 @@ def burn_released(seconds: float, wall_cap: float = 0.25) -> float:
         wall_end = time.perf_counter() + seconds + wall_cap
         while True:
             left = cpu_end - time.thread_time()
-            if left <= chunk_s or time.perf_counter() > wall_end:
+            if left <= chunk_s:
                 break
+            if time.perf_counter() > wall_end:  # preempted past the cap: stop here, as spin_cpu does
+                return planned
             h.update(_BUFFER)
         seconds = max(left, 0.0)
     nbytes = int(seconds * rate)
@@ -161,9 +183,10 @@ class HostPart:
     Planned once: where one op's share is shorter than :func:`min_released_s`, every ``group`` ops share one
     update (the GIL still changes hands inside every op's dispatch). Interleaved, an op and an update cost more
     than each timed alone (by about a microsecond here, and it varies), so at its first run the plan is tuned:
-    the update size is corrected until the fastest of 5 runs takes ``ops`` dispatches + ``released_s`` (to 3%,
-    at most 4 rounds), so the part costs what the cost model charges on an idle host. A share of more than a
-    millisecond per group burns on this thread's CPU clock instead (:func:`burn_released`)."""
+    the update size is corrected until the fastest of 5 runs takes ``ops`` dispatches + ``released_s`` of this
+    thread's CPU (to 3%, at most 4 re-plans, the last one checked), so the part costs what the cost model
+    charges. A share of more than a millisecond per group burns on this thread's CPU clock instead
+    (:func:`burn_released`)."""
 
     def __init__(self, ops: int, released_s: float):
         self.ops = max(int(ops), 0)
@@ -192,14 +215,14 @@ class HostPart:
         if self._view is None:
             return
         target, rate = self.target_s(), burn_rate_bps()
-        for _ in range(4):
+        for round_ in range(5):  # 4 re-plans at most, each checked by the next round's runs
             tries = []
             for _ in range(5):
-                t0 = time.perf_counter()
+                t0 = time.thread_time()  # the model charges CPU: a wait for a core or the GIL is not the part's
                 self._run()
-                tries.append(time.perf_counter() - t0)
+                tries.append(time.thread_time() - t0)
             error = target - min(tries)  # > 0: the part ran short
-            if abs(error) <= 0.03 * target:
+            if abs(error) <= 0.03 * target or round_ == 4:
                 return
             nbytes = len(self._view) + int(error / max(self._groups, 1) * rate)
             if nbytes <= GIL_FREE_BYTES and self.group < self.ops:  # at the floor: fewer, larger updates

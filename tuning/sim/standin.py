@@ -25,6 +25,7 @@ way the real path reports it.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from typing import Callable, Sequence
 
@@ -153,7 +154,8 @@ class SimulatedDevice:
         self.host_dispatch_s = host_dispatch_s
         self.timeline = DeviceTimeline()
         self._costs: dict[tuple, CallCost] = {}
-        self._plans: dict[CallCost, HostPart] = {}
+        self._plans: dict[tuple[int, float], HostPart] = {}
+        self._plans_lock = threading.Lock()
         self._overshoot = 60e-6  # learnt: how late time.sleep wakes up here
         self.burner = IntraOpBurner(ops=model.kernels) if device.synchronous else None
         rng = np.random.default_rng(0)
@@ -203,10 +205,16 @@ class SimulatedDevice:
 
     def host_work(self, cost: CallCost) -> None:
         """A call's host part (:func:`host_part`): real CPU work on this thread, the GIL released inside each
-        launch as torch's bindings release it. Plans are cached per cost."""
-        plan = self._plans.get(cost)
-        if plan is None:
-            plan = self._plans[cost] = host_part(cost)
+        launch as torch's bindings release it. Plans are cached per host cost."""
+        # keyed by what the host part costs, not the call: in eager mode every shape has the same launches, so
+        # one plan (tuned once) serves them all and a new shape mid-run does not tune again
+        key = (cost.launches, round(cost.host_s, 12))
+        with self._plans_lock:
+            plan = self._plans.get(key)
+            if plan is None:
+                plan = self._plans[key] = host_part(cost)
+                plan.run()  # the first run tunes it, under the lock: two threads never time each other
+                return
         plan.run()
 
     def wait(self, seconds: float, spin: bool) -> None:
