@@ -148,24 +148,20 @@ def _api_inputs(args: argparse.Namespace, api: Any, inputs: list[Any]) -> list[A
     return request_bodies(api, inputs, getattr(args, "formatter", None))
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
-    return value
+def _int_at_least(lo: int, hint: str = "") -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < lo:
+            raise argparse.ArgumentTypeError(f"{text!r} must be >= {lo}{hint}")
+        return value
+    return parse
 
 
-def _nonnegative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0 (0: off)")
-    return value
+_positive_int = _int_at_least(1)
+_nonnegative_int = _int_at_least(0, " (0: off)")
 
 
 def _bounded_int(lo: int, hi: int, what: str) -> Callable[[str], int]:
