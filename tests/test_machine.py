@@ -161,7 +161,7 @@ def test_each_engine_runs_with_its_own_thread_count(monkeypatch):
 
 def test_steal_watch_reads_the_window_not_the_warm_up():
     """Steal during the warm-up (t < 2) and the server's shutdown (t > 5) is not the measured window's."""
-    from tuning.base.machine import StealWatch
+    from tuning.profile.steal import StealWatch
 
     # (t, steal jiffies, total jiffies): 50% steal before t=2 and after t=5, none from 2 to 5
     table = [(0, 0, 0), (1, 50, 100), (2, 100, 200), (3, 100, 300), (4, 100, 400), (5, 100, 500), (6, 150, 600)]
@@ -177,8 +177,8 @@ def test_steal_watch_reads_the_window_not_the_warm_up():
 
 
 def test_steal_watch_without_a_steal_column_is_nan():
-    from tuning.base.machine import StealWatch
+    from tuning.profile.steal import StealWatch
 
-    with StealWatch(interval=0.01, ticks=lambda: None) as watch:
+    with StealWatch(interval=0.1, ticks=lambda: None) as watch:
         pass
     assert math.isnan(watch.share(0.0, 1.0)) and watch._thread is None

@@ -13,9 +13,7 @@ from __future__ import annotations
 import math
 import os
 import platform
-import threading
-import time
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 # The instruction sets that decide a CPU forward's precision and speed: AVX2 (every x86 server of a decade),
 # AVX-512, and native bf16 (AVX512-BF16 dot products, AMX tiles). Without native bf16 a bf16 forward is emulated
@@ -154,55 +152,6 @@ def steal_ticks() -> tuple[int, int] | None:
         return None
     values = [int(v) for v in fields[1:]]
     return values[7], sum(values[:8])
-
-
-class StealWatch:
-    """Steal readings every ``interval`` seconds from a daemon thread while it is open, so the steal share of a
-    window inside the run (a load test's measured window, without its warm-up and server start and stop) can
-    be read afterwards: ``with StealWatch() as w: ...; w.share(t0, t1)`` on the ``time.perf_counter`` clock.
-
-    One reading is a read of ``/proc/stat`` (about 20 us); nothing runs where that file has no steal column."""
-
-    def __init__(self, interval: float = 0.25, clock: Callable[[], float] = time.perf_counter,
-                 ticks: Callable[[], tuple[int, int] | None] = steal_ticks):
-        self.interval, self.clock, self.ticks = interval, clock, ticks
-        self.readings: list[tuple[float, int, int]] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def _read(self) -> None:
-        got = self.ticks()
-        if got is not None:
-            self.readings.append((self.clock(), *got))
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._read()
-
-    def __enter__(self) -> "StealWatch":
-        self._read()
-        if self.readings:
-            self._thread = threading.Thread(target=self._run, name="steal-watch", daemon=True)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        self._read()
-
-    def share(self, t0: float | None = None, t1: float | None = None) -> float:
-        """The steal share between the last reading at or before ``t0`` and the first at or after ``t1`` (the
-        smallest span of readings that covers the window; the whole watch without bounds). NaN without two."""
-        r = self.readings
-        if len(r) < 2:
-            return math.nan
-        before = [x for x in r if t0 is not None and x[0] <= t0]
-        after = [x for x in r if t1 is not None and x[0] >= t1]
-        start = before[-1] if before else r[0]
-        end = after[0] if after else r[-1]
-        return steal_share(start[1:], end[1:])
 
 
 def _gpu() -> dict[str, Any] | None:

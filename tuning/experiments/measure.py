@@ -15,9 +15,9 @@ import signal
 import warnings
 from typing import Any, Callable, Sequence
 
-from tuning.base.machine import StealWatch
 from tuning.experiments.trial import Trial
 from tuning.knobs import Knobs
+from tuning.profile.steal import StealWatch
 
 
 def _load_client(address: str, authkey: bytes) -> None:

@@ -33,6 +33,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from tuning.base.format import fixed, pct, rounded
+
 GIL_CORE = 0.9  # the most CPU one process's GIL-holding threads get (switch interval and hand-off overhead)
 DEFAULT_TARGET_BUSY = 0.70  # the what-if's "fed" share (investigate.FED_DEVICE_BUSY)
 
@@ -51,8 +53,8 @@ class ThreadCost:
     why: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "cpu_share": _r(self.cpu_share), "cpu_ms_per_request": _r(1e3 * self.cpu_s_per_request),
-                "gil_bound": self.gil_bound, "why": self.why}
+        return {"name": self.name, "cpu_share": _round4(self.cpu_share),
+                "cpu_ms_per_request": _round4(1e3 * self.cpu_s_per_request), "gil_bound": self.gil_bound, "why": self.why}
 
 
 @dataclass
@@ -116,10 +118,10 @@ class HostCores:
     def say(self) -> str:
         """One sentence: what this host's cores keep the device busy at, and the cores that would reach the target."""
         if not math.isfinite(self.cores):
-            return (f"cores needed for {self.device}: not known (QPS {_f(self.qps)}, device busy {_pct(self.device_busy)}, "
+            return (f"cores needed for {self.device}: not known (QPS {fixed(self.qps)}, device busy {pct(self.device_busy)}, "
                     f"{len(self.threads)} service threads measured)")
         procs = f"in {self.processes} process{'es' if self.processes != 1 else ''}"
-        return (f"this host's {self.host_cores} cores keep the {self.device} {_pct(self.device_busy)} busy; about "
+        return (f"this host's {self.host_cores} cores keep the {self.device} {pct(self.device_busy)} busy; about "
                 f"{self.cores:.1f} cores ({procs}) would keep it {self.target_busy:.0%} busy "
                 f"({self.rate:.0f} req/s at {1e3 * self.cpu_s_per_request:.2f} ms host CPU per request, "
                 f"{1e3 * self.gil_s_per_request:.2f} ms of it holding the GIL)")
@@ -128,11 +130,11 @@ class HostCores:
         return {"device": self.device, "simulated": self.simulated,
                 "measured": "host CPU per thread and QPS" + ("; device busy predicted (simulated)" if self.simulated
                                                              else "; device busy"),
-                "host_cores": self.host_cores, "qps": _r(self.qps), "device_busy": _r(self.device_busy),
-                "target_busy": self.target_busy, "capacity_rps": _r(self.capacity), "rate_rps": _r(self.rate),
-                "cpu_ms_per_request": _r(1e3 * self.cpu_s_per_request),
-                "gil_ms_per_request": _r(1e3 * self.gil_s_per_request), "gil_core": GIL_CORE,
-                "cores": _r(self.cores), "processes": self.processes, "threads": [t.to_dict() for t in self.threads],
+                "host_cores": self.host_cores, "qps": _round4(self.qps), "device_busy": _round4(self.device_busy),
+                "target_busy": self.target_busy, "capacity_rps": _round4(self.capacity), "rate_rps": _round4(self.rate),
+                "cpu_ms_per_request": _round4(1e3 * self.cpu_s_per_request),
+                "gil_ms_per_request": _round4(1e3 * self.gil_s_per_request), "gil_core": GIL_CORE,
+                "cores": _round4(self.cores), "processes": self.processes, "threads": [t.to_dict() for t in self.threads],
                 "sentence": self.say()}
 
 
@@ -208,13 +210,6 @@ def host_cores(trial: Any, target_busy: float = DEFAULT_TARGET_BUSY, host_cores:
                      qps, float(trial.device_busy), float(target_busy), threads)
 
 
-def _r(x: float, digits: int = 4) -> float | None:
-    return round(float(x), digits) if x is not None and math.isfinite(x) else None
-
-
-def _f(x: float) -> str:
-    return f"{x:.1f}" if math.isfinite(x) else "n/a"
-
-
-def _pct(x: float) -> str:
-    return f"{x:.0%}" if math.isfinite(x) else "n/a"
+def _round4(x: float) -> float | None:
+    """A figure of the JSON: 4 places, None where unknown."""
+    return rounded(x, 4)

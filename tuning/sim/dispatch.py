@@ -23,6 +23,7 @@ import hashlib
 import math
 import threading
 import time
+from typing import Callable
 
 import torch
 
@@ -42,6 +43,19 @@ _PAIR_S: float | None = None  # what one op followed by one update costs beyond 
 # thread's CPU clock: waiting for the GIL or a core is not CPU, so a busy Python thread beside the first
 # measurement does not inflate the value cached for the process
 _MEASURE = threading.RLock()
+
+
+def _fastest(body: Callable[[], None], tries: int, per: int, pause_s: float = 0.0) -> float:
+    """Seconds of this thread's CPU per unit of ``body`` (which runs ``per`` units): the fastest of ``tries``
+    runs, ``pause_s`` apart (load only slows a try)."""
+    best = math.inf
+    for _ in range(tries):
+        t0 = time.thread_time()
+        body()
+        best = min(best, (time.thread_time() - t0) / per)
+        if pause_s:
+            time.sleep(pause_s)
+    return best
 
 
 def tiny_op() -> None:
@@ -68,14 +82,10 @@ def _measure_dispatch() -> float:
     add = torch.add
     for _ in range(50):
         add(a, b, out=c)
-    tries = []
-    for _ in range(15):
-        t0 = time.thread_time()
+    def ops() -> None:
         for _ in range(100):
             add(a, b, out=c)
-        tries.append((time.thread_time() - t0) / 100)
-        time.sleep(1e-3)
-    return min(tries)
+    return _fastest(ops, tries=15, per=100, pause_s=1e-3)
 
 
 def burn_rate_bps(refresh: bool = False) -> float:
@@ -127,14 +137,11 @@ def _measure_pair() -> float:
     add, update = torch.add, hashlib.sha256().update
     view = _BUFFER[:3 * GIL_FREE_BYTES]
     apart = host_dispatch_s() + update_overhead_s() + len(view) / burn_rate_bps()
-    tries = []
-    for _ in range(7):
-        t0 = time.thread_time()
+    def pairs() -> None:
         for _ in range(50):
             add(a, b, out=c)
             update(view)
-        tries.append((time.thread_time() - t0) / 50)
-    return max(min(tries) - apart, 0.0)
+    return max(_fastest(pairs, tries=7, per=50) - apart, 0.0)
 
 
 def min_released_s() -> float:
