@@ -92,14 +92,16 @@ class SmoothStub:
     """The review's noise model at the target: a configuration's capacity scale ``mu`` (``base_rate`` times its
     rules' factors); at rate r the p99 is ``base_ms / (1 - r / mu)`` (a queue's shape, capped at 100x) times a
     lognormal figure noise of ``noise``, with exponential latencies whose 99th percentile is that p99 (so
-    the count over a target is ``n * 100 ** (-target / p99)``, exactly)."""
+    the count over a target is ``n * 100 ** (-target / p99)``, exactly). ``extra_ms(knobs)`` adds a fixed
+    latency to every request (a batch wait: light-load latency as the reference's though the capacity is higher)."""
 
     def __init__(self, rules=(), base_rate: float = 100.0, base_ms: float = 40.0, noise: float = 0.05, seed: int = 0,
-                 window: int = 1000):
+                 window: int = 1000, extra_ms=None):
         self.rules, self.base_rate, self.base_ms, self.noise = list(rules), base_rate, base_ms, noise
         self.rng = np.random.default_rng(seed)
         self.window = window
         self.quantiles = -np.log1p(-(np.arange(window) + 0.5) / window)  # Exp(1) at evenly spaced probabilities
+        self.extra = extra_ms or (lambda k: 0.0)
 
     def __call__(self, knobs, *, rate=None, record=False):
         mu = self.base_rate
@@ -111,7 +113,7 @@ class SmoothStub:
             return Trial(qps=mu * wobble, p99_ms=self.base_ms * 10 * wobble, ok=self.window, submitted=self.window,
                          window_s=self.window / mu)
         p99 = self.base_ms / max(1 - rate / mu, 0.01) * wobble
-        lat = p99 * self.quantiles / math.log(100)
+        lat = p99 * self.quantiles / math.log(100) + self.extra(knobs)
         served = min(rate, mu)
         return Trial(qps=served, p99_ms=float(np.percentile(lat, 99)), ok=self.window, submitted=self.window,
                      window_s=self.window / rate, rate=rate, offered_rate=rate, latencies_ms=lat)

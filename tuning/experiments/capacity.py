@@ -280,8 +280,11 @@ def window_verdict(f: dict[str, Any], windows: int, settings: CapacitySettings) 
 class Race:
     """Interleaved pairs of a reference and a candidate at one rate past the reference's capacity, each arm
     decided by the probe's rule (:func:`window_verdict`) on its pooled runs. ``verdict``: ``candidate`` (it
-    passes where the reference, in the same pairs, fails), ``reference passed`` (no evidence), ``candidate
-    fails``, or ``undecided`` at the cap."""
+    passes where the reference, in the same pairs, fails), ``candidate faster`` (both fail, and the paired ratio
+    of their latencies there, the reference's over the candidate's as :func:`compare_at` figures them, clears
+    the minimum effect at the comparison's level), ``reference passed`` (no evidence), ``candidate fails``, or
+    ``undecided`` at the cap. ``ratio``, ``low``, ``high``: that latency ratio and its interval (NaN unless
+    both arms failed)."""
 
     rate: float
     verdict: str
@@ -290,10 +293,18 @@ class Race:
     reference: list[Trial]
     candidate: list[Trial]
     order: str
+    ratio: float = math.nan
+    low: float = math.nan
+    high: float = math.nan
 
     @property
     def pairs(self) -> int:
         return len(self.candidate)
+
+    @property
+    def candidate_better(self) -> bool:
+        """The candidate passed where the reference failed, or both failed and it was clearly faster there."""
+        return self.verdict in ("candidate", "candidate faster")
 
 
 def paired_seed(seed: int, pair: int, salt: int) -> int:
@@ -304,20 +315,33 @@ def paired_seed(seed: int, pair: int, salt: int) -> int:
 
 def race_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: float, target_p99_ms: float,
             settings: CapacitySettings = CapacitySettings(), min_pairs: int = 2, max_pairs: int = 6, seed: int = 0,
-            status: Callable[[str], None] | None = None) -> Race:
+            compare: "CompareSettings | None" = None, status: Callable[[str], None] | None = None) -> Race:
     """Whether ``candidate`` meets the target at ``rate`` while ``reference`` does not, in interleaved pairs
     (AB BA BA AB ...; both arms of a pair on one arrival seed). After ``min_pairs`` it stops as soon as the
-    candidate fails, the reference passes, or the candidate passes while the reference fails; else
-    ``undecided`` after ``max_pairs``. Not a ratio with an interval: past its knee the reference tips in some
-    pairs and holds in others, and the ratio of shares swings by orders of magnitude (0.3 to 300,000 after 6
-    pairs in which the candidate had 0 of 12,079 over the target); the pooled counts decide."""
+    candidate fails while the reference does not, the reference passes, or the candidate passes while the
+    reference fails; else ``undecided`` after ``max_pairs``. The pooled counts decide, not a ratio: past its
+    knee the reference tips in some pairs and holds in others, and the ratio of shares swings by orders of
+    magnitude (0.3 to 300,000 after 6 pairs in which the candidate had 0 of 12,079 over the target).
+
+    When both arms fail there (a candidate with more capacity than the reference, but less than 20% more, is
+    still near or past its own knee at 1.2x the reference's failing rate: the tuner's batch 8 had 37 of 624 over
+    the target where batch 1 had 315, and was dropped as "candidate fails"), the pairs go on, to at least three
+    and at most ``max_pairs``, judged as :func:`compare_at` judges (the paired ratio of
+    :func:`latency_figure`, the reference's over the candidate's, by :class:`~tuning.base.decide.Paired` at
+    ``compare``'s level and minimum effect): ``candidate faster`` when its interval clears the minimum effect.
+    Not the ratio of the shares over the target: a candidate just below its knee had 0.1% in one pair and 100%
+    in the next (a stub at utilisation 0.98), an interval of 0.01-150,000; the latency figure is capped at 20x
+    the target and moves with the queue in every outcome."""
     measure, _ = as_measure(measure)
+    compare = compare or CompareSettings()
     say = status or (lambda text: None)
     ref: list[Trial] = []
     cand: list[Trial] = []
     orders = []
     verdict = "undecided"
     rv = cv = ("undecided", "count")
+    faster = Paired(compare.min_effect, 3, max(3, max_pairs), compare.level)
+    cap = 20 * target_p99_ms
     for i in range(max_pairs):
         order = Paired.order(i)
         orders.append("".join(order))
@@ -326,11 +350,18 @@ def race_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: float
             say(f"pair {i + 1}: {'reference' if arm == 'A' else 'candidate'} at {rate:.1f} req/s")
             trials = ref if arm == "A" else cand
             trials.append(measure(reference if arm == "A" else candidate, rate=rate, seed=pair_seed))
+        faster.add(1.0 / latency_figure(ref[-1], cap), 1.0 / latency_figure(cand[-1], cap))  # bigger is better
         rv = window_verdict(pooled_figures(ref, target_p99_ms), len(ref), settings)
         cv = window_verdict(pooled_figures(cand, target_p99_ms), len(cand), settings)
         if i + 1 < min_pairs:
             continue
-        if cv[0] == "fail":
+        if cv[0] == "fail" and rv[0] == "fail":
+            told = faster.verdict()
+            verdict = {"better": "candidate faster", "not better": "candidate fails",
+                       "not distinguishable": "candidate fails"}.get(told, "undecided")
+            if verdict == "undecided" and i + 1 >= max_pairs:
+                verdict = "candidate fails"
+        elif cv[0] == "fail":
             verdict = "candidate fails"
         elif rv[0] == "pass":
             verdict = "reference passed"
@@ -338,7 +369,9 @@ def race_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: float
             verdict = "candidate"
         if verdict != "undecided":
             break
-    return Race(rate, verdict, rv, cv, ref, cand, " ".join(orders))
+    both_failed = cv[0] == "fail" and rv[0] == "fail" and faster.pairs >= 2
+    ratio, lo, hi = faster.interval() if both_failed else (math.nan, math.nan, math.nan)
+    return Race(rate, verdict, rv, cv, ref, cand, " ".join(orders), ratio, lo, hi)
 
 
 def windows_agree(trials: list[Trial], target_p99_ms: float, alpha: float = 0.01) -> bool:

@@ -34,9 +34,12 @@ capacity (``compare_at``; see :meth:`Ladder.judge` for why not at the capacity i
 paired latency ratio's interval clears the minimum effect *and* the candidate meets the target there, or
 when it meets the target where the reference did not; its own capacity is then searched and it becomes
 the next reference. A step not kept there runs again in interleaved pairs past the reference's capacity
-(``race_at``: 1.2x its failing rate), kept only when the candidate passes by the count over its pooled runs
+(``race_at``: 1.2x its failing rate), kept when the candidate passes by the count over its pooled runs
 there and the reference fails in the same pairs (a change that raises the capacity, such as batching, can
-leave light-load latency as it was). A step that
+leave light-load latency as it was), or when both fail there and the paired latency ratio clears the minimum
+effect and the candidate's own capacity then beats the reference's by it (a candidate with 10-20% more
+capacity is itself near its knee at that rate: the tuner's batch 8 had 37 of 624 over the target where batch
+1 had 315, and was dropped before). A step that
 misses the target is never kept. ``objective="qps"`` (batch
 jobs): the same pairs in a closed loop at ``concurrency``, judged on QPS, and a step that takes a closed-loop
 p99 the reference met over the target is not kept. What each step shows is what was judged, frozen at its
@@ -658,7 +661,7 @@ class Ladder:
             race_rate = s.race_at * failing  # 20% past a rate the reference already failed
             race = race_at(self.measure, ref, knobs, rate=race_rate, target_p99_ms=self.target, settings=s.capacity,
                            max_pairs=s.race_pairs if s.race_pairs is not None else s.max_pairs,
-                           seed=s.seed + 7 * len(self.steps) + 1,
+                           seed=s.seed + 7 * len(self.steps) + 1, compare=s.compare_settings(),
                            status=lambda t: self.status(f"{name}: {change}: past the reference's capacity: {t}"))
             ids += [self.experiment(name, "reference", f"{change} (past the capacity)", ref, race.reference,
                                     race_rate).id,
@@ -670,15 +673,21 @@ class Ladder:
                            race_reference=f"{rf['exceed']} of {rf['n']} ({race.reference_by[0]} by {race.reference_by[1]})")
             told = (f"at {race_rate:.1f} req/s, past the reference's capacity, after {race.pairs} pairs: candidate "
                     f"{figures['race_candidate']} over {self.target:.0f} ms, reference {figures['race_reference']}")
+            if math.isfinite(race.ratio):
+                figures.update(race_ratio=rounded(race.ratio), race_low=rounded(race.low), race_high=rounded(race.high))
+                told += f"; latency ratio there {race.ratio:.2f} [{race.low:.2f}-{race.high:.2f}]"
             if race.verdict == "candidate":
                 status, reason = "kept", f"{reason}; but {told}: it meets the target where the reference does not"
                 meets = figures["meets_target"] = True
+            elif race.verdict == "candidate faster":  # kept only if its own capacity then beats the reference's
+                status, reason = "kept", (f"{reason}; but {told}: both miss the target there, the candidate clearly "
+                                          f"faster (clears +{100 * s.min_effect:.0f}%)")
             else:
                 reason += f"; {told}: {race.verdict}, not kept there either"
         figures["gain"] = rounded(cmp.ratio - 1) if not self.target_mode else None
         new_cap = None
         if status == "kept" and self.target_mode:
-            if race is not None:
+            if race is not None and race.verdict == "candidate":
                 new_cap, probe_ids = self.search(name, knobs, known_pass=_probe_from(race.rate, race.candidate,
                                                                                      self.target))
             elif meets:
@@ -691,10 +700,14 @@ class Ladder:
             gain = new_cap.capacity / cap.capacity - 1 if cap.met and new_cap.met else None
             figures.update(capacity=rounded(new_cap.capacity), capacity_bracket=[rounded(new_cap.low), rounded(new_cap.high)],
                            gain=rounded(gain))
-            if gain is not None and gain < -s.capacity.tolerance:
+            # a step kept as faster past the reference's capacity must then show the minimum effect in its own
+            # capacity: that evidence is about overload, and what ships is the capacity at the target
+            faster = race is not None and race.verdict == "candidate faster"
+            if gain is not None and (gain <= s.min_effect if faster else gain < -s.capacity.tolerance):
                 status = "not kept"
-                reason += (f"; but its capacity {new_cap.capacity:.1f} req/s is below the reference's "
-                           f"{cap.capacity:.1f} ({100 * gain:+.0f}%): not kept")
+                short = f"not above the reference's {cap.capacity:.1f} by +{100 * s.min_effect:.0f}%" if faster else \
+                    f"below the reference's {cap.capacity:.1f}"
+                reason += f"; but its capacity {new_cap.capacity:.1f} req/s is {short} ({100 * gain:+.0f}%): not kept"
                 new_cap = None
             else:
                 reason += f"; capacity now {new_cap.sentence()}"
