@@ -79,18 +79,11 @@ def run_arm(name: str, preset: str, args: argparse.Namespace) -> dict:
 
 
 def predicted_rate(run: dict, cores: int) -> float:
-    """The rate ``cores`` cores would serve, from one run's host CPU per request (service + the pinned client)."""
-    from tuning.profile.hostcores import GIL_CORE
+    """The rate ``cores`` cores would serve, from one run's host CPU per request: the library's prediction
+    (:meth:`tuning.profile.hostcores.HostCores.rate_on`) with the pinned client's fixed share of a core taken off."""
+    from tuning.profile.hostcores import HostCores
 
-    hc = run["host_cores"]
-    limits = [(cores - run["client_cpu_share"]) / (hc["cpu_ms_per_request"] / 1e3)]
-    if hc["gil_ms_per_request"]:
-        limits.append(GIL_CORE / (hc["gil_ms_per_request"] / 1e3))
-    # one thread runs on one core at a time: the service's threads and the client's
-    limits += [1e3 / t["cpu_ms_per_request"] for t in hc["threads"] if t["name"] != "unattributed" and t["cpu_ms_per_request"]]
-    if hc["capacity_rps"]:
-        limits.append(hc["capacity_rps"])
-    return min(limits)
+    return HostCores.from_dict(run["host_cores"]).rate_on(cores, other_cores=run["client_cpu_share"])
 
 
 def summarize(runs: dict[str, list[dict]], name: str, args: argparse.Namespace) -> dict:

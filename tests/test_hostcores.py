@@ -1,6 +1,7 @@
 """Host cores needed (tuning.profile.hostcores): the arithmetic on hand-made thread rows, the GIL cap, the
 sentence, and the investigate what-if that carries it."""
 
+import json
 import math
 import os
 from types import SimpleNamespace
@@ -10,7 +11,7 @@ import pytest
 from tuning.experiments.investigate import Investigation, _confirm_and_what_if, what_if_cores
 from tuning.experiments.trial import Trial
 from tuning.knobs import preset
-from tuning.profile.hostcores import GIL_CORE, gil_bound, host_cores
+from tuning.profile.hostcores import GIL_CORE, HostCores, gil_bound, host_cores
 
 PID = os.getpid()
 SIM = {"kind": "simulated", "name": "simulated h200-sxm-estimate"}
@@ -73,6 +74,19 @@ def test_rate_on_is_the_least_of_cores_gil_thread_and_device():
     assert hc.rate_on(1) == pytest.approx(1 / 0.008)  # 8 ms per request on one core
     assert hc.rate_on(100) == pytest.approx(1 / 0.005)  # the loader worker, one thread, 5 ms per request
     assert hc.rate_on(100, processes=100) == pytest.approx(hc.capacity)  # then the device
+
+
+def test_unattributed_cpu_is_no_single_threads_limit_and_a_results_file_predicts_the_same():
+    """``unattributed`` sums many short-lived threads: it adds to the cores' load, but it is not one thread
+    capped at one core (before, 5 ms of it per request capped the prediction at 200 req/s on any cores)."""
+    hc = host_cores(_trial([_row("preprocess-0", 10.0), _row("unattributed", 50.0)], device_busy=0.001),
+                    service_pid=PID)
+    assert hc.rate_on(100) == pytest.approx(GIL_CORE / 0.001)  # the preprocess thread's GIL, not 1 / 5 ms
+    assert hc.rate_on(1) == pytest.approx(1 / 0.006)  # both count on the cores
+    assert hc.rate_on(1, other_cores=0.5) == pytest.approx(0.5 / 0.006)  # a polling client's half core
+    back = HostCores.from_dict(json.loads(json.dumps(hc.to_dict())))
+    for cores in (1, 2, 16):
+        assert back.rate_on(cores) == pytest.approx(hc.rate_on(cores), rel=1e-3)
 
 
 def test_the_sentence_says_cores_processes_and_busy_shares():

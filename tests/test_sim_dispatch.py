@@ -108,6 +108,27 @@ def test_calibration_keeps_the_driver_part_and_records_the_hosts_dispatch(tmp_pa
     assert calibration.LAST_HOST_DISPATCH == 4e-6
 
 
+def test_an_eager_only_calibration_over_an_old_base_does_not_count_a_dispatch_twice_per_replay(tmp_path):
+    """No graph points: graph_replay_s is kept from the base. A base written before the split holds a whole host
+    cost (15 us, its host's dispatch included) while the new profile adds this host's dispatch per replay: kept
+    as it was, one replay would be charged 15 us + a dispatch. It keeps 15 us less the calibrating dispatch."""
+    truth = unit_device(peak_flops={"fp32": 20e12, "bf16": 80e12, "fp16": 80e12}, mem_bandwidth=250e9, launch_s=7e-6,
+                        min_kernel_s=3e-6, graph_replay_s=20e-6, mem_bytes=24e9)
+    eager = [p for p in _points(truth, 4e-6) if p.graph == "eager"]
+    raw = load_profile("h200-sxm-estimate").as_dict()
+    raw.pop("host_dispatch_separate")
+    raw["sources"].pop("host_dispatch_separate")
+    raw.update(launch_s=10e-6, graph_replay_s=15e-6)
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(raw))
+    fitted, _ = calibrate(eager, embedded_model_profile(), "cuda", "fit", base=str(old), host_dispatch_s=4e-6)
+    assert fitted.host_dispatch_separate
+    assert fitted.graph_replay_s == pytest.approx(11e-6)
+    assert "whole host cost" in fitted.sources["graph_replay_s"]
+    new, _ = calibrate(eager, embedded_model_profile(), "cuda", "fit", base="h200-sxm-estimate", host_dispatch_s=4e-6)
+    assert new.graph_replay_s == load_profile("h200-sxm-estimate").graph_replay_s  # a split base: kept as it is
+
+
 def _other_thread_share(call, window_s: float = 0.03) -> float:
     """Another Python thread's counting rate during repeated ``call()`` (for ``window_s``) over its rate during a
     sleep as long, right after."""

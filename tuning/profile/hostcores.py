@@ -52,6 +52,11 @@ class ThreadCost:
     gil_bound: bool
     why: str
 
+    @property
+    def one_thread(self) -> bool:
+        """A single thread (runs on one core at a time), not the summed CPU of many (``unattributed``)."""
+        return not _aggregate(self.name)
+
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "cpu_share": _round4(self.cpu_share),
                 "cpu_ms_per_request": _round4(1e3 * self.cpu_s_per_request), "gil_bound": self.gil_bound, "why": self.why}
@@ -101,19 +106,31 @@ class HostCores:
         need = self.rate * self.gil_s_per_request / GIL_CORE
         return max(1, math.ceil(need)) if math.isfinite(need) else 1
 
-    def rate_on(self, cores: float, processes: int = 1, other_cpu_s_per_request: float = 0.0) -> float:
+    def rate_on(self, cores: float, processes: int = 1, other_cpu_s_per_request: float = 0.0,
+                other_cores: float = 0.0) -> float:
         """Requests per second ``cores`` cores in ``processes`` processes would serve at this configuration: the
         least of the cores' rate, the GIL's rate, each thread's (one thread runs on one core at a time, so a
-        thread's rate is at most 1 / its CPU per request, times the processes) and the device's capacity.
-        ``other_cpu_s_per_request``: CPU per request of other work on the same cores (a load generator pinned
-        with the service)."""
+        thread's rate is at most 1 / its CPU per request, times the processes; not ``unattributed``, which sums
+        many short-lived threads) and the device's capacity. Other work on the same cores (a load generator
+        pinned with the service): ``other_cpu_s_per_request`` of CPU per request, and ``other_cores`` cores it
+        keeps busy whatever the rate (a client that polls)."""
         total = self.cpu_s_per_request + other_cpu_s_per_request
-        limits = [cores / total if total > 0 else math.inf,
+        free = max(cores - other_cores, 0.0)
+        limits = [free / total if total > 0 else math.inf,
                   processes * GIL_CORE / self.gil_s_per_request if self.gil_s_per_request > 0 else math.inf]
-        limits += [processes / t.cpu_s_per_request for t in self.threads if t.cpu_s_per_request > 0]
+        limits += [processes / t.cpu_s_per_request for t in self.threads if t.cpu_s_per_request > 0 and t.one_thread]
         if math.isfinite(self.capacity):
             limits.append(self.capacity)
         return min(limits)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "HostCores":
+        """Back from :meth:`to_dict` (a results file): the figures its predictions need."""
+        threads = [ThreadCost(t["name"], float(t["cpu_share"]), float(t["cpu_ms_per_request"]) / 1e3,
+                              bool(t["gil_bound"]), t.get("why", "")) for t in d.get("threads", [])]
+        return cls(d["device"], bool(d["simulated"]), int(d["host_cores"]), float(d["qps"]),
+                   float(d["device_busy"]) if d.get("device_busy") is not None else math.nan,
+                   float(d["target_busy"]), threads)
 
     def say(self) -> str:
         """One sentence: what this host's cores keep the device busy at, and the cores that would reach the target."""
@@ -148,7 +165,7 @@ def gil_bound(name: str, tokenizer: str | None = None, pure_python: bool = True)
         return False, "a loader worker is a process of its own (its own GIL)"
     if "(native)" in n:
         return False, "a native thread (torch's intra-op pool) runs no Python"
-    if n == "unattributed" or n.startswith("other threads"):
+    if _aggregate(n):
         return False, "CPU of threads too short-lived to sample (which lock they held is not known)"
     if n.startswith("model-executor"):
         if not pure_python:
@@ -208,6 +225,12 @@ def host_cores(trial: Any, target_busy: float = DEFAULT_TARGET_BUSY, host_cores:
         threads.append(ThreadCost(str(r["name"]), share, share / qps if qps > 0 else math.nan, bound, why))
     return HostCores(device or dev.get("name") or "device", bool(dev.get("kind") == "simulated"), int(host_cores),
                      qps, float(trial.device_busy), float(target_busy), threads)
+
+
+def _aggregate(name: str) -> bool:
+    """A row that sums the CPU of many threads (too short-lived to sample, or beyond the table's top)."""
+    n = name.lower()
+    return n == "unattributed" or n.startswith("other threads")
 
 
 def _round4(x: float) -> float | None:

@@ -274,6 +274,12 @@ def calibrate(points: Sequence[Point], model: ModelProfile, device_kind: str, na
     graph_points = any(g in ("cuda_graph", "compile_graph") for g in graphs)
     hidden = (f"{UNIDENTIFIED}: eager points on an asynchronous device hide device time behind launches; "
               "add sweeps with --set graph=cuda_graph")
+    # a base profile written before the split holds a whole host cost (its host's dispatch included): the new
+    # profile is marked host_dispatch_separate, so keeping that figure would count a dispatch twice per replay
+    kept_replay = (base_profile.graph_replay_s if base_profile.host_dispatch_separate
+                   else max(base_profile.graph_replay_s - dispatch, 0.0))
+    whole = "" if base_profile.host_dispatch_separate else (
+        f", a whole host cost there, less this host's dispatch ({dispatch * 1e6:.2f} us): {kept_replay * 1e6:g} us")
     sources = {
         "peak_flops": f"fitted: achieved FLOP/s per dtype ({', '.join(measured)} measured"
                       + (f"; {', '.join(copied)} copied from a measured one, not fitted)" if copied else ")"),
@@ -285,7 +291,7 @@ def calibrate(points: Sequence[Point], model: ModelProfile, device_kind: str, na
         "min_kernel_s": "fitted: floor of one operator's time" if synchronous or graph_points else hidden,
         "graph_replay_s": ("fitted from graph points, less one dispatch of the calibrating host" if graph_points else
                            f"{UNIDENTIFIED}: no graph points; {base_profile.graph_replay_s * 1e6:g} us kept from "
-                           f"{base_profile.name}" + ("" if base_profile.device_names else " (a typical estimate)")),
+                           f"{base_profile.name}" + ("" if base_profile.device_names else " (a typical estimate)") + whole),
         **fallback_sources,
         "mem_bytes": ("this machine's RAM" if synchronous else "the sweeps' device" if memory_bytes
                       else fallback_sources.get("mem_bytes", "")),
@@ -300,7 +306,7 @@ def calibrate(points: Sequence[Point], model: ModelProfile, device_kind: str, na
         peak_flops=peak, flops_efficiency=1.0, mem_bandwidth=float(params["bandwidth"]), bandwidth_efficiency=1.0,
         launch_s=max(float(params["launch_s"]) - dispatch, 0.0), min_kernel_s=float(params["min_kernel_s"]),
         graph_replay_s=(max(float(params["graph_replay_s"]) - dispatch, 0.0) if graph_points
-                        else base_profile.graph_replay_s),
+                        else kept_replay),
         synchronous=synchronous, sources=sources, host_dispatch_separate=True,
         # the fit's rates are flat (one per dtype, one floor): the shape model of the base profile stays off so that
         # the profile predicts what was fitted
