@@ -728,6 +728,168 @@ def capacity_chart(capacity: Any, device: Any = None, target_p99_ms: float | Non
                                device), 460)
 
 
+# --- tune: a service's own knobs -----------------------------------------------------------------
+
+_TUNE_COLORS = ("#4c78a8", "#f58518", "#54a24b", "#b279a2", "#72b7b2", "#eeca3b", "#ff9da6", "#9d755d",
+                "#bab0ac", "#e45756")
+
+
+def _tune_summary(obj: Any) -> dict[str, Any]:
+    """A tune result's ``summary()`` from the result (anything with ``summary()`` giving ``rows``) or the
+    summary itself (tune.json, loaded)."""
+    if isinstance(obj, Mapping) and "rows" in obj:
+        return dict(obj)
+    summary = getattr(obj, "summary", None)
+    if callable(summary):
+        return summary()
+    raise TypeError(f"tune charts take a tune result (with .summary()) or its summary dict (tune.json), "
+                    f"not {type(obj).__name__}")
+
+
+def _tune_configs(s: Mapping[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, Any] | None, bool]]:
+    """(label, row, capacity summary or None, is the best) per measured configuration, in the order run."""
+    names = list(s.get("space") or {})
+    caps = s.get("capacities") or {}
+    best = s.get("best") or None
+    out = []
+    for row in s.get("rows") or []:
+        label = " ".join(f"{n}={row.get(n)}" for n in names)
+        is_best = best is not None and all(str(best.get(n)) == str(row.get(n)) for n in names)
+        out.append((label, row, caps.get(label), is_best))
+    return out
+
+
+def _first_line(text: Any, limit: int = 160) -> str:
+    return _short((str(text or "").strip().splitlines() or [""])[0], limit)
+
+
+def tune_probes_chart(result: Any, device: Any = None) -> go.Figure:
+    """Each configuration's capacity probes, one line per configuration: offered Poisson rate against the
+    open-loop p99 (from the scheduled arrival), a passing probe a circle, a failing one a cross, and one
+    whose p99 is unbounded (more than 1% failed) a triangle on the top edge; the p99 target as a horizontal
+    line; the best configuration drawn thicker. ``result``: a ``TuneResult`` or its summary (tune.json)."""
+    s = _tune_summary(result)
+    target = _num(s.get("target_p99_ms"))
+    configs = _tune_configs(s)
+    finite = [v for _, _, cap, _ in configs for p in (cap or {}).get("probes") or []
+              for v in (_num(p.get("p99_ms")),) if math.isfinite(v)]
+    top = 1.15 * max(finite + ([target] if math.isfinite(target) else []) + [1.0])
+    fig = go.Figure()
+    for i, (label, _row, cap, is_best) in enumerate(configs):
+        probes = sorted((cap or {}).get("probes") or [], key=lambda p: _num(p.get("rate")))
+        if not probes:
+            continue
+        color = _TUNE_COLORS[i % len(_TUNE_COLORS)]
+        p99 = [_num(p.get("p99_ms")) for p in probes]
+        hover = [f"{label}: {_num(p.get('rate')):.1f} req/s: {p.get('verdict')} by {p.get('by')} "
+                 f"({_count(p.get('exceed'))} of {p.get('n')} over the target or failed; {p.get('errors')} errors)"
+                 f"<br>p50 {_ms(p.get('p50_ms'))} ms, p99 "
+                 + (f"{v:.0f}" if math.isfinite(v) else "unbounded (over 1% failed)")
+                 + f" [{_ms(p.get('p99_low_ms'))}-{_ms(p.get('p99_high_ms'), 'unbounded')}] ms"
+                 for p, v in zip(probes, p99)]
+        fig.add_trace(go.Scatter(
+            x=[_num(p.get("rate")) for p in probes], y=[v if math.isfinite(v) else top for v in p99],
+            mode="lines+markers", name=label + (" (best)" if is_best else ""),
+            line=dict(color=color, width=3.5 if is_best else 1.5),
+            marker=dict(size=11 if is_best else 9, color=color,
+                        symbol=["circle" if p.get("passed") else "x" if math.isfinite(v) else "triangle-up"
+                                for p, v in zip(probes, p99)]),
+            hovertext=hover, hoverinfo="text"))
+    if math.isfinite(target):
+        fig.add_hline(y=target, line=dict(color="black", dash="dash"), annotation_text=f"p99 target {target:.0f} ms",
+                      annotation_position="top left")
+    if not fig.data:
+        fig.add_annotation(text="no configuration got as far as a capacity probe", xref="paper", yref="paper",
+                           x=0.5, y=0.5, showarrow=False, font=dict(size=14))
+    fig.update_xaxes(title_text="offered Poisson rate (req/s)", rangemode="tozero")
+    fig.update_yaxes(title_text="p99 latency from the scheduled arrival (ms)", range=[0, top * 1.02])
+    fig.update_layout(showlegend=True)
+    unprobed = sum(1 for _, _, cap, _ in configs if not (cap or {}).get("probes"))
+    note = f"; {unprobed} configuration{'s' if unprobed != 1 else ''} without probes (errors)" if unprobed else ""
+    return _finish(fig, _title(f"tune: each configuration's probes, p99 against the offered rate{note}", None, device),
+                   460)
+
+
+def tune_capacity_chart(result: Any, device: Any = None) -> go.Figure:
+    """Capacity at the p99 target per configuration: a bar each, its bracket (highest passing, lowest failing
+    rate) as the error bar (no upper bar: no rate tried failed), the best in green and named; a configuration
+    that met the target at no rate tried a grey stub at zero, one whose server failed a red cross at zero with
+    its error in the hover. ``result``: a ``TuneResult`` or its summary (tune.json)."""
+    s = _tune_summary(result)
+    target = _num(s.get("target_p99_ms"))
+    configs = _tune_configs(s)
+    labels = _unique([c[0] for c in configs])
+    kinds: dict[str, list[int]] = {"best": [], "met": [], "not met": [], "error": []}
+    for i, (_, row, _, is_best) in enumerate(configs):
+        if row.get("capacity") is not None:
+            kinds["best" if is_best else "met"].append(i)
+        elif row.get("error"):
+            kinds["error"].append(i)
+        else:
+            kinds["not met"].append(i)
+
+    def hover(i: int) -> str:
+        label, row, _, _ = configs[i]
+        low, high = (row.get("bracket") or [None, None])
+        head = f"{label}: "
+        if row.get("capacity") is not None:
+            head += (f"capacity {_num(row['capacity']):.1f} req/s, bracket {_num(low):.1f}-"
+                     + (f"{_num(high):.1f}" if high is not None else "(none failed)") + " req/s"
+                     + f"<br>at capacity p50 {_ms(row.get('p50_ms'))} ms, p99 {_ms(row.get('p99_ms'))} ms, "
+                       f"{row.get('errors')} errors")
+        elif row.get("error"):
+            head += f"error: {_escape(_first_line(row['error']))}"
+        else:
+            head += ("target not met at any rate tried"
+                     + (f" (the lowest, {_num(high):.1f} req/s, failed)" if high is not None else ""))
+        memory = _num(row.get("peak_memory_mb"))
+        return head + (f"<br>peak memory {memory:.0f} MB" if math.isfinite(memory) else "")
+
+    fig = go.Figure()
+    colors = {"best": "#54a24b", "met": "#4c78a8", "not met": "#bab0ac"}
+    for kind in ("best", "met", "not met"):
+        idx = kinds[kind]
+        if not idx:
+            continue
+        rows = [configs[i][1] for i in idx]
+        caps = [_num(r.get("capacity")) if r.get("capacity") is not None else 0.0 for r in rows]
+        brackets = [r.get("bracket") or [None, None] for r in rows]
+        bars = _error_bars(caps, [b[0] for b in brackets], [b[1] for b in brackets]) if kind != "not met" else None
+        text = ([f"{c:.1f}" + ("" if b[1] is not None else "+") for c, b in zip(caps, brackets)]
+                if kind != "not met" else ["not met"] * len(idx))
+        fig.add_trace(go.Bar(x=[labels[i] for i in idx], y=caps, name={"best": "best", "met": "met the target",
+                                                                        "not met": "target not met"}[kind],
+                             marker_color=colors[kind], error_y=bars, text=text,
+                             textposition="inside" if kind != "not met" else "outside", insidetextanchor="end",
+                             cliponaxis=False, hovertext=[hover(i) for i in idx], hoverinfo="text"))
+    if kinds["error"]:
+        idx = kinds["error"]
+        fig.add_trace(go.Scatter(x=[labels[i] for i in idx], y=[0.0] * len(idx), mode="markers+text", name="error",
+                                 marker=dict(symbol="x", size=14, color="#e45756"), text=["error"] * len(idx),
+                                 textposition="top center", cliponaxis=False, hovertext=[hover(i) for i in idx],
+                                 hoverinfo="text"))
+    best = next(((labels[i], configs[i][1]) for i in kinds["best"]), None)
+    if best is not None:  # above its bracket's upper end
+        high = _num((best[1].get("bracket") or [None, None])[1])
+        fig.add_annotation(x=best[0], y=max(_num(best[1]["capacity"]), high if math.isfinite(high) else 0.0),
+                           text="best", showarrow=True, arrowhead=2, ay=-30, yshift=4, font=dict(color="#54a24b", size=13))
+    if not configs:
+        fig.add_annotation(text="no configuration was measured", xref="paper", yref="paper", x=0.5, y=0.5,
+                           showarrow=False, font=dict(size=14))
+    names = list(s.get("space") or {})
+    fig.update_xaxes(title_text=f"configuration ({', '.join(names)})" if names else "configuration",
+                     type="category", categoryorder="array", categoryarray=labels)
+    within = f" {target:.0f} ms" if math.isfinite(target) else " target"
+    fig.update_yaxes(title_text=f"capacity at p99 ≤{within} (req/s)", rangemode="tozero")
+    fig.update_layout(showlegend=True, barmode="overlay")
+    what = (f"best {best[0]} at {_num(best[1]['capacity']):.1f} req/s" if best is not None
+            else "no configuration met the target")
+    errors = len(kinds["error"])
+    what += f"; {errors} error{'s' if errors != 1 else ''}" if errors else ""
+    return _finish(fig, _title(f"tune: capacity at the p99 target per configuration, bracket as error bars ({what})",
+                               None, device), 460)
+
+
 # --- the knob panel's figure ----------------------------------------------------------------
 
 def panel_chart(result: Any, history: Sequence[Mapping[str, Any]] = (), device: Any = None) -> go.Figure:

@@ -646,7 +646,8 @@ def cmd_investigate(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     """``tune``: start the service from --cmd per configuration, measure its capacity at the target, stop it."""
-    from tuning.experiments.tune import TuneSettings, parse_space, run_tune
+    from tuning.experiments.tune import CHECKPOINT, TuneSettings, parse_space, read_checkpoint, run_tune
+    from tuning.present.html import render_tune
     from tuning.present.tables import format_tune
 
     space = parse_space(args.space)
@@ -666,22 +667,31 @@ def cmd_tune(args: argparse.Namespace) -> int:
         import dataclasses
 
         settings = dataclasses.replace(settings, confirm_pairs=args.confirm_pairs)
+    previous = read_checkpoint(args.resume) if args.resume is not None else None
     bodies = _api_inputs(args, api, _inputs(args))
-    out = args.out
+    out = args.out if args.out is not None else args.resume  # a resumed run goes on writing where it was
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
 
     def save(result: Any) -> None:
-        if out is not None:
-            (out / "tune.json").write_text(json.dumps(with_schema(result.summary()), indent=2, default=str))
+        if out is None:
+            return
+        summary = result.summary()
+        for name, text in ((CHECKPOINT, json.dumps(with_schema(summary), indent=2, default=str)),
+                           ("tune.html", render_tune(summary, resume_dir=out))):
+            tmp = out / f"{name}.tmp"
+            tmp.write_text(text, encoding="utf-8")
+            tmp.replace(out / name)  # never half a file, even on Ctrl-C
     say = (lambda line: None) if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
     result = run_tune(args.cmd, space, args.url, bodies, api, args.target_p99_ms, settings, ready_url=args.ready_url,
-                      say=say, on_row=save)
+                      say=say, on_row=save, resume=previous)
     save(result)
     code = _emit(args, result.summary(), lambda: format_tune(result))
     if result.interrupted:
         from tuning.cli import guard as cliguard
 
+        if out is not None:
+            say(f"go on with the same command and --resume {out} (the configurations in {out / CHECKPOINT} are kept)")
         return cliguard.EXIT_INTERRUPTED
     if not result.rows or all(r.error for r in result.rows):
         from tuning.cli import guard as cliguard
@@ -705,7 +715,11 @@ def _add_tune_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--confirm-pairs", type=_nonnegative_int, default=None, metavar="N",
                    help="race the best against the runner-up in up to N interleaved pairs, restarting each server "
                         "as it goes (default 6, --quick 4; 0: do not race, the best is then unconfirmed)")
-    p.add_argument("--out", type=Path, default=None, help="write tune.json here, rewritten after every configuration")
+    p.add_argument("--out", type=Path, default=None, help="write tune.json and tune.html (the table and the charts) "
+                   "here, rewritten after every configuration")
+    p.add_argument("--resume", type=Path, default=None, metavar="DIR",
+                   help="go on from an earlier run's DIR/tune.json (same --cmd, --space, --url, API and target): its "
+                        "configurations are kept, the rest measured; writes there unless --out is given")
     _add_api_flags(p)
     p.add_argument("--json", action="store_true", help="print only the JSON summary")
 

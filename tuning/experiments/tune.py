@@ -17,12 +17,17 @@ best's neighbours (the adjacent value of each knob). Then the best is raced agai
 interleaved pairs 20% past the rate where the runner-up failed (:func:`confirm_best`): two capacities searched one
 after the other are unpaired, and the result says whether the best held where the runner-up did not, or
 that the two are tied within the noise.
+
+``--out DIR`` writes ``DIR/tune.json`` after every configuration (and Ctrl-C leaves what was measured there);
+``--resume DIR`` goes on from it: the configurations it holds are kept, the rest measured (:func:`run_tune`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
+import json
 import math
 import os
 import shlex
@@ -32,6 +37,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from tuning.base.format import rounded
@@ -40,6 +46,7 @@ from tuning.experiments.capacity import Capacity, CapacitySettings, capacity_at_
 from tuning.experiments.trial import Trial
 
 EXHAUSTIVE_MAX = 16
+CHECKPOINT = "tune.json"  # what ``--out DIR`` writes after every configuration and ``--resume DIR`` reads
 
 
 @dataclass(frozen=True)
@@ -163,6 +170,7 @@ class TuneRow:
     startup_s: float = math.nan
     wall_s: float = math.nan
     load_tests: int = 0
+    resumed: bool = False  # measured by the earlier run that ``resume`` went on from
 
     def row(self) -> dict[str, Any]:
         cap = self.capacity
@@ -172,7 +180,7 @@ class TuneRow:
                 "p50_ms": rounded(best.p50_ms) if best else None, "p99_ms": rounded(best.p99_ms) if best else None,
                 "errors": best.errors if best else None, "peak_memory_mb": rounded(self.peak_memory_mb),
                 "startup_s": rounded(self.startup_s), "load_tests": self.load_tests, "wall_s": rounded(self.wall_s),
-                "error": self.error, "command": self.command}
+                "error": self.error, "command": self.command, "resumed": self.resumed}
 
 
 @dataclass
@@ -222,6 +230,11 @@ class TuneResult:
     target_p99_ms: float
     interrupted: bool = False
     confirmation: Confirmation | None = None
+    # what identifies the run, so that ``resume`` goes on only from the same one (see :func:`check_resumable`)
+    cmd: str | None = None
+    url: str | None = None
+    api: dict[str, Any] | None = None
+    resumed: int = 0  # configurations taken from the earlier run, not measured again
 
     @property
     def best(self) -> TuneRow | None:
@@ -236,15 +249,99 @@ class TuneResult:
     def summary(self) -> dict[str, Any]:
         best = self.best
         return {"command": "tune", "search": self.search, "space": self.space, "target_p99_ms": self.target_p99_ms,
-                "configurations": len(self.rows), "interrupted": self.interrupted,
+                "cmd": self.cmd, "url": self.url, "api": self.api,
+                "configurations": len(self.rows), "resumed": self.resumed, "interrupted": self.interrupted,
                 "best": best.row() if best else None, "target_met": best is not None,
-                "confirmation": self.confirmation.to_dict(self.target_p99_ms) if self.confirmation else None,
+                "confirmation": ({**self.confirmation.to_dict(self.target_p99_ms), "note": self.confirmation.note}
+                                 if self.confirmation else None),
                 "rows": [r.row() for r in self.rows],
                 "capacities": {_label(r.values): r.capacity.summary() for r in self.rows if r.capacity is not None}}
 
 
 def _label(values: dict[str, str]) -> str:
     return " ".join(f"{k}={v}" for k, v in values.items())
+
+
+# --- going on from an earlier run (``--resume DIR``) ------------------------------------------------
+
+def api_block(api: Any) -> dict[str, Any] | None:
+    """What of ``api`` decides what is measured (schema, route, body, names, texts per request, the answer
+    check), for the summary and the resume check; headers are left out (a renewed token is the same run)."""
+    if api is None:
+        return None
+    keys = ("name", "route", "template", "model_name", "input_name", "output_name", "client_batch", "validate")
+    return {k: getattr(api, k, None) for k in keys}
+
+
+def read_checkpoint(directory: str | Path) -> dict[str, Any]:
+    """``DIR/tune.json`` of an earlier run, loaded (the message says what to give instead)."""
+    path = Path(directory) / CHECKPOINT
+    if not path.is_file():
+        raise FileNotFoundError(f"--resume {directory}: no {CHECKPOINT} there (give the --out of an earlier tune run)")
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--resume {directory}: {path} is not JSON ({exc}); run without --resume") from None
+    if not isinstance(summary, dict) or summary.get("command") != "tune":
+        raise ValueError(f"--resume {directory}: {path} was not written by tune; run without --resume")
+    return summary
+
+
+def _space_text(space: Any) -> str:
+    if not isinstance(space, dict):
+        return repr(space)
+    return " ".join(f"--space {k}={','.join(map(str, v))}" for k, v in space.items())
+
+
+def check_resumable(previous: dict[str, Any], cmd: str, space: dict[str, list[str]], url: str, api: Any,
+                    target_p99_ms: float) -> None:
+    """Raise ValueError naming every setting in which this run differs from ``previous`` (a loaded tune.json):
+    a configuration measured under another command, space, URL, API or target is not this run's."""
+    if previous.get("cmd") is None:
+        raise ValueError("cannot resume: that tune.json does not record its --cmd (written by an older version); "
+                         "run without --resume")
+    then_space = {str(k): [str(v) for v in vs] for k, vs in (previous.get("space") or {}).items()}
+    checks = (("--cmd", previous.get("cmd"), cmd, repr),
+              ("--space", list(then_space.items()), list(space.items()), lambda _: ""),
+              ("--url", previous.get("url"), url, repr),
+              ("--target-p99-ms", previous.get("target_p99_ms"), target_p99_ms, repr),
+              ("the API", previous.get("api"), api_block(api), repr))
+    differ = []
+    for name, then, now, show in checks:
+        if then != now:
+            if name == "--space":
+                differ.append(f"--space: that run had {_space_text(then_space)}, this one {_space_text(space)}")
+            else:
+                differ.append(f"{name}: that run had {show(then)}, this one {show(now)}")
+    if differ:
+        raise ValueError("cannot resume: this run's settings differ from that run's: " + "; ".join(differ)
+                         + ". Give the same settings, or run without --resume (a new --out)")
+
+
+def _nan(value: Any) -> float:
+    return math.nan if value is None else float(value)
+
+
+def restore_rows(previous: dict[str, Any], names: Sequence[str]) -> list[TuneRow]:
+    """The configurations ``previous`` measured, as rows (capacities with their probes' figures, not their runs),
+    marked ``resumed``."""
+    capacities = previous.get("capacities") or {}
+    rows = []
+    for r in previous.get("rows") or []:
+        values = {n: str(r[n]) for n in names}
+        cap = capacities.get(_label(values))
+        rows.append(TuneRow(values, r.get("command") or "", Capacity.from_summary(cap) if cap else None, r.get("error"),
+                            _nan(r.get("peak_memory_mb")), _nan(r.get("startup_s")), _nan(r.get("wall_s")),
+                            int(r.get("load_tests") or 0), resumed=True))
+    return rows
+
+
+def restore_confirmation(d: dict[str, Any] | None) -> Confirmation | None:
+    """A :class:`Confirmation` back from the summary's ``confirmation``."""
+    if not d:
+        return None
+    known = {f.name for f in dataclasses.fields(Confirmation)}
+    return Confirmation(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in known})
 
 
 class HttpMeasure:
@@ -273,14 +370,31 @@ class HttpMeasure:
 
 def run_tune(cmd: str, space: dict[str, list[str]], url: str, bodies: Sequence[Any], api: Any, target_p99_ms: float,
              settings: TuneSettings = TuneSettings(), ready_url: str | None = None,
-             say: Callable[[str], None] | None = None, on_row: Callable[[TuneResult], None] | None = None) -> TuneResult:
-    """Measure each configuration of ``space`` (see the module docstring); Ctrl-C keeps what was measured."""
+             say: Callable[[str], None] | None = None, on_row: Callable[[TuneResult], None] | None = None,
+             resume: dict[str, Any] | None = None) -> TuneResult:
+    """Measure each configuration of ``space`` (see the module docstring); Ctrl-C keeps what was measured.
+
+    ``resume``: an earlier run's tune.json, loaded (:func:`read_checkpoint`), with the same command, space, URL,
+    API and target (else ValueError naming the difference): its configurations are kept as they were, not
+    measured again, and the rest are. The earlier race of the best is kept when nothing new was measured."""
     say = say or (lambda line: None)
     names = list(space)
     combos = [dict(zip(names, vals)) for vals in itertools.product(*space.values())]
     search = "exhaustive" if len(combos) <= EXHAUSTIVE_MAX else "coordinate descent, then the best's neighbours"
-    result = TuneResult(space, [], search, target_p99_ms)
+    result = TuneResult(space, [], search, target_p99_ms, cmd=cmd, url=url, api=api_block(api))
     done: dict[tuple, TuneRow] = {}
+    if resume is not None:
+        check_resumable(resume, cmd, space, url, api, target_p99_ms)
+        for row in restore_rows(resume, names):
+            key = tuple(row.values[n] for n in names)
+            if key not in done:
+                done[key] = row
+                result.rows.append(row)
+                say(f"(resumed) {_row_line(row)}")
+        result.resumed = len(result.rows)
+        say(f"resumed: {result.resumed} configurations from the earlier run, not measured again")
+        if on_row and result.rows:
+            on_row(result)
 
     def evaluate(values: dict[str, str]) -> TuneRow:
         key = tuple(values[n] for n in names)
@@ -318,7 +432,11 @@ def run_tune(cmd: str, space: dict[str, list[str]], url: str, bodies: Sequence[A
                 for j in (i - 1, i + 1):
                     if 0 <= j < len(space[n]):
                         evaluate({**current, n: space[n][j]})
-        if settings.confirm_pairs:
+        earlier = restore_confirmation((resume or {}).get("confirmation"))
+        if earlier is not None and len(result.rows) == result.resumed:
+            result.confirmation = earlier  # nothing new was measured: the earlier race stands
+            say("(resumed) " + earlier.sentence(target_p99_ms))
+        elif settings.confirm_pairs:
             result.confirmation = confirm_best(result, SwitchingMeasure(cmd, url, bodies, api, settings, ready_url, say),
                                                settings, say)
     except KeyboardInterrupt:

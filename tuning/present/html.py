@@ -335,8 +335,6 @@ def _ladder_rows(ladder: Any) -> list[dict[str, Any]]:
 
 def render_report(inv: Any) -> str:
     """The whole report for an :class:`~tuning.experiments.investigate.Investigation` as one HTML string."""
-    from plotly.offline import get_plotlyjs
-
     from tuning import viz
     from tuning.experiments.investigate import headline
 
@@ -551,11 +549,106 @@ def render_report(inv: Any) -> str:
                else "")
             + f'<p class="headline">{_headline(inv)} Ship: <code>{_esc(rec["set_line"])}</code></p>'
             + f'<p class="muted">{_esc(headline(inv))}</p>')
+    return _page("tuning investigate report", head + "".join(sections))
+
+
+def _page(title: str, body: str) -> str:
+    """One self-contained page: the style and plotly.js inlined in the head (no CDN, works offline)."""
+    from plotly.offline import get_plotlyjs
+
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            "<title>tuning investigate report</title>"
+            f"<title>{_esc(title)}</title>"
             f"<style>{_CSS}</style>"
             f'<script type="text/javascript">{get_plotlyjs()}</script>'
-            f"</head><body>{head}{''.join(sections)}</body></html>\n")
+            f"</head><body>{body}</body></html>\n")
+
+
+def tune_probes_sentence(s: dict[str, Any]) -> str:
+    """What the probes chart shows, from tune's summary."""
+    caps = s.get("capacities") or {}
+    probes = sum(len(c.get("probes") or []) for c in caps.values())
+    t = s.get("target_p99_ms")
+    best = s.get("best")
+    tail = (f" The best held p99 {fixed(best.get('p99_ms'), '.0f')} ms at {fixed(best.get('capacity'), '.1f')} req/s."
+            if best else f" No configuration kept p99 within {fixed(t, '.0f')} ms at any rate tried.")
+    return (f"{probes} probes over {len(caps)} configurations: each offered Poisson rate against its open-loop p99 "
+            f"(from the scheduled arrival, every outcome), the {fixed(t, '.0f')} ms target dashed." + tail)
+
+
+def tune_capacity_sentence(s: dict[str, Any]) -> str:
+    """What the capacity chart shows, from tune's summary."""
+    rows = s.get("rows") or []
+    met = [r for r in rows if r.get("capacity") is not None]
+    errors = [r for r in rows if r.get("error") and r.get("capacity") is None]
+    best = s.get("best")
+    names = list(s.get("space") or {})
+    head = (f"{len(met)} of {len(rows)} configurations met p99 ≤ {fixed(s.get('target_p99_ms'), '.0f')} ms"
+            + (f", {len(errors)} failed (their error in the table)" if errors else "") + ".")
+    if best:
+        values = " ".join(f"{n}={best.get(n)}" for n in names)
+        others = sorted((r["capacity"] for r in met if r.get("command") != best.get("command")), reverse=True)
+        runner = f"; the next best {others[0]:.1f} req/s" if others else ""
+        head += f" Best: {values} at {best['capacity']:.1f} req/s{runner}."
+    return head + " Error bars: the bracket (highest passing rate to lowest failing one)."
+
+
+_TUNE_COLUMNS_TAIL = ["capacity req/s", "bracket", "p50 ms", "p99 ms", "errors", "peak MB", "load tests", "measured"]
+
+
+def render_tune(result: Any, resume_dir: Any = None) -> str:
+    """``tune``'s page (tune.html): the table, each configuration's probes, the capacities, the best command line.
+    ``result``: a ``TuneResult`` or its summary (tune.json, loaded); ``resume_dir``: where ``--resume`` would go on
+    from (named in the banner of a run cut short)."""
+    from tuning import viz
+    from tuning.present.tables import tune_rows
+
+    s = dict(result) if isinstance(result, dict) else result.summary()
+    space = list(s.get("space") or {})
+    target = s.get("target_p99_ms")
+    charts = _Charts()
+    rows = tune_rows(s.get("rows") or [], space)
+    columns = [(k, k) for k in space] + [(k, k) for k in _TUNE_COLUMNS_TAIL if k != "measured" or s.get("resumed")]
+    errors = [r for r in s.get("rows") or [] if r.get("error")]
+    best = s.get("best")
+    table = _table(rows, columns, lambda r: "failed" if r["capacity req/s"] == "error"
+                   else "dropped" if r["capacity req/s"] == "none" else "kept")
+    body = [f"<p>Per configuration: the capacity at p99 ≤ {fixed(target, '.0f')} ms (the highest Poisson arrival rate "
+            "whose open-loop p99 and error rate stayed within the target and budget) with its bracket, p50/p99 at "
+            "capacity, errors, and the peak memory of the server's process group.</p>", table]
+    if errors:
+        body.append("<ul>" + "".join(f"<li>error in {_esc(' '.join(f'{k}={r.get(k)}' for k in space))}: "
+                                     f"<pre>{_esc(r['error'])}</pre></li>" for r in errors) + "</ul>")
+    sections = [_section("configurations", "Configurations", "".join(body)),
+                _section("probes", "Each configuration's probes",
+                         charts.block(lambda: viz.tune_probes_chart(s), lambda: tune_probes_sentence(s))),
+                _section("capacity", "Capacity per configuration",
+                         charts.block(lambda: viz.tune_capacity_chart(s), lambda: tune_capacity_sentence(s)))]
+    conf = s.get("confirmation")
+    if best:
+        ship = [f"<p>{best['capacity']:.1f} req/s at p99 ≤ {fixed(target, '.0f')} ms. Run it:</p>",
+                f"<pre>{_esc(best.get('command'))}</pre>"]
+        if conf:
+            ship.append(f"<p>{_esc(conf.get('sentence'))}</p>")
+        sections.append(_section("ship", "What to run", "".join(ship)))
+    alerts = ""
+    if s.get("interrupted"):
+        again = f" Go on with <code>--resume {_esc(resume_dir)}</code>." if resume_dir is not None else ""
+        alerts += ('<div class="banner miss">INTERRUPTED: tune was cut short; this page holds the configurations '
+                   f"measured.{again}</div>")
+    if not best:
+        alerts += (f'<div class="banner miss">TARGET NOT MET: no configuration kept p99 ≤ {fixed(target, ".0f")} ms '
+                   "at any rate tried.</div>")
+    resumed = s.get("resumed") or 0
+    head = ("<h1>tune: the service's own knobs</h1>"
+            f'<p class="muted">{_dt.datetime.now().isoformat(timespec="seconds")} · {s.get("configurations")} '
+            f'configurations ({_esc(s.get("search"))})'
+            + (f" · {resumed} from the earlier run (--resume)" if resumed else "")
+            + f' · target p99 ≤ {fixed(target, ".0f")} ms · measured on the running service</p>'
+            + (f'<p class="muted">command: <code>{_esc(s.get("cmd"))}</code></p>' if s.get("cmd") else "")
+            + alerts
+            + (f'<p class="headline">Best: {_esc(" ".join(f"{k}={best.get(k)}" for k in space))} at '
+               f'{best["capacity"]:.1f} req/s.</p>' if best else ""))
+    return _page("tuning tune report", head + "".join(sections))
 
 
 def _knob(v: Any) -> Any:

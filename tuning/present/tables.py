@@ -274,20 +274,34 @@ def format_investigation(inv: Investigation) -> str:
     return "\n".join(lines)
 
 
+def tune_rows(rows: Any, space: Any) -> list[dict[str, Any]]:
+    """``tune``'s table rows from its summary rows (``TuneRow.row()``, or tune.json's ``rows``): the knobs, the
+    capacity with its bracket, p50/p99 at capacity, errors, peak memory, load tests. The text table and the
+    HTML page show these."""
+    out = []
+    for row in rows:
+        bracket = row.get("bracket") or [None, None]
+        out.append({**{k: row.get(k) for k in space},
+                    "capacity req/s": "error" if row.get("error") else (f"{row['capacity']:.1f}" if row.get("capacity")
+                                                                         else "none"),
+                    "bracket": "-" if row.get("error") else f"{fixed(bracket[0], '.1f', '-')}-{fixed(bracket[1], '.1f', '-')}",
+                    "p50 ms": fixed(row.get("p50_ms"), ".0f", "-"), "p99 ms": fixed(row.get("p99_ms"), ".0f", "-"),
+                    "errors": row["errors"] if row.get("errors") is not None else "-",
+                    "peak MB": fixed(row.get("peak_memory_mb"), ".0f", "-"), "load tests": row.get("load_tests"),
+                    "measured": "earlier run" if row.get("resumed") else "this run"})
+    return out
+
+
 def format_tune(result: Any) -> str:
     """``tune``'s table: per configuration the capacity with its bracket, p50/p99 at capacity, errors, peak
     memory, load tests; then the best configuration as its exact command line."""
-    rows = []
-    for r in result.rows:
-        row = r.row()
-        bracket = row["bracket"] or [None, None]
-        rows.append({**{k: row[k] for k in result.space},
-                     "capacity req/s": "error" if row["error"] else (f"{row['capacity']:.1f}" if row["capacity"] else "none"),
-                     "bracket": "-" if row["error"] else f"{fixed(bracket[0], '.1f', '-')}-{fixed(bracket[1], '.1f', '-')}",
-                     "p50 ms": fixed(row["p50_ms"], ".0f", "-"), "p99 ms": fixed(row["p99_ms"], ".0f", "-"),
-                     "errors": row["errors"] if row["errors"] is not None else "-",
-                     "peak MB": fixed(row["peak_memory_mb"], ".0f", "-"), "load tests": row["load_tests"]})
+    rows = tune_rows([r.row() for r in result.rows], result.space)
+    if not getattr(result, "resumed", 0):
+        rows = [{k: v for k, v in r.items() if k != "measured"} for r in rows]
     lines = [f"tune: {len(result.rows)} configurations ({result.search}), capacity at p99 <= {result.target_p99_ms:.0f} ms"]
+    if getattr(result, "resumed", 0):
+        lines[0] += (f"; {result.resumed} from the earlier run (--resume, not measured again), "
+                     f"{len(result.rows) - result.resumed} measured now")
     if rows:
         lines.append(table(rows, list(rows[0])))
     for r in result.rows:
