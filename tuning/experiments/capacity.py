@@ -315,7 +315,8 @@ def paired_seed(seed: int, pair: int, salt: int) -> int:
 
 def race_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: float, target_p99_ms: float,
             settings: CapacitySettings = CapacitySettings(), min_pairs: int = 2, max_pairs: int = 6, seed: int = 0,
-            compare: "CompareSettings | None" = None, status: Callable[[str], None] | None = None) -> Race:
+            compare: "CompareSettings | None" = None, faster_pairs: int = 6,
+            status: Callable[[str], None] | None = None) -> Race:
     """Whether ``candidate`` meets the target at ``rate`` while ``reference`` does not, in interleaved pairs
     (AB BA BA AB ...; both arms of a pair on one arrival seed). After ``min_pairs`` it stops as soon as the
     candidate fails while the reference does not, the reference passes, or the candidate passes while the
@@ -326,7 +327,8 @@ def race_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: float
     When both arms fail there (a candidate with more capacity than the reference, but less than 20% more, is
     still near or past its own knee at 1.2x the reference's failing rate: the tuner's batch 8 had 37 of 624 over
     the target where batch 1 had 315, and was dropped as "candidate fails"), the pairs go on, to at least three
-    and at most ``max_pairs``, judged as :func:`compare_at` judges (the paired ratio of
+    and at most ``min(max_pairs, faster_pairs)`` (a no-op's interval straddles the bar to any cap), judged as
+    :func:`compare_at` judges (the paired ratio of
     :func:`latency_figure`, the reference's over the candidate's, by :class:`~tuning.base.decide.Paired` at
     ``compare``'s level and minimum effect): ``candidate faster`` when its interval clears the minimum effect.
     Not the ratio of the shares over the target: a candidate just below its knee had 0.1% in one pair and 100%
@@ -340,7 +342,8 @@ def race_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: float
     orders = []
     verdict = "undecided"
     rv = cv = ("undecided", "count")
-    faster = Paired(compare.min_effect, 3, max(3, max_pairs), compare.level)
+    faster_cap = max(3, min(max_pairs, faster_pairs))
+    faster = Paired(compare.min_effect, 3, faster_cap, compare.level)
     cap = 20 * target_p99_ms
     for i in range(max_pairs):
         order = Paired.order(i)
@@ -359,7 +362,7 @@ def race_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: float
             told = faster.verdict()
             verdict = {"better": "candidate faster", "not better": "candidate fails",
                        "not distinguishable": "candidate fails"}.get(told, "undecided")
-            if verdict == "undecided" and i + 1 >= max_pairs:
+            if verdict == "undecided" and i + 1 >= min(max_pairs, faster_cap):
                 verdict = "candidate fails"
         elif cv[0] == "fail":
             verdict = "candidate fails"
