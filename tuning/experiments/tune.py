@@ -115,7 +115,7 @@ class ServiceGroup:
         while not self._stop.wait(0.5):
             total = 0
             for p in psutil.process_iter(["pid"]):
-                with contextlib.suppress(psutil.Error):
+                with contextlib.suppress(psutil.Error, ProcessLookupError):  # gone between the listing and here
                     if os.getpgid(p.info["pid"]) == self.proc.pid:
                         total += p.memory_info().rss
             self.peak_rss = max(self.peak_rss, total)
@@ -188,20 +188,23 @@ class Confirmation:
     """The best configuration against the runner-up in interleaved pairs at the runner-up's failing rate: two
     capacities searched one after the other are two unpaired measurements, and on a busy machine the order
     of the search alone can put one above the other. ``confirmed``: the best kept p99 within the target by
-    the probe's rule in those pairs while the runner-up, in the same pairs, did not."""
+    the probe's rule in those pairs while the runner-up, in the same pairs, did not; or both failed there and the
+    best was clearly faster (the paired latency ratio, runner-up over best, ``latency_ratio``: ratio, low, high)."""
 
     best: dict[str, str]
     runner_up: dict[str, str]
     rate: float | None
-    verdict: str  # candidate (the best confirmed) | candidate fails | reference passed | undecided | not raced | error
+    verdict: str  # candidate | candidate faster (the best confirmed) | candidate fails | reference passed | undecided
+    # | not raced | error
     pairs: int = 0
     best_exceed: str = ""
     runner_up_exceed: str = ""
     note: str = ""
+    latency_ratio: tuple[float, float, float] | None = None
 
     @property
     def confirmed(self) -> bool:
-        return self.verdict == "candidate"
+        return self.verdict in ("candidate", "candidate faster")
 
     def sentence(self, target_p99_ms: float) -> str:
         b, r = _label(self.best), _label(self.runner_up)
@@ -209,6 +212,10 @@ class Confirmation:
             return f"not confirmed against the runner-up {r}: {self.note}"
         at = (f"at {self.rate:.1f} req/s (past the rate where the runner-up failed its probe), {self.pairs} interleaved pairs: "
               f"best {self.best_exceed} over {target_p99_ms:.0f} ms, runner-up {self.runner_up_exceed}")
+        if self.verdict == "candidate faster" and self.latency_ratio is not None:
+            ratio, lo, hi = self.latency_ratio
+            return (f"confirmed against the runner-up {r} {at}: both miss the target there, the best clearly "
+                    f"faster (latency ratio, runner-up / best, {ratio:.2f} [{lo:.2f}-{hi:.2f}])")
         if self.confirmed:
             return f"confirmed against the runner-up {r} {at}"
         why = {"candidate fails": "the best failed there too", "reference passed": "the runner-up passed there",
@@ -219,7 +226,9 @@ class Confirmation:
     def to_dict(self, target_p99_ms: float) -> dict[str, Any]:
         return {"best": self.best, "runner_up": self.runner_up, "rate": rounded(self.rate), "verdict": self.verdict,
                 "confirmed": self.confirmed, "pairs": self.pairs, "best_exceed": self.best_exceed,
-                "runner_up_exceed": self.runner_up_exceed, "sentence": self.sentence(target_p99_ms)}
+                "runner_up_exceed": self.runner_up_exceed,
+                "latency_ratio": None if self.latency_ratio is None else [rounded(x) for x in self.latency_ratio],
+                "sentence": self.sentence(target_p99_ms)}
 
 
 @dataclass
@@ -481,8 +490,9 @@ def confirm_best(result: TuneResult, measure: Callable[..., Trial], settings: Tu
     def told(trials: list[Trial], by: tuple[str, str]) -> str:
         f = pooled_figures(trials, result.target_p99_ms)
         return f"{f['exceed']} of {f['n']} ({by[0]} by {by[1]})"
+    ratio = (race.ratio, race.low, race.high) if math.isfinite(race.ratio) else None
     return Confirmation(best.values, runner.values, rate, race.verdict, race.pairs,
-                        told(race.candidate, race.candidate_by), told(race.reference, race.reference_by))
+                        told(race.candidate, race.candidate_by), told(race.reference, race.reference_by), latency_ratio=ratio)
 
 
 class SwitchingMeasure:
