@@ -649,3 +649,27 @@ def test_a_step_faster_past_the_capacity_whose_own_capacity_is_not_higher_is_not
     step = ladder.step("tokenizer")
     assert step.status == "not kept" and "not above the reference's" in step.reason, step.reason
     assert not ladder.changes()
+
+
+def test_a_reference_that_passes_past_its_capacity_is_searched_again_and_the_step_judged_again():
+    """The tuner on a VM whose steal came and went: the baseline's capacity was searched on a slow machine (service
+    rate 40) with no steal to show it, then the machine sped up (100). Every later race at 1.2x the old failing rate
+    read "reference passed" and nothing could be kept. Now a reference that passes there has its capacity searched
+    again (upward from the race's runs) and the step is judged once more, against the capacity it has now."""
+    calls = _baseline_calls()
+    stub, slow = _slowing(None, 100.0, rules=((lambda k: k.tokenizer == "fast", 1.0),))
+    stub.base_rate = 40.0
+
+    def measure(knobs, **kw):
+        if len(stub.calls) >= calls:
+            stub.base_rate = 100.0
+        return slow(knobs, **kw)
+    ladder = _ladder(measure, steps=("tokenizer",), target_p99_ms=100.0)
+    step = ladder.step("tokenizer")
+    (drift,) = ladder.summary()["machine_changed"]
+    assert drift["kind"] == "passed past its capacity" and "the reference passed at" in step.reason, step.reason
+    assert drift["capacity_after"] > 1.6 * drift["capacity_before"] and drift["baseline_searched_again"], drift
+    assert ladder.baseline_capacity.capacity == pytest.approx(drift["capacity_after"], rel=1e-5)
+    assert step.figures["rate"] > 0.6 * drift["capacity_before"] * 1.5, step.figures  # judged again, faster machine
+    assert step.status == "not kept" and not ladder.changes()  # a no-op stays a no-op
+    assert any("since searched again: not judged" in e.change for e in ladder.experiments)

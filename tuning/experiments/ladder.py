@@ -73,6 +73,7 @@ from tuning.experiments.capacity import (
     CompareSettings,
     Comparison,
     Probe,
+    Race,
     capacity_at_target,
     compare_at,
     pooled_figures,
@@ -682,6 +683,10 @@ class Ladder:
             elif race.verdict == "candidate faster":  # kept only if its own capacity then beats the reference's
                 status, reason = "kept", (f"{reason}; but {told}: both miss the target there, the candidate clearly "
                                           f"faster (clears +{100 * s.min_effect:.0f}%)")
+            elif race.verdict == "reference passed" and not again:
+                why, probe_ids = self.passed_past(name, ref, race)
+                return self.judge(name, title, change, knobs, f"{note}; {why}" if note else why, again=True,
+                                  carried=ids + probe_ids)
             else:
                 reason += f"; {told}: {race.verdict}, not kept there either"
         figures["gain"] = rounded(cmp.ratio - 1) if not self.target_mode else None
@@ -741,18 +746,7 @@ class Ladder:
                      and steal_then >= RECOVERED_STEAL and steal_now <= 0.5 * steal_then)
         if not (slowed or recovered):
             return None
-        closed = self.measure(ref)  # its completion rate now brackets the search, as the baseline's did
-        ids = [self.experiment(name, "reference", "the reference again (closed loop)", ref, [closed]).id]
-        new, probe_ids = self.search(name, ref, saturation=closed.qps, label="the reference again: ")
-        ids += probe_ids
-        self.capacity = new
-        baseline = next((st.knobs for st in self.steps if st.status == "baseline"), None)
-        if ref == baseline:
-            self.baseline_capacity = new
-        self.drifts.append({"step": name, "kind": "slowed" if slowed else "recovered", "rate": rounded(rate),
-                            "capacity_before": rounded(old.capacity), "capacity_after": rounded(new.capacity),
-                            "steal_share": rounded(steal_now), "steal_share_at_capacity": rounded(steal_then),
-                            "baseline_searched_again": ref == baseline})
+        new, ids = self.search_again(name, ref, "slowed" if slowed else "recovered", rate, steal_now, steal_then)
         cap_at = f"{100 * self.settings.compare_at:.0f}% of the capacity it was found to have ({old.capacity:.1f} req/s)"
         if slowed:
             said = f", steal {100 * steal_now:.0f}% of the CPU during its pairs" if math.isfinite(steal_now) else ""
@@ -761,10 +755,55 @@ class Ladder:
         else:
             why = (f"the machine recovered: steal {100 * steal_then:.0f}% of the CPU while the reference's capacity was "
                    f"searched, {100 * steal_now:.0f}% during these pairs at {rate:.1f} req/s, {cap_at}")
-        for e in self.experiments:  # the first comparison's rows judged nothing: say so where they are listed
-            if e.step == name and e.role in ("reference", "candidate") and e.id < ids[0] and e.rate == rate:
-                e.change = f"{e.change} (before the machine changed: not judged)"
+        self.not_judged(name, ids[0], "before the machine changed", rate)
         return f"{why}; its capacity searched again: {new.sentence()}", ids
+
+    def search_again(self, name: str, ref: Knobs, kind: str, rate: float, steal_now: float = math.nan,
+                     steal_then: float = math.nan, known_pass: Probe | None = None) -> tuple[Capacity, list[int]]:
+        """The reference's capacity searched again (from ``known_pass``, else from a closed loop's completion
+        rate, as the baseline's was); it becomes the reference's, and the baseline's too when the reference is the
+        baseline's configuration (the headline then compares one machine). Recorded in ``drifts``."""
+        old = self.capacity
+        ids: list[int] = []
+        if known_pass is None:
+            closed = self.measure(ref)  # its completion rate now brackets the search, as the baseline's did
+            ids.append(self.experiment(name, "reference", "the reference again (closed loop)", ref, [closed]).id)
+        new, probe_ids = self.search(name, ref, saturation=None if known_pass is not None else closed.qps,
+                                     known_pass=known_pass, label="the reference again: ")
+        ids += probe_ids
+        self.capacity = new
+        baseline = next((st.knobs for st in self.steps if st.status == "baseline"), None)
+        if ref == baseline:
+            self.baseline_capacity = new
+        self.drifts.append({"step": name, "kind": kind, "rate": rounded(rate),
+                            "capacity_before": rounded(old.capacity), "capacity_after": rounded(new.capacity),
+                            "steal_share": rounded(steal_now), "steal_share_at_capacity": rounded(steal_then),
+                            "baseline_searched_again": ref == baseline})
+        return new, ids
+
+    def not_judged(self, name: str, before_id: int, why: str, rate: float | None = None) -> None:
+        """The step's rows listed before ``before_id`` (at ``rate``; None: any) judged nothing: say so there."""
+        for e in self.experiments:
+            if (e.step == name and e.role in ("reference", "candidate") and e.id < before_id
+                    and (rate is None or e.rate == rate) and "not judged" not in e.change):
+                e.change = f"{e.change} ({why}: not judged)"
+
+    def passed_past(self, name: str, ref: Knobs, race: Race) -> tuple[str, list[int]]:
+        """The reference passed by the count at ``race_at`` x the rate where its capacity search had failed: that
+        capacity is below the reference's now (the machine sped up, or the search met a bad window), and a step
+        raced there is judged against a reference that holds. Its capacity is searched again, upward from the
+        race's pooled runs (a passing probe), and the caller judges the step once more."""
+        old = self.capacity
+        steal_now = known_median([t.steal_share for t in (*race.reference, *race.candidate)])
+        steal_then = known_median([t.steal_share for p in old.probes for t in p.trials])
+        known = _probe_from(race.rate, race.reference, self.target)
+        new, ids = self.search_again(name, ref, "passed past its capacity", race.rate, steal_now, steal_then,
+                                     known_pass=known)
+        self.not_judged(name, ids[0] if ids else len(self.experiments), "against a capacity since searched again")
+        f = pooled_figures(race.reference, self.target)
+        return (f"the reference passed at {race.rate:.1f} req/s ({f['exceed']} of {f['n']} over {self.target:.0f} ms), "
+                f"past the rate where its capacity search had failed ({old.high:.1f} req/s): its capacity searched "
+                f"again: {new.sentence()}"), ids
 
     def try_change(self, name: str, title: str, changes: dict[str, Any], note: str = "") -> Step:
         """Measure the current knobs with ``changes`` and judge it. A knob refusing the change is ``refused``;
