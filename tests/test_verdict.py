@@ -673,3 +673,20 @@ def test_a_reference_that_passes_past_its_capacity_is_searched_again_and_the_ste
     assert step.figures["rate"] > 0.6 * drift["capacity_before"] * 1.5, step.figures  # judged again, faster machine
     assert step.status == "not kept" and not ladder.changes()  # a no-op stays a no-op
     assert any("since searched again: not judged" in e.change for e in ladder.experiments)
+
+
+def test_futility_stops_a_comparison_the_cap_could_not_decide_and_never_adds_a_keep():
+    """Three pairs of ratios 0.7, 1.4, 1.0: at 6 pairs the interval would still hold 1 and 1.05 -> stop."""
+    noisy = Paired(min_effect=0.05, min_pairs=3, max_pairs=6, futility=True)
+    for a, b in ((100, 70), (100, 140), (100, 100)):
+        noisy.add(a, b)
+    assert noisy.futile() and noisy.verdict() == "not distinguishable" and noisy.pairs == 3
+    plain = Paired(min_effect=0.05, min_pairs=3, max_pairs=6)  # off by default (the full settings)
+    for a, b in ((100, 70), (100, 140), (100, 100)):
+        plain.add(a, b)
+    assert plain.verdict() == "undecided"
+    clear = Paired(min_effect=0.05, min_pairs=3, max_pairs=6, futility=True)  # a tight +20%: not futile
+    for a, b in ((100, 118), (100, 121), (100, 119)):
+        clear.add(a, b)
+    assert not clear.futile() and clear.verdict() == "better"
+    assert LadderSettings.quick().compare_settings().futility and not LadderSettings.full().compare_settings().futility

@@ -96,6 +96,7 @@ class Paired:
     min_pairs: int = 3
     max_pairs: int = 16
     level: float = 0.99  # two-sided coverage of each look's t interval
+    futility: bool = False  # stop as not distinguishable once the cap could not decide (see futile)
     d: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -134,7 +135,8 @@ class Paired:
 
     def verdict(self) -> str:
         """``better`` (the interval clears 1 + min_effect), ``not better`` (its upper end is below it),
-        ``undecided`` (look again), or ``not distinguishable`` (at the cap, still undecided)."""
+        ``undecided`` (look again), or ``not distinguishable`` (at the cap, still undecided; or earlier when
+        :meth:`futile`)."""
         if self.pairs < self.min_pairs:
             return "undecided"
         _, lo, hi = self.interval()
@@ -143,7 +145,19 @@ class Paired:
             return "better"
         if hi < bar:
             return "not better"
-        return "not distinguishable" if self.pairs >= self.max_pairs else "undecided"
+        return "not distinguishable" if self.pairs >= self.max_pairs or self.futile() else "undecided"
+
+    def futile(self) -> bool:
+        """Whether the pairs left cannot decide: with this mean and spread, the interval at ``max_pairs`` would
+        still hold both 1 and 1 + min_effect (a no-op's interval on a noisy machine; measured on this 2-core VM,
+        every step of a quick ``investigate`` ran to its cap of 6 pairs at intervals like 0.60-1.47). Stopping
+        there can only drop a keep, never add one: the false-keep rate does not grow."""
+        n = len(self.d)
+        if self.futility is False or n < max(self.min_pairs, 3) or n >= self.max_pairs:
+            return False
+        mean, sd = float(np.mean(self.d)), float(np.std(self.d, ddof=1))
+        half = float(stats.t.ppf(1 - (1 - self.level) / 2, self.max_pairs - 1)) * sd / math.sqrt(self.max_pairs)
+        return mean - half < 0.0 and mean + half > math.log(1 + self.min_effect)
 
     def median_ratio(self) -> float:
         """exp(median d): a cross-check (a tenant's dip hits one arm and shows as one outlying d)."""

@@ -471,10 +471,11 @@ class CompareSettings:
     min_pairs: int = 3
     max_pairs: int = 16
     level: float = 0.99
+    futility: bool = False  # stop before max_pairs once the cap could not decide (Paired.futile)
 
     @classmethod
     def quick(cls, min_effect: float = 0.05) -> "CompareSettings":
-        return cls(min_effect=min_effect, min_pairs=3, max_pairs=6)
+        return cls(min_effect=min_effect, min_pairs=3, max_pairs=6, futility=True)
 
 
 @dataclass
@@ -560,7 +561,8 @@ def compare_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: fl
     arms of a pair get the same arrival seed (common random numbers: the same bursts for both), each pair
     another one."""
     measure, _ = as_measure(measure)
-    paired = Paired(settings.min_effect, settings.min_pairs, settings.max_pairs, settings.level)
+    paired = Paired(settings.min_effect, settings.min_pairs, settings.max_pairs, settings.level,
+                    futility=settings.futility)
     ref_trials: list[Trial] = []
     cand_trials: list[Trial] = []
     orders = []
