@@ -61,16 +61,22 @@ def test_the_default_is_this_hosts_dispatch_measured_once():
     assert predict(model, dev, 1, 1).dispatch_s == pytest.approx(3 * first)
 
 
-def test_old_profile_json_loads_with_its_whole_host_costs(tmp_path):
-    """A profile written before the split has no ``host_dispatch_separate`` key: its launch_s (10 us then) is the
-    whole host cost per launch, so no dispatch is added on top."""
+def _old_profile_json(tmp_path):
+    """The H200 profile as written before the dispatch split: no ``host_dispatch_separate`` key, whole host costs
+    of 10 us per launch and 15 us per replay."""
     raw = load_profile("h200-sxm-estimate").as_dict()
     raw.pop("host_dispatch_separate")
     raw["sources"].pop("host_dispatch_separate")
     raw.update(launch_s=10e-6, graph_replay_s=15e-6)
     path = tmp_path / "old.json"
     path.write_text(json.dumps(raw))
-    old = load_profile(str(path))
+    return path
+
+
+def test_old_profile_json_loads_with_its_whole_host_costs(tmp_path):
+    """A profile written before the split has no ``host_dispatch_separate`` key: its launch_s (10 us then) is the
+    whole host cost per launch, so no dispatch is added on top."""
+    old = load_profile(str(_old_profile_json(tmp_path)))
     assert old.host_dispatch_separate is False
     model = embedded_model_profile()
     cost = predict(model, old, 1, 16, "bf16", "eager", host_dispatch_s=5e-6)
@@ -115,12 +121,7 @@ def test_an_eager_only_calibration_over_an_old_base_does_not_count_a_dispatch_tw
     truth = unit_device(peak_flops={"fp32": 20e12, "bf16": 80e12, "fp16": 80e12}, mem_bandwidth=250e9, launch_s=7e-6,
                         min_kernel_s=3e-6, graph_replay_s=20e-6, mem_bytes=24e9)
     eager = [p for p in _points(truth, 4e-6) if p.graph == "eager"]
-    raw = load_profile("h200-sxm-estimate").as_dict()
-    raw.pop("host_dispatch_separate")
-    raw["sources"].pop("host_dispatch_separate")
-    raw.update(launch_s=10e-6, graph_replay_s=15e-6)
-    old = tmp_path / "old.json"
-    old.write_text(json.dumps(raw))
+    old = _old_profile_json(tmp_path)
     fitted, _ = calibrate(eager, embedded_model_profile(), "cuda", "fit", base=str(old), host_dispatch_s=4e-6)
     assert fitted.host_dispatch_separate
     assert fitted.graph_replay_s == pytest.approx(11e-6)
@@ -190,8 +191,69 @@ def test_the_host_part_costs_what_the_model_charges_and_runs_real_ops(monkeypatc
     calls = []
     real_add = torch.add
     monkeypatch.setattr(torch, "add", lambda *a, **k: calls.append(1) or real_add(*a, **k))
-    part.run()
+    for k in part.counts():
+        calls.clear()
+        part._run(k)
+        assert len(calls) == k  # one real tiny op before each GIL-free segment; the other launches' dispatch held
+    per_launch = HostPart(40, 40 * 5e-6, segment_s=0.0, real_ops="launch")  # as before SEGMENT_S
+    per_launch.run()
+    calls.clear()
+    per_launch.run()
     assert len(calls) == 40  # one real tiny op per launch
+
+
+class _CountingHash:
+    """Stands in for hashlib's sha256 objects: records each update's size (over GIL_FREE_BYTES: GIL-free)."""
+
+    def __init__(self, sizes: list[int]):
+        self.sizes = sizes
+
+    def sha256(self) -> "_CountingHash":
+        return self
+
+    def update(self, data) -> None:
+        self.sizes.append(len(data))
+
+
+def _releases_per_call(monkeypatch, part: HostPart, calls: int) -> list[int]:
+    """GIL-free updates (more than GIL_FREE_BYTES) in each of ``calls`` runs of ``part`` (tuned first)."""
+    from tuning.sim import dispatch
+
+    part.run()  # tunes with the real hashlib
+    sizes: list[int] = []
+    monkeypatch.setattr(dispatch, "hashlib", _CountingHash(sizes))
+    per_call = []
+    for _ in range(calls):
+        sizes.clear()
+        part.run()
+        per_call.append(sum(n > dispatch.GIL_FREE_BYTES for n in sizes))
+    monkeypatch.undo()
+    return per_call
+
+
+def test_the_host_part_releases_the_gil_once_per_segment_of_host_time(monkeypatch):
+    """Beside a busy Python thread every GIL-free segment hands it the GIL and costs the call up to the 5 ms switch
+    interval to get it back: the part releases it about once per SEGMENT_S of host time (calibrated on the real
+    eager forward's hand-offs), not after every launch (100 a call: 0.27 ms calls stretched 2,000x)."""
+    from tuning.sim.dispatch import SEGMENT_S, min_released_s
+    from tuning.sim.standin import host_part
+
+    assert 0.5e-3 <= SEGMENT_S <= 10e-3
+    # the simulated H200's eager 1x16 call: a host part far shorter than a segment releases once every few calls
+    device = SimulatedDevice(load_profile("h200-sxm-estimate"), embedded_model_profile())
+    short = host_part(device.cost(1, 16, "bf16", "eager"))
+    assert short.target_s() < SEGMENT_S and short.segments_per_call == pytest.approx(short.target_s() / SEGMENT_S)
+    releases = _releases_per_call(monkeypatch, short, 60)
+    assert max(releases) == 1 and abs(sum(releases) - 60 * short.segments_per_call) <= 1
+    # a host part of 5.3 segments: 5 or 6 a call, 53 in 10 calls
+    long_ = HostPart(75, 5.3 * 1e-3 - 75 * host_dispatch_s(), segment_s=1e-3)
+    assert long_.segments_per_call == pytest.approx(5.3)
+    releases = _releases_per_call(monkeypatch, long_, 10)
+    assert set(releases) <= {5, 6} and sum(releases) == 53
+    # no segment shorter than the shortest GIL-free burn
+    tiny = HostPart(4, 3.5 * min_released_s(), segment_s=1e-9)
+    assert tiny.segments_per_call == 3
+    assert _releases_per_call(monkeypatch, tiny, 3) == [3, 3, 3]
 
 
 def test_graph_runners_refuse_in_one_wording_and_captured_shapes_are_a_set():
@@ -209,3 +271,16 @@ def test_graph_runners_refuse_in_one_wording_and_captured_shapes_are_a_set():
     with pytest.raises(ValueError) as big:
         graph.shape_cost_batch(5)
     assert str(big.value) == batch_too_large(5, (4,))
+
+
+def test_segment_s_is_the_committed_bench_calibration():
+    """SEGMENT_S comes from bench/standin_gil.py's real forward (its wall alone / its hand-offs beside a busy thread):
+    the committed result ran with it and derives a segment within the run-to-run spread of this shared VM."""
+    from pathlib import Path
+
+    from tuning.sim.dispatch import SEGMENT_S
+
+    data = json.loads((Path(__file__).resolve().parents[1] / "bench" / "results" / "standin_gil.json").read_text())
+    assert data["segment_s_used"] == SEGMENT_S
+    derived = data["derived_segment_ms"] / 1e3
+    assert derived / 1.6 <= SEGMENT_S <= derived * 1.6, (SEGMENT_S, derived)

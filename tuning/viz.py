@@ -665,6 +665,14 @@ def _capacities(obj: Any) -> dict[str, dict[str, Any]]:
 _CONFIG_COLORS = ("#4c78a8", "#f58518", "#54a24b", "#b279a2", "#72b7b2")
 
 
+def _probe_hover(p: Mapping[str, Any], p99: float, label: str = "") -> str:
+    """A capacity probe's hover text: its rate, verdict, counts, p50 and p99 with its interval."""
+    return (f"{label + ': ' if label else ''}{_num(p.get('rate')):.1f} req/s: {p.get('verdict')} by {p.get('by')} "
+            f"({_count(p.get('exceed'))} of {p.get('n')} over the target or failed; {p.get('errors')} errors)"
+            f"<br>p50 {_ms(p.get('p50_ms'))} ms, p99 " + (f"{p99:.0f}" if math.isfinite(p99) else "unbounded (over 1% failed)")
+            + f" [{_ms(p.get('p99_low_ms'))}-{_ms(p.get('p99_high_ms'), 'unbounded')}] ms")
+
+
 def capacity_chart(capacity: Any, device: Any = None, target_p99_ms: float | None = None) -> go.Figure:
     """The capacity search's probes: offered Poisson rate against the open-loop p99 with its interval
     (error bars; an upper end the outcomes cannot bound runs off the top edge), each probe marked pass or fail (its
@@ -694,12 +702,7 @@ def capacity_chart(capacity: Any, device: Any = None, target_p99_ms: float | Non
             # an upper end the outcomes cannot bound (too few of them): the bar runs off the chart's top edge
             high = [p.get("p99_high_ms") if p.get("p99_high_ms") is not None else top * 3 for p in part]
             bars = _error_bars(p99, [p.get("p99_low_ms") for p in part], high)
-            hover = [f"{label + ': ' if label else ''}{_num(p.get('rate')):.1f} req/s: {p.get('verdict')} by "
-                     f"{p.get('by')} ({_count(p.get('exceed'))} of {p.get('n')} over the target or failed; "
-                     f"{p.get('errors')} errors)<br>p50 {_num(p.get('p50_ms')):.0f} ms, p99 "
-                     + (f"{v:.0f}" if math.isfinite(v) else "unbounded (over 1% failed)")
-                     + f" [{_ms(p.get('p99_low_ms'))}-{_ms(p.get('p99_high_ms'), 'unbounded')}] ms"
-                     for p, v in zip(part, p99)]
+            hover = [_probe_hover(p, v, label) for p, v in zip(part, p99)]
             what = "pass" if passed else "fail"
             fig.add_trace(go.Scatter(
                 x=[_num(p.get("rate")) for p in part], y=y, mode="markers",
@@ -781,12 +784,7 @@ def tune_probes_chart(result: Any, device: Any = None) -> go.Figure:
             continue
         color = _TUNE_COLORS[i % len(_TUNE_COLORS)]
         p99 = [_num(p.get("p99_ms")) for p in probes]
-        hover = [f"{label}: {_num(p.get('rate')):.1f} req/s: {p.get('verdict')} by {p.get('by')} "
-                 f"({_count(p.get('exceed'))} of {p.get('n')} over the target or failed; {p.get('errors')} errors)"
-                 f"<br>p50 {_ms(p.get('p50_ms'))} ms, p99 "
-                 + (f"{v:.0f}" if math.isfinite(v) else "unbounded (over 1% failed)")
-                 + f" [{_ms(p.get('p99_low_ms'))}-{_ms(p.get('p99_high_ms'), 'unbounded')}] ms"
-                 for p, v in zip(probes, p99)]
+        hover = [_probe_hover(p, v, label) for p, v in zip(probes, p99)]
         fig.add_trace(go.Scatter(
             x=[_num(p.get("rate")) for p in probes], y=[v if math.isfinite(v) else top for v in p99],
             mode="lines+markers", name=label + (" (best)" if is_best else ""),
