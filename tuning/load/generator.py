@@ -3,9 +3,11 @@
 Drives the in-process :class:`~tuning.online.serve.Server`, any HTTP endpoint that takes the same
 JSON as ``POST /embed``, or a server in another process over a pipe (:class:`PipeTarget`).
 An HTTP endpoint is driven by an asyncio client on one thread with a keep-alive connection
-pool (``aiohttp``; one connection per client slot, opened once): no connection set-up per
-request, an accurate open-loop schedule, and every transport failure (refused, reset, timed
-out) is that request's ``error`` outcome with the reason. The client's own CPU use is
+pool (one connection per client slot, opened once; :mod:`tuning.load.http1`, a small HTTP/1.1
+client on uvloop where installed, so that the client is not what is measured; aiohttp for
+``https://`` and redirects): no connection set-up per request, an accurate open-loop schedule,
+and every transport failure (refused, reset, timed out) is that request's ``error`` outcome
+with the reason. The client's own CPU use is
 reported (``client_cpu``), with a warning when the client, not the server, is the bottleneck.
 The counts of the measured requests add up: ``submitted == ok + errors + timeouts + rejected``.
 
@@ -48,6 +50,7 @@ from tuning.base import clock as _clock
 from tuning.base.stats import clean, ledger_dict, stage_ledger, summarize
 from tuning.inputs.records import RecordError
 from tuning.knobs import Knobs
+from tuning.load import http1
 from tuning.load.apis import Api
 from tuning.online.response import SERVE_STAGES, Response
 from tuning.online.serve import Server
@@ -82,7 +85,11 @@ def http_response(rid: int, status: int | None, payload: Any, t0: float, t1: flo
     if data is None:
         data = json.dumps(payload).encode() if isinstance(payload, (dict, list)) else b""
     outcome, reason, parsed = (api or TUNING_API).check(status, data, texts)
-    payload = parsed if isinstance(parsed, dict) else {}
+    if type(parsed) is not dict:  # TEI's bare list, or not JSON: none of this package's fields (the fast path)
+        stages = api.server_stages(headers) if api is not None and outcome == "ok" else None
+        return Response(rid, outcome, reason, t_submit=t0, t_done=t1,
+                        **({f"{s}_ms": float(v) for s, v in stages.items() if s in SERVE_STAGES} if stages else {}))
+    payload = parsed
     stages = payload.get("timings_ms", {}) if outcome == "ok" and isinstance(payload.get("timings_ms"), dict) else {}
     if api is not None and outcome == "ok":
         stages = {**stages, **api.server_stages(headers)}
@@ -94,9 +101,14 @@ def http_response(rid: int, status: int | None, payload: Any, t0: float, t1: flo
 
 
 class AsyncHttpClient:
-    """``POST`` request bodies to ``url`` over a keep-alive pool of at most ``connections`` connections
-    (aiohttp). Use inside the event loop that runs it: ``async with AsyncHttpClient(...) as c: await c(raw)``.
-    Never raises for a request: a transport failure is that request's error outcome."""
+    """``POST`` request bodies to ``url`` over a keep-alive pool of at most ``connections`` connections.
+    Use inside the event loop that runs it: ``async with AsyncHttpClient(...) as c: await c(raw)``.
+    Never raises for a request: a transport failure is that request's error outcome.
+
+    An ``http://`` URL goes through :mod:`tuning.load.http1` (one connection per slot, bodies encoded once,
+    httptools' parser: a fifth of aiohttp's CPU per request, see that module); ``https://`` and what that
+    client does not speak (see :func:`tuning.load.http1.supported`), and any redirect, through aiohttp.
+    ``transport`` says which one it took (``http1`` or ``aiohttp``)."""
 
     def __init__(self, url: str, connections: int, timeout_s: float = 60.0, clock: _clock.Clock | None = None,
                  api: Api | None = None):
@@ -106,26 +118,51 @@ class AsyncHttpClient:
         self.clock = clock or _clock.now
         self._ids = itertools.count()
         self.session = None
+        self.pool: http1.Pool | None = None
+        self.headers = self.api.header_dict() if self.api is not None else {"Content-Type": "application/json"}
+        self.transport = "aiohttp"
+        self.why_aiohttp: str | None = None
 
     async def __aenter__(self) -> "AsyncHttpClient":
+        self.why_aiohttp = "TUNING_HTTP_CLIENT=aiohttp" if http1.client_kind() == "aiohttp" else \
+            http1.supported(self.url, self.headers)
+        if self.why_aiohttp is None:
+            self.pool = http1.Pool(self.url, self.connections, self.timeout_s, self.headers)
+            self.transport = "http1"
+        else:
+            await self._open_session()
+        return self
+
+    async def _open_session(self) -> None:
         import aiohttp
 
         connector = aiohttp.TCPConnector(limit=self.connections, limit_per_host=self.connections,
                                          force_close=False, enable_cleanup_closed=True)
-        headers = self.api.header_dict() if self.api is not None else {"Content-Type": "application/json"}
         self.session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-                                             headers=headers)
-        return self
+                                             headers=self.headers)
 
     async def __aexit__(self, *exc: Any) -> None:
-        await self.session.close()
+        if self.pool is not None:
+            self.pool.close()
+            await asyncio.sleep(0)  # let the closed connections' callbacks run on this loop
+        if self.session is not None:
+            await self.session.close()
 
     async def __call__(self, raw: Any) -> Response:
         rid = next(self._ids)
         t0 = self.clock()
         if isinstance(raw, RecordError):  # an input that cannot be a request: its own error, not sent
             return Response(rid, "error", f"bad input: {raw.reason}", raw.id, t_submit=t0, t_done=t0)
-        body = request_body(raw)
+        body = raw if type(raw) is bytes else request_body(raw)
+        if self.pool is not None:
+            try:
+                status, data, headers = await self.pool.post(body)
+            except Exception as exc:  # refused, reset, timed out, not HTTP: this request's one outcome
+                return http_response(rid, None, {}, t0, self.clock(), f"{type(exc).__name__}: {str(exc) or type(exc).__name__}")
+            if status not in http1.REDIRECTS:
+                return http_response(rid, status, None, t0, self.clock(), api=self.api, data=data, headers=headers)
+            if self.session is None:  # a redirect: aiohttp follows it, as it always did
+                await self._open_session()
         try:
             async with self.session.post(self.url, data=body) as resp:
                 data = await resp.read()
@@ -152,7 +189,7 @@ class HttpTarget:
     def _started(self) -> tuple[asyncio.AbstractEventLoop, AsyncHttpClient]:
         with self._lock:
             if self._loop is None:
-                loop = asyncio.new_event_loop()
+                loop = http1.new_event_loop()
                 self._thread = threading.Thread(target=loop.run_forever, name="http-target", daemon=True)
                 self._thread.start()
                 client = AsyncHttpClient(self.url, self.connections, self.timeout_s, api=self.api)
@@ -558,7 +595,7 @@ def run_load(target: Target | Server | str, inputs: Sequence[Any], concurrency: 
         warnings.warn(
             f"the load client's loop used {client_cpu:.0%} of a core: it, not the server, may be the bottleneck "
             "(its requests wait for the client). Spread the load over processes: "
-            "`loadtest --engine locust --workers N`, or run the client on another machine", RuntimeWarning,
+            "`--client-procs N` (one per core the client may use), or run the client on another machine", RuntimeWarning,
             stacklevel=2)
     return result
 
@@ -665,7 +702,7 @@ def _async_http_load(url: str, run: _Run, rate: float | None, concurrency: int, 
     def thread() -> None:
         t0, c0 = time.perf_counter(), time.thread_time()
         try:
-            asyncio.run(drive())
+            http1.run(drive)
         except BaseException as exc:  # surfaced in the caller's thread
             failure.append(exc)
         cpu.append((time.thread_time() - c0) / max(time.perf_counter() - t0, 1e-9))
