@@ -8,18 +8,26 @@ CPU (no device): the fastest of several tries of a loop of ``torch.add(a, b, out
 It is cached module-level (as :class:`tuning.sim.standin.IntraOpBurner` caches its units), so a pipeline
 built later on a busy machine does not re-measure under load.
 
-The stand-in's host part follows torch's GIL pattern: a torch op binding holds the GIL while it parses its
-arguments and releases it (pybind11 ``gil_scoped_release``) around the dispatcher call and the launch. So
-per launched kernel the stand-in runs one real tiny op (:func:`tiny_op`: its real cost and real GIL
-pattern) and burns the driver's part with the GIL released (:func:`burn_released`): SHA-256 over a buffer,
-which CPython's hashlib computes without the GIL for more than 2047 bytes. Both are fixed amounts of real
-CPU work, so they stretch when other threads want the cores. 1-element tensors stay far under the
-intra-op pool's grain size: the tiny op never wakes the pool.
+The stand-in's host part (:class:`HostPart`) costs a call's host time on this thread's CPU and lets a busy
+Python thread take the GIL about as often as a real eager forward does: one GIL-free segment per
+:data:`SEGMENT_S` of host time on average (SHA-256 over a buffer, which CPython's hashlib computes without the
+GIL for more than 2047 bytes), each after one real tiny torch op (:func:`tiny_op`); the other launches'
+dispatch and a call's driver part outside its segments are hashed in updates small enough to keep the GIL.
+A torch op binding holds the GIL while it parses its arguments and releases it (pybind11
+``gil_scoped_release``) around the dispatcher call; beside a busy Python thread, each release long enough for
+that thread to wake hands it the GIL, and the caller waits up to the 5 ms switch interval to take it back.
+Before :data:`SEGMENT_S` the stand-in ran one real tiny op per launch and released the GIL after each (about
+100 releases per call; how many of the ops' brief releases hand it over depends on the machine's load: 0.1 to
+60 of 76 in one call here): 0.27 ms calls stretched about 2,000x where the real CPU forward stretched 3.6x
+(``bench/standin_gil.py``). All of it is a fixed amount of real CPU work, so it stretches when other threads
+want the cores. 1-element tensors stay far under the intra-op pool's grain size: the tiny op never wakes the
+pool.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import threading
 import time
@@ -32,12 +40,27 @@ GIL_FREE_BYTES = 2048
 _CHUNK = 1 << 16  # the largest update of one burn: ~60 us here, so a long burn checks its CPU time often
 _BUFFER = memoryview(bytes(_CHUNK))
 _OPERANDS = (torch.ones(1), torch.ones(1), torch.empty(1))
+_ZEROS = [_BUFFER]  # the largest zero buffer a plan has asked for (segments hash slices of it)
+
+# One GIL-free segment of the host part per this many seconds of host time. Beside a busy Python thread, each
+# time a call releases the GIL for long enough, that thread takes it and the call waits up to the interpreter's
+# switch interval (5 ms) to get it back; a real eager forward lets that happen about once per SEGMENT_S of its
+# call: its wall alone / ((its wall beside a busy thread - alone) / switch interval). Source:
+# bench/results/standin_gil.json of 2026-12-01 (commit 18fca43; this 2-core VM, Python 3.11.7, torch 2.13.0+cpu):
+# the real eager MiniLM forward (batch 1, length 16, fp32) took 10.34 ms alone and 36.85 ms beside the counting
+# thread, (36.85 - 10.34) / 5 = 5.3 hand-offs, one per 1.95 ms. The rerun of 2026-12-02 (same file, other
+# processes busy on both cores, the forward 318.7 ms alone) derived 2.62 ms; kept at the quieter run's value.
+SEGMENT_S = 1.95e-3
+# A host part longer than this sizes its GIL-free segments (and tops up a held one) on the thread's CPU clock as it
+# runs, instead of tuning sizes over test runs at its first call (5 runs of a 30 ms part would cost 150 ms at least)
+CLOCKED_S = 1e-3
 
 # measured once per process (None: not yet): seconds per tiny op, hashed bytes per second of CPU, and the
 # fixed seconds of one hashlib update call (the Python call, the GIL's release and retake)
 _DISPATCH_S: float | None = None
 _BURN_BPS: float | None = None
 _UPDATE_S: float | None = None
+_HELD_BPS: float | None = None  # bytes per second of CPU hashed in GIL-held updates of GIL_FREE_BYTES, calls included
 _PAIR_S: float | None = None  # what one op followed by one update costs beyond the two apart (measured here: ~0.7 us)
 # one measurement at a time (two threads measuring at once would slow each other), and every try on this
 # thread's CPU clock: waiting for the GIL or a core is not CPU, so a busy Python thread beside the first
@@ -56,6 +79,13 @@ def _fastest(body: Callable[[], None], tries: int, per: int, pause_s: float = 0.
         if pause_s:
             time.sleep(pause_s)
     return best
+
+
+def _zeros(nbytes: int) -> memoryview:
+    """A read-only view of ``nbytes`` zero bytes, sliced from one buffer that grows as plans need."""
+    if len(_ZEROS[0]) < nbytes:
+        _ZEROS[0] = memoryview(bytes(nbytes))
+    return _ZEROS[0][:nbytes]
 
 
 def tiny_op() -> None:
@@ -114,6 +144,23 @@ def _measure_burn() -> tuple[float, float]:
         short.append((time.thread_time() - t1) / 32)
     bps = _CHUNK / max(min(big), 1e-9)
     return bps, max(min(short) - len(small) / bps, 0.0)
+
+
+def held_rate_bps(refresh: bool = False) -> float:
+    """Bytes per second of this thread's CPU hashed in updates of :data:`GIL_FREE_BYTES` (which keep the GIL), the
+    Python calls included: the fastest of 7 tries of 64 updates on a fresh hash object, once per process."""
+    global _HELD_BPS
+    with _MEASURE:
+        if _HELD_BPS is None or refresh:
+            small = _BUFFER[:GIL_FREE_BYTES]
+
+            def held() -> None:
+                update = hashlib.sha256().update
+                for _ in range(64):
+                    update(small)
+            held()
+            _HELD_BPS = GIL_FREE_BYTES / max(_fastest(held, tries=7, per=64), 1e-9)
+    return _HELD_BPS
 
 
 def update_overhead_s() -> float:
@@ -184,86 +231,150 @@ def burn_released(seconds: float, wall_cap: float = 0.25) -> float:
 
 
 class HostPart:
-    """The host part of one stand-in call: ``ops`` tiny ops, each followed by its share of ``released_s``
-    seconds burnt with the GIL released.
+    """The host part of one stand-in call: ``ops`` launches' dispatch (this host's, :func:`host_dispatch_s`) and
+    ``released_s`` seconds of driver work, with the GIL released in about one segment per ``segment_s`` of the call.
 
-    Planned once: where one op's share is shorter than :func:`min_released_s`, every ``group`` ops share one
-    update (the GIL still changes hands inside every op's dispatch). Interleaved, an op and an update cost more
-    than each timed alone (by about a microsecond here, and it varies), so at its first run the plan is tuned:
-    the update size is corrected until the fastest of 5 runs takes ``ops`` dispatches + ``released_s`` of this
-    thread's CPU (to 3%, at most 4 re-plans, the last one checked), so the part costs what the cost model
-    charges. A share of more than a millisecond per group burns on this thread's CPU clock instead
-    (:func:`burn_released`)."""
+    A call's segments (:meth:`segments`) follow ``target_s() / segment_s`` per call on average (default
+    :data:`SEGMENT_S`, calibrated from a real eager forward's GIL hand-offs): the running count of calls sets them,
+    so a part shorter than ``segment_s`` releases once every few calls and a longer one about once per
+    ``segment_s``. A call with ``k`` segments splits its launches into ``k`` even groups; each group's last launch
+    runs one real tiny op (:func:`tiny_op`, whose binding releases the GIL briefly, as torch's do), the group's
+    other launches' dispatch is hashed with the GIL held (updates of at most :data:`GIL_FREE_BYTES`, which hashlib
+    runs without releasing it), and the group ends in one GIL-free SHA-256 update of ``released_s / k``. A call
+    without segments hashes all of it with the GIL held. No segment is shorter than :func:`min_released_s` (a
+    group without a launch has no tiny op). ``real_ops="launch"``: one real tiny op per launch instead (the stand-in before
+    :data:`SEGMENT_S`; each op's brief release can hand the GIL to a busy thread, how often depends on the load).
 
-    def __init__(self, ops: int, released_s: float):
+    Each segment count a call can have is planned once and tuned at the first run: its sizes are corrected until
+    the fastest of 5 runs takes ``ops`` dispatches + ``released_s`` of this thread's CPU (to 3%, at most 4
+    re-plans, the last one checked), so every call costs what the cost model charges on an idle host; the
+    tuning runs under :data:`_MEASURE`, so two threads never time each other. A part longer than
+    :data:`CLOCKED_S` is not tuned: each segment is sized as it starts from the CPU still owed on this thread's
+    clock (and the rate long updates have been running at), and a held one hashes until the clock reaches it."""
+
+    def __init__(self, ops: int, released_s: float, segment_s: float | None = None, real_ops: str = "segment"):
+        if real_ops not in ("segment", "launch"):
+            raise ValueError(f"real_ops={real_ops!r}: 'segment' or 'launch'")
         self.ops = max(int(ops), 0)
         self.released_s = max(float(released_s), 0.0)
-        self.group, self._view, self._long_s, self._tuned = 1, None, 0.0, False
-        if self.ops and self.released_s > 0:
-            per_op = self.released_s / self.ops
-            group = min(self.ops, max(1, math.ceil(min_released_s() / per_op)))
-            if per_op * group > 1e-3:
-                self.group, self._long_s = group, per_op * group
-            else:
-                self._plan(group, int((per_op * group - update_overhead_s() - pair_overhead_s()) * burn_rate_bps()))
-        self._groups, self._tail = divmod(self.ops, self.group)
+        self.segment_s = SEGMENT_S if segment_s is None else max(float(segment_s), 0.0)
+        self.real_ops = real_ops
+        self._target_s = self.ops * host_dispatch_s() + self.released_s  # the dispatch is measured once per process
+        self._clocked = self._target_s > CLOCKED_S
+        most = int(self.released_s / min_released_s()) if self.released_s > 0 else 0
+        per_call = self.target_s() / self.segment_s if self.segment_s > 0 else math.inf
+        self.segments_per_call = float(min(per_call, most))  # on average over calls
+        self._calls = itertools.count()
+        # segments in a call -> its groups: (real tiny ops, GIL-held bytes), and the bytes of each GIL-free update
+        self._groups: dict[int, list[tuple[int, int]]] = {}
+        self._free: dict[int, memoryview] = {}
+        self._rate = burn_rate_bps()  # bytes per second of one long GIL-free update (learnt as clocked parts run)
+        self._tuned = False
 
-    def _plan(self, group: int, nbytes: int) -> None:
-        self.group = group
-        self._view = memoryview(bytes(max(nbytes, GIL_FREE_BYTES + 1)))
-        self._groups, self._tail = divmod(self.ops, self.group)
+    def segments(self, call: int) -> int:
+        """GIL-free segments of the ``call``-th run (from 0): the running total rounds ``call * segments_per_call``."""
+        r = self.segments_per_call
+        return math.floor((call + 1) * r + 0.5) - math.floor(call * r + 0.5)
+
+    def counts(self) -> list[int]:
+        """The segment counts a call can have (one, or two neighbours)."""
+        lo = math.floor(self.segments_per_call)
+        return [lo] if lo == self.segments_per_call else [lo, lo + 1]
+
+    def real_ops_per_call(self, k: int) -> int:
+        """Real tiny ops a call with ``k`` segments runs."""
+        return sum(real for real, _ in self._plan_groups(k))
 
     def target_s(self) -> float:
         """What the part costs an idle host: ``ops`` dispatches (:func:`host_dispatch_s`) + ``released_s``."""
-        return self.ops * host_dispatch_s() + self.released_s
+        return self._target_s
+
+    def _plan_groups(self, k: int) -> list[tuple[int, int]]:
+        # a clocked part sizes its segments as it runs: the hashing rate stands in for the held one (not measured)
+        dispatch = host_dispatch_s()
+        held_bps = burn_rate_bps() if self._clocked else held_rate_bps()
+        bounds = [self.ops * (j + 1) // max(k, 1) for j in range(max(k, 1))]
+        groups, done = [], 0
+        for bound in bounds:
+            n = bound - done
+            done = bound
+            real = n if self.real_ops == "launch" else min(n, 1 if k else 0)
+            held_s = (n - real) * dispatch + (self.released_s if k == 0 else 0.0)
+            if k == 0 and self._clocked:
+                held_s *= 0.9  # the rest hashed until the thread's CPU clock reaches the target
+            groups.append((real, int(held_s * held_bps)))
+        return groups
+
+    def _plan(self, k: int) -> None:
+        self._groups[k] = self._plan_groups(k)
+        if k:
+            per = update_overhead_s() + (pair_overhead_s() if self.ops and not self._clocked else 0.0)
+            self._segment(k, int((self.released_s / k - per) * burn_rate_bps()))
+
+    def _segment(self, k: int, nbytes: int) -> None:
+        self._free[k] = _zeros(max(nbytes, GIL_FREE_BYTES + 1))  # a segment's update must release the GIL
 
     def _tune(self) -> None:
-        self._tuned = True
-        if self._view is None:
-            return
-        target, rate = self.target_s(), burn_rate_bps()
-        for round_ in range(5):  # 4 re-plans at most, each checked by the next round's runs
-            tries = []
-            for _ in range(5):
-                t0 = time.thread_time()  # the model charges CPU: a wait for a core or the GIL is not the part's
-                self._run()
-                tries.append(time.thread_time() - t0)
-            error = target - min(tries)  # > 0: the part ran short
-            if abs(error) <= 0.03 * target or round_ == 4:
-                return
-            nbytes = len(self._view) + int(error / max(self._groups, 1) * rate)
-            if nbytes <= GIL_FREE_BYTES and self.group < self.ops:  # at the floor: fewer, larger updates
-                group = min(self.ops, 2 * self.group)
-                self._plan(group, int(len(self._view) * group / self.group + error / max(self.ops // group, 1) * rate))
-            else:
-                self._plan(self.group, nbytes)
+        target = self.target_s()
+        for k in self.counts():
+            self._plan(k)
+            if self._clocked:  # sized on the thread's CPU clock as it runs: no tuning runs
+                continue
+            for round_ in range(5):  # 4 re-plans at most, each checked by the next round's runs
+                tries = []
+                for _ in range(5):
+                    t0 = time.thread_time()  # the model charges CPU: a wait for a core or the GIL is not the part's
+                    self._run(k)
+                    tries.append(time.thread_time() - t0)
+                error = target - min(tries)  # > 0: the part ran short
+                if abs(error) <= 0.03 * target or round_ == 4:
+                    break
+                if k:  # the GIL-free updates take the correction
+                    self._segment(k, len(self._free[k]) + int(error / k * burn_rate_bps()))
+                else:  # the held hashing does
+                    (real, held), = self._groups[0]
+                    self._groups[0] = [(real, max(held + int(error * held_rate_bps()), 0))]
 
     def run(self) -> None:
         """Run it on the calling thread (the first run tunes the plan)."""
         if not self._tuned:
-            self._tune()
-        self._run()
+            with _MEASURE:
+                if not self._tuned:
+                    self._tune()
+                    self._tuned = True
+        self._run(self.segments(next(self._calls)))
 
-    def _run(self) -> None:
-        if self.ops == 0:
-            burn_released(self.released_s)
-            return
+    def _run(self, k: int) -> None:
         a, b, c = _OPERANDS
         add = torch.add
-        if self._view is None and not self._long_s:
-            for _ in range(self.ops):
+        held = hashlib.sha256().update  # its own object: one that has released the GIL once releases it always
+        small = _BUFFER[:GIL_FREE_BYTES]
+        free = hashlib.sha256().update if k else None
+        view = self._free.get(k)
+        clocked = self._clocked
+        if clocked:
+            end, per = time.thread_time() + self._target_s, _UPDATE_S or 0.0
+        groups = self._groups[k]
+        for j, (real, nbytes) in enumerate(groups):
+            for _ in range(nbytes // GIL_FREE_BYTES):
+                held(small)
+            if nbytes % GIL_FREE_BYTES:
+                held(_BUFFER[:nbytes % GIL_FREE_BYTES])
+            for _ in range(real):
                 add(a, b, out=c)
-            return
-        burn = hashlib.sha256().update if self._view is not None else None
-        view, group, long_s = self._view, self.group, self._long_s
-        for _ in range(self._groups):
-            for _ in range(group):
-                add(a, b, out=c)
-            if burn is not None:
-                burn(view)
-            else:
-                burn_released(long_s)
-        for _ in range(self._tail):
-            add(a, b, out=c)
-        if self._tail:
-            burn_released(self.released_s * self._tail / self.ops)
+            if free is None:
+                continue
+            if not clocked:
+                free(view)  # one GIL-free segment: a busy Python thread takes the GIL here
+                continue
+            t0 = time.thread_time()  # this segment's share of the CPU still owed, at the rate one long update runs
+            nbytes = max(int(((end - t0) / (k - j) - per) * self._rate), GIL_FREE_BYTES + 1)
+            free(_zeros(nbytes))
+            spent = time.thread_time() - t0 - per
+            if spent > 0:  # learnt: a long update hashes a little slower than the 64 KiB ones measured
+                rate = _BURN_BPS or self._rate  # measured at construction (min_released_s)
+                self._rate = min(max(0.5 * self._rate + 0.5 * nbytes / spent, 0.5 * rate), 1.5 * rate)
+        if clocked and not k:  # held throughout: top up to the CPU owed
+            while time.thread_time() < end:
+                for _ in range(8):
+                    held(small)

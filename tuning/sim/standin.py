@@ -2,11 +2,11 @@
 
 Everything on the host runs for real; only the forward is replaced. Each call
 
-1. runs the predicted host time as real CPU work on the calling thread, with torch's GIL pattern
-   (:class:`~tuning.sim.dispatch.HostPart`): per launch one real tiny torch op (this host's dispatch:
-   the binding holds the GIL to parse its arguments and releases it inside the dispatcher) and the
-   profile's launch constant burnt with the GIL released, as a real launch is; it competes with
-   preprocessing threads for cores, lets other Python threads run inside each launch as a real eager
+1. runs the predicted host time as real CPU work on the calling thread (:class:`~tuning.sim.dispatch.HostPart`):
+   this host's dispatch per launch and the profile's launch constant, with the GIL released in as many
+   segments as a real eager forward hands it to a busy Python thread (one per
+   :data:`~tuning.sim.dispatch.SEGMENT_S` of host time, each after a real tiny torch op), held otherwise; it
+   competes with preprocessing threads for cores, lets other Python threads run about as often as a real eager
    forward does, and stretches when the scheduler preempts it (under ``cuda_graph``: one replay and the
    runner's copies); on a synchronous (CPU) profile the whole call is host work: it runs a fixed amount of real
    matrix work on torch's intra-op thread pool (:class:`IntraOpBurner`), so it takes the cores, the
@@ -129,9 +129,9 @@ class IntraOpBurner:
 
 
 def host_part(cost: CallCost) -> HostPart:
-    """The stand-in's host work for a call: one tiny torch op per launch (each costs this host's measured
-    dispatch; fewer when ``host_s`` is smaller than that, e.g. a test's zero-cost host) and the rest of
-    ``host_s`` burnt with the GIL released."""
+    """The stand-in's host work for a call: this host's measured dispatch per launch (fewer launches' worth when
+    ``host_s`` is smaller than that, e.g. a test's zero-cost host) and the rest of ``host_s`` as the driver's
+    part, GIL-free in one segment per :data:`~tuning.sim.dispatch.SEGMENT_S` of host time."""
     if cost.host_s <= 0:
         return HostPart(0, 0.0)
     dispatch = host_dispatch_s()
@@ -204,8 +204,8 @@ class SimulatedDevice:
                 return
 
     def host_work(self, cost: CallCost) -> None:
-        """A call's host part (:func:`host_part`): real CPU work on this thread, the GIL released inside each
-        launch as torch's bindings release it. Plans are cached per host cost."""
+        """A call's host part (:func:`host_part`): real CPU work on this thread, the GIL released about as often
+        as a real eager forward hands it over. Plans are cached per host cost."""
         # keyed by what the host part costs, not the call: in eager mode every shape has the same launches, so
         # one plan (tuned once) serves them all and a new shape mid-run does not tune again
         key = (cost.launches, round(cost.host_s, 12))
