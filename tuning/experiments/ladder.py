@@ -808,8 +808,9 @@ class Ladder:
                                      known_pass=known)
         self.not_judged(name, ids[0] if ids else len(self.experiments), "against a capacity since searched again")
         f = pooled_figures(race.reference, self.target)
+        failed_at = old.high if old.high is not None and math.isfinite(old.high) else old.capacity
         return (f"the reference passed at {race.rate:.1f} req/s ({f['exceed']} of {f['n']} over {self.target:.0f} ms), "
-                f"past the rate where its capacity search had failed ({old.high:.1f} req/s): its capacity searched "
+                f"past the rate where its capacity search had failed ({failed_at:.1f} req/s): its capacity searched "
                 f"again: {new.sentence()}"), ids
 
     def try_change(self, name: str, title: str, changes: dict[str, Any], note: str = "") -> Step:
