@@ -301,11 +301,6 @@ class Race:
     def pairs(self) -> int:
         return len(self.candidate)
 
-    @property
-    def candidate_better(self) -> bool:
-        """The candidate passed where the reference failed, or both failed and it was clearly faster there."""
-        return self.verdict in ("candidate", "candidate faster")
-
 
 def paired_seed(seed: int, pair: int, salt: int) -> int:
     """The arrival seed of pair ``pair`` of a paired test seeded ``seed``: both arms of a pair share it (common
