@@ -171,11 +171,11 @@ class _FakeConfigs:
     """Stands in for ``measure_config``: a configuration's capacity from a queue stub (ms=4 twice as fast),
     counting what was measured; ``stop_at``: the configuration at which Ctrl-C comes."""
 
-    def __init__(self, stop_at=None):
+    def __init__(self, stop_at=None, fail=None):
         from tests.verdict_stubs import QueueStub
 
         self.stub = QueueStub([(lambda v: v["ms"] == "4", 2.0)], base_rate=50.0, noise=0.0, seed=1)
-        self.measured, self.stop_at = [], stop_at
+        self.measured, self.stop_at, self.fail = [], stop_at, fail  # fail: the configuration whose server dies
 
     def __call__(self, cmd, values, url, bodies, api, target_p99_ms, settings, ready_url, say):
         from tuning.experiments.capacity import CapacitySettings, capacity_at_target
@@ -184,6 +184,9 @@ class _FakeConfigs:
         if values == self.stop_at:
             raise KeyboardInterrupt
         self.measured.append(dict(values))
+        if values == self.fail:
+            return TuneRow(dict(values), fill(cmd, values, 9000), None, "the server exited with 1 before it answered; "
+                           "its output ends:\nout of memory")
         closed = self.stub(values)
         cap = capacity_at_target(self.stub, values, target_p99_ms, saturation=closed.qps, settings=CapacitySettings.quick())
         return TuneRow(dict(values), fill(cmd, values, 9000), cap, peak_memory_mb=100.0, load_tests=len(cap.probes) + 1)
@@ -251,6 +254,78 @@ def test_resume_refuses_a_run_with_other_settings_and_names_the_difference(tmp_p
     code, out, err = _run(*args, "--resume", str(tmp_path))
     assert code == 2 and fresh.measured == [], err
     assert "cannot resume" in err and named in err, err
+
+
+@pytest.mark.parametrize("then, now", [(True, False), (False, True)])
+def test_resume_refuses_a_run_with_the_other_quick_setting(tmp_path, monkeypatch, then, now):
+    """--quick changes the load windows: capacities measured with and without it are not comparable."""
+    from tuning.experiments import tune
+
+    without_quick = [a for a in TUNE_ARGS if a != "--quick"]
+    monkeypatch.setattr(tune, "measure_config", _FakeConfigs(stop_at={"ms": "4"}))
+    _run(*(TUNE_ARGS if then else without_quick), "--out", str(tmp_path), "--json")
+    fresh = _FakeConfigs()
+    monkeypatch.setattr(tune, "measure_config", fresh)
+    code, out, err = _run(*(TUNE_ARGS if now else without_quick), "--resume", str(tmp_path))
+    assert code == 2 and fresh.measured == [], err
+    had, has = ("--quick", "no --quick") if then else ("no --quick", "--quick")
+    assert f"--quick: that run had {had}, this one {has}" in err, err
+    assert ("add --quick" if then else "drop --quick") in err and "run without --resume" in err, err
+
+
+def test_resume_refuses_a_tune_json_that_does_not_record_quick(tmp_path, monkeypatch):
+    from tuning.experiments import tune
+
+    monkeypatch.setattr(tune, "measure_config", _FakeConfigs(stop_at={"ms": "4"}))
+    _run(*TUNE_ARGS, "--out", str(tmp_path), "--json")
+    saved = json.loads((tmp_path / "tune.json").read_text())
+    del saved["quick"], saved["windows"]  # as written before tune.json recorded them
+    (tmp_path / "tune.json").write_text(json.dumps(saved))
+    code, out, err = _run(*TUNE_ARGS, "--resume", str(tmp_path))
+    assert code == 2 and "does not record whether --quick was given" in err, err
+
+
+def test_resume_measures_again_the_configurations_that_errored(tmp_path, monkeypatch):
+    """A server that never came up (or crashed) in the earlier run is retried, not kept as an error."""
+    from tuning.experiments import tune
+
+    first = _FakeConfigs(stop_at={"ms": "2"}, fail={"ms": "8"})
+    monkeypatch.setattr(tune, "measure_config", first)
+    _run(*TUNE_ARGS, "--out", str(tmp_path), "--json")
+    saved = json.loads((tmp_path / "tune.json").read_text())
+    assert [(r["ms"], bool(r["error"])) for r in saved["rows"]] == [("8", True), ("4", False)]
+
+    rest = _FakeConfigs()
+    monkeypatch.setattr(tune, "measure_config", rest)
+    code, out, err = _run(*TUNE_ARGS, "--resume", str(tmp_path))
+    assert code == 0, err
+    assert rest.measured == [{"ms": "8"}, {"ms": "2"}]  # the error again, then the missing one
+    assert "(resumed) ms=4" in err and "(resumed) ms=8" not in err
+    assert "ms=8: an error in the earlier run (the server exited with 1 before it answered), measured again" in err, err
+    assert "1 from the earlier run" in out and "2 measured now (1 of them again: an error in the earlier run)" in out
+    final = json.loads((tmp_path / "tune.json").read_text())
+    assert final["resumed"] == 1 and final["retried"] == 1 and final["configurations"] == 3
+    assert {r["ms"]: (r["resumed"], r["error"]) for r in final["rows"]} == {"4": (True, None), "8": (False, None),
+                                                                            "2": (False, None)}
+
+
+def test_a_configuration_that_crashed_while_measured_is_not_the_best():
+    """Its capacity was measured on a dying server: the row is an error, never the one to ship or race."""
+    from tests.verdict_stubs import QueueStub
+    from tuning.experiments.tune import TuneSettings, confirm_best
+
+    stub = QueueStub([(lambda v: v["ms"] == "4", 2.0)], base_rate=50.0, noise=0.0, seed=1)
+    result = _searched(stub, [{"ms": "8"}, {"ms": "4"}])
+    result.rows[1].error = "the server exited with -9 while measured; its output ends: Killed"
+    assert result.rows[1].capacity.met and result.best is result.rows[0]
+    assert result.summary()["best"]["ms"] == "8"
+    assert confirm_best(result, stub, TuneSettings.quick()) is None  # one configuration left that met the target
+    from tuning import viz
+    from tuning.present.html import tune_capacity_sentence
+
+    traces = {t.name: list(t.x) for t in viz.tune_capacity_chart(result).data}
+    assert traces == {"best": ["ms=8"], "error": ["ms=4"]}, traces
+    assert tune_capacity_sentence(result.summary()).startswith("1 of 2 configurations met p99 ≤ 100 ms, 1 failed")
 
 
 def test_resume_needs_an_earlier_tune_json(tmp_path):

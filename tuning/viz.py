@@ -819,10 +819,10 @@ def tune_capacity_chart(result: Any, device: Any = None) -> go.Figure:
     labels = _unique([c[0] for c in configs])
     kinds: dict[str, list[int]] = {"best": [], "met": [], "not met": [], "error": []}
     for i, (_, row, _, is_best) in enumerate(configs):
-        if row.get("capacity") is not None:
-            kinds["best" if is_best else "met"].append(i)
-        elif row.get("error"):
+        if row.get("error"):  # a server that crashed while measured too: its capacity is no one to ship
             kinds["error"].append(i)
+        elif row.get("capacity") is not None:
+            kinds["best" if is_best else "met"].append(i)
         else:
             kinds["not met"].append(i)
 

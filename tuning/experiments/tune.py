@@ -63,10 +63,18 @@ class TuneSettings:
     # ...at this multiple of the runner-up's failing rate, as the ladder's race (LadderSettings.race_at): at
     # the failing rate itself a runner-up whose one failing probe was unlucky still holds in most pairs
     confirm_at: float = 1.2
+    quick_mode: bool = False  # made by quick() (``--quick``): recorded in tune.json, so a resume keeps to it
 
     @classmethod
     def quick(cls) -> "TuneSettings":
-        return cls(duration_s=2.0, warmup_s=0.5, concurrency=8, min_outcomes=100, max_window_s=4.0, confirm_pairs=4)
+        return cls(duration_s=2.0, warmup_s=0.5, concurrency=8, min_outcomes=100, max_window_s=4.0, confirm_pairs=4,
+                   quick_mode=True)
+
+    def windows(self) -> dict[str, Any]:
+        """The settings that decide what a measured capacity means (load windows, warm-up, the search's rules):
+        capacities measured under other ones are not comparable. Not the race's pairs nor the start-up timeout."""
+        keys = ("duration_s", "warmup_s", "concurrency", "min_outcomes", "max_window_s")
+        return {**{k: getattr(self, k) for k in keys}, "capacity": dataclasses.asdict(self.capacity)}
 
 
 def parse_space(items: Sequence[str]) -> dict[str, list[str]]:
@@ -243,12 +251,20 @@ class TuneResult:
     cmd: str | None = None
     url: str | None = None
     api: dict[str, Any] | None = None
+    quick: bool | None = None  # ``--quick``'s short windows (TuneSettings.quick)
+    windows: dict[str, Any] | None = None  # TuneSettings.windows(): what the capacities were measured with
     resumed: int = 0  # configurations taken from the earlier run, not measured again
+    retried: int = 0  # configurations that ended in an error in the earlier run, measured again
 
     @property
     def best(self) -> TuneRow | None:
-        met = [r for r in self.rows if r.capacity is not None and r.capacity.met]
-        return max(met, key=lambda r: r.capacity.capacity, default=None)
+        """The highest capacity that met the target, of the configurations without an error (a server that crashed
+        while measured keeps its capacity in the table, but is not one to ship)."""
+        return max(self.met(), key=lambda r: r.capacity.capacity, default=None)
+
+    def met(self) -> list[TuneRow]:
+        """The configurations that met the target and did not fail."""
+        return [r for r in self.rows if r.capacity is not None and r.capacity.met and not r.error]
 
     def to_frame(self) -> Any:
         import pandas as pd
@@ -258,8 +274,9 @@ class TuneResult:
     def summary(self) -> dict[str, Any]:
         best = self.best
         return {"command": "tune", "search": self.search, "space": self.space, "target_p99_ms": self.target_p99_ms,
-                "cmd": self.cmd, "url": self.url, "api": self.api,
-                "configurations": len(self.rows), "resumed": self.resumed, "interrupted": self.interrupted,
+                "cmd": self.cmd, "url": self.url, "api": self.api, "quick": self.quick, "windows": self.windows,
+                "configurations": len(self.rows), "resumed": self.resumed, "retried": self.retried,
+                "interrupted": self.interrupted,
                 "best": best.row() if best else None, "target_met": best is not None,
                 "confirmation": ({**self.confirmation.to_dict(self.target_p99_ms), "note": self.confirmation.note}
                                  if self.confirmation else None),
@@ -302,13 +319,22 @@ def _space_text(space: Any) -> str:
     return " ".join(f"--space {k}={','.join(map(str, v))}" for k, v in space.items())
 
 
+def _quick_text(quick: Any) -> str:
+    return "--quick" if quick else "no --quick"
+
+
 def check_resumable(previous: dict[str, Any], cmd: str, space: dict[str, list[str]], url: str, api: Any,
-                    target_p99_ms: float) -> None:
+                    target_p99_ms: float, settings: TuneSettings | None = None) -> None:
     """Raise ValueError naming every setting in which this run differs from ``previous`` (a loaded tune.json):
-    a configuration measured under another command, space, URL, API or target is not this run's."""
+    a configuration measured under another command, space, URL, API, target or load windows (``--quick``, and
+    ``settings.windows()``) is not this run's. ``settings``: this run's (default ``TuneSettings()``)."""
+    settings = settings if settings is not None else TuneSettings()
     if previous.get("cmd") is None:
         raise ValueError("cannot resume: that tune.json does not record its --cmd (written by an older version); "
                          "run without --resume")
+    if "quick" not in previous or "windows" not in previous:
+        raise ValueError("cannot resume: that tune.json does not record whether --quick was given (written by an "
+                         "older version), so its capacities may come from other load windows; run without --resume")
     then_space = {str(k): [str(v) for v in vs] for k, vs in (previous.get("space") or {}).items()}
     checks = (("--cmd", previous.get("cmd"), cmd, repr),
               ("--space", list(then_space.items()), list(space.items()), lambda _: ""),
@@ -322,6 +348,13 @@ def check_resumable(previous: dict[str, Any], cmd: str, space: dict[str, list[st
                 differ.append(f"--space: that run had {_space_text(then_space)}, this one {_space_text(space)}")
             else:
                 differ.append(f"{name}: that run had {show(then)}, this one {show(now)}")
+    then_quick = bool(previous["quick"])
+    if then_quick != settings.quick_mode:
+        fix = "add --quick" if then_quick else "drop --quick"
+        differ.append(f"--quick: that run had {_quick_text(then_quick)}, this one {_quick_text(settings.quick_mode)} "
+                      f"(other load windows: the capacities are not comparable; {fix} to go on from it)")
+    elif json.loads(json.dumps(settings.windows())) != previous["windows"]:
+        differ.append(f"the load windows: that run had {previous['windows']}, this one {settings.windows()}")
     if differ:
         raise ValueError("cannot resume: this run's settings differ from that run's: " + "; ".join(differ)
                          + ". Give the same settings, or run without --resume (a new --out)")
@@ -384,24 +417,32 @@ def run_tune(cmd: str, space: dict[str, list[str]], url: str, bodies: Sequence[A
     """Measure each configuration of ``space`` (see the module docstring); Ctrl-C keeps what was measured.
 
     ``resume``: an earlier run's tune.json, loaded (:func:`read_checkpoint`), with the same command, space, URL,
-    API and target (else ValueError naming the difference): its configurations are kept as they were, not
-    measured again, and the rest are. The earlier race of the best is kept when nothing new was measured."""
+    API, target and ``--quick`` (else ValueError naming the difference): its configurations are kept as they were,
+    not measured again, except those that ended in an error (the server never came up, or crashed), which are
+    measured again with the rest. The earlier race of the best is kept when nothing new was measured."""
     say = say or (lambda line: None)
     names = list(space)
     combos = [dict(zip(names, vals)) for vals in itertools.product(*space.values())]
     search = "exhaustive" if len(combos) <= EXHAUSTIVE_MAX else "coordinate descent, then the best's neighbours"
-    result = TuneResult(space, [], search, target_p99_ms, cmd=cmd, url=url, api=api_block(api))
+    result = TuneResult(space, [], search, target_p99_ms, cmd=cmd, url=url, api=api_block(api), quick=settings.quick_mode,
+                        windows=settings.windows())
     done: dict[tuple, TuneRow] = {}
     if resume is not None:
-        check_resumable(resume, cmd, space, url, api, target_p99_ms)
+        check_resumable(resume, cmd, space, url, api, target_p99_ms, settings)
         for row in restore_rows(resume, names):
             key = tuple(row.values[n] for n in names)
-            if key not in done:
-                done[key] = row
-                result.rows.append(row)
-                say(f"(resumed) {_row_line(row)}")
+            if key in done:
+                continue
+            if row.error:  # a server that never came up or crashed: perhaps the machine's moment, so again
+                result.retried += 1
+                say(f"{_label(row.values)}: an error in the earlier run ({_error_head(row.error)}), measured again")
+                continue
+            done[key] = row
+            result.rows.append(row)
+            say(f"(resumed) {_row_line(row)}")
         result.resumed = len(result.rows)
-        say(f"resumed: {result.resumed} configurations from the earlier run, not measured again")
+        again = f"; {result.retried} that ended in an error there measured again" if result.retried else ""
+        say(f"resumed: {result.resumed} configurations from the earlier run, not measured again{again}")
         if on_row and result.rows:
             on_row(result)
 
@@ -418,7 +459,7 @@ def run_tune(cmd: str, space: dict[str, list[str]], url: str, bodies: Sequence[A
         return row
 
     def score(row: TuneRow) -> float:
-        return row.capacity.capacity if row.capacity is not None and row.capacity.met else -1.0
+        return row.capacity.capacity if row.capacity is not None and row.capacity.met and not row.error else -1.0
 
     try:
         if search == "exhaustive":
@@ -462,8 +503,7 @@ def confirm_best(result: TuneResult, measure: Callable[..., Trial], settings: Tu
     configurations that met the target. ``measure(values, rate=..., seed=...)`` runs a configuration
     (:class:`SwitchingMeasure` starts its server)."""
     say = say or (lambda line: None)
-    met = sorted((r for r in result.rows if r.capacity is not None and r.capacity.met),
-                 key=lambda r: r.capacity.capacity, reverse=True)
+    met = sorted(result.met(), key=lambda r: r.capacity.capacity, reverse=True)
     if len(met) < 2:
         return None
     best, runner = met[0], met[1]
@@ -601,6 +641,11 @@ def _wait_ready(group: ServiceGroup, measure: HttpMeasure, ready_url: str | None
             last = str(exc)
         time.sleep(1.0)
     return f"not ready within {timeout_s:.0f} s ({last}); its output ends:\n{group.tail()}"
+
+
+def _error_head(error: str) -> str:
+    """An error's first clause (before its output's tail), at most 120 characters."""
+    return (error.strip().splitlines() or [""])[0].split(";")[0][:120]
 
 
 def _row_line(row: TuneRow) -> str:

@@ -578,8 +578,8 @@ def tune_probes_sentence(s: dict[str, Any]) -> str:
 def tune_capacity_sentence(s: dict[str, Any]) -> str:
     """What the capacity chart shows, from tune's summary."""
     rows = s.get("rows") or []
-    met = [r for r in rows if r.get("capacity") is not None]
-    errors = [r for r in rows if r.get("error") and r.get("capacity") is None]
+    met = [r for r in rows if r.get("capacity") is not None and not r.get("error")]
+    errors = [r for r in rows if r.get("error")]
     best = s.get("best")
     names = list(s.get("space") or {})
     head = (f"{len(met)} of {len(rows)} configurations met p99 ≤ {fixed(s.get('target_p99_ms'), '.0f')} ms"

@@ -301,7 +301,9 @@ def format_tune(result: Any) -> str:
     lines = [f"tune: {len(result.rows)} configurations ({result.search}), capacity at p99 <= {result.target_p99_ms:.0f} ms"]
     if getattr(result, "resumed", 0):
         lines[0] += (f"; {result.resumed} from the earlier run (--resume, not measured again), "
-                     f"{len(result.rows) - result.resumed} measured now")
+                     f"{len(result.rows) - result.resumed} measured now"
+                     + (f" ({result.retried} of them again: an error in the earlier run)"
+                        if getattr(result, "retried", 0) else ""))
     if rows:
         lines.append(table(rows, list(rows[0])))
     for r in result.rows:
