@@ -25,7 +25,8 @@ ANSWER = json.dumps([[0.25, 0.5, 0.75]]).encode()  # TEI: one embedding per text
 
 class RawServer:
     """HTTP/1.1 by hand. Routes: /ok (Content-Length, keep-alive), /chunked (three chunks), /gzip, /eof (no
-    length, closes after), /reset (every third request reset instead of answered), /stall (never answers),
+    length, closes after), /cut (no length, half the body, then a reset), /reset (every third request reset instead
+    of answered), /stall (never answers),
     /redirect (307 to /ok), /timed (TEI's x-*-time headers). Records each request's headers and the peers."""
 
     def __init__(self):
@@ -117,6 +118,12 @@ class RawServer:
             conn.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + ANSWER)
             conn.close()
             return False
+        elif path == "/cut":
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n" + ANSWER[:9])
+            self.stop.wait(0.1)  # the client reads the half, then the reset comes
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()
+            return False
         elif path == "/reset":
             if k % 3 == 0:
                 conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -172,6 +179,47 @@ def test_a_refused_connection_is_one_error_outcome_each():
     assert _outcomes(result) == ["error"] * 9
     assert all(r.reason.startswith("connection failed: ConnectError: cannot connect to 127.0.0.1") for r in
                result.responses), result.responses[0].reason
+
+
+def test_a_reset_in_the_middle_of_a_close_delimited_body_is_no_answer(server):
+    """Without a length the answer ends at the close, but a reset is not a close: half a body is not an answer."""
+    result = run_load(server.url("/cut"), BODIES, concurrency=1, requests=3, api=TEI)
+    assert _outcomes(result) == ["error"] * 3
+    assert all("connection failed: ServerDisconnected" in r.reason for r in result.responses), result.responses[0].reason
+
+
+def test_a_connection_handed_over_as_the_wait_for_it_times_out_is_not_lost(server, monkeypatch):
+    """A request waiting for a free connection can time out in the very turn a connection is handed to it: the
+    connection goes back to the pool (else the pool is one connection short for good, and with one, stuck)."""
+    real = asyncio.wait_for
+
+    async def racing(aw, timeout):  # the free connection arrives, and in the same turn the time is up
+        if isinstance(aw, asyncio.Future):
+            await aw
+            raise asyncio.TimeoutError
+        return await real(aw, timeout)
+
+    async def main():
+        pool = http1.Pool(server.url("/ok"), 1, 1.0, {"Content-Type": "application/json"})
+        try:
+            first = await asyncio.gather(pool.post(BODIES[0]), pool.post(BODIES[1]), return_exceptions=True)
+            monkeypatch.setattr(asyncio, "wait_for", real)
+            status, _, _ = await pool.post(BODIES[2])
+            return first, status, pool.opened
+        finally:
+            pool.close()
+
+    monkeypatch.setattr(asyncio, "wait_for", racing)
+    first, status, opened = asyncio.run(main())
+    assert first[0][0] == 200 and isinstance(first[1], TimeoutError), first
+    assert status == 200 and opened == 1
+
+
+def test_a_path_this_client_cannot_write_goes_through_aiohttp(server):
+    assert http1.supported(server.url("/a b"), {}) and http1.supported(server.url("/caf\u00e9"), {})
+    assert http1.supported(server.url("/ok?q=1"), {}) is None
+    result = run_load(server.url("/caf\u00e9"), BODIES, concurrency=1, requests=2, api=TEI)  # sent %-encoded
+    assert _outcomes(result) == ["error"] * 2 and result.responses[0].reason == "HTTP 404: no route."
 
 
 def test_the_api_timeout_ends_a_stalled_request_as_one_error(server):

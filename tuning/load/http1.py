@@ -23,7 +23,8 @@ Every request gets exactly one outcome: ``Pool.post`` returns ``(status, body, h
 reset before the answer was whole, ``TimeoutError`` past the per-request timeout, ``ProtocolError`` for an
 answer that is not HTTP); the caller (:class:`tuning.load.generator.AsyncHttpClient`) turns either into a
 :class:`~tuning.online.response.Response`. What it does not do goes to aiohttp, as before: ``https://``,
-a user name in the URL, a host that is not ASCII, header values outside latin-1, and any redirect
+a user name in the URL, a host that is not ASCII, a path with spaces or beyond ASCII (aiohttp %-encodes
+it), header values outside latin-1, and any redirect
 (``supported`` says why a URL is not taken; ``TUNING_HTTP_CLIENT=aiohttp`` forces aiohttp,
 ``TUNING_EVENT_LOOP=asyncio`` forces the standard event loop).
 """
@@ -78,6 +79,9 @@ def supported(url: str, headers: Mapping[str, str]) -> str | None:
         return f"the URL's port: {exc}"
     if not host or not host.isascii():
         return "a host name that is not ASCII"
+    target = parts.path + parts.query
+    if not target.isascii() or any(c.isspace() or ord(c) < 0x21 or ord(c) == 0x7F for c in target):
+        return "a path that is not plain ASCII (aiohttp %-encodes it)"
     for name, value in headers.items():
         if not name.isascii() or any(c in name for c in "\r\n: ") or any(c in value for c in "\r\n"):
             return f"the header {name!r}"
@@ -228,8 +232,8 @@ class _Conn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.waiter is not None:
-            if self.headers_done and not self.framed:  # an answer without a length ends at the close
-                self._settle(self._answer())
+            if self.headers_done and not self.framed and exc is None:  # an answer without a length ends at the
+                self._settle(self._answer())  # close (a reset is no end: what came is half an answer)
             else:
                 why = f": {exc}" if exc is not None else ""
                 self._settle(exc=ServerDisconnected(f"the server closed the connection before the answer was "
@@ -350,11 +354,11 @@ class Pool:
             self._waiters.append(waiter)
             try:
                 conn = await asyncio.wait_for(waiter, max(deadline - loop.time(), 0.0))
-            except asyncio.TimeoutError:
-                raise TimeoutError(f"no free connection within {self.timeout_s:g} s") from None
-            finally:
-                if not waiter.done():
-                    waiter.cancel()
+            except BaseException as exc:  # timed out or cancelled, perhaps in the turn it was handed a connection
+                self._pass_on(waiter)
+                if isinstance(exc, asyncio.TimeoutError):
+                    raise TimeoutError(f"no free connection within {self.timeout_s:g} s") from None
+                raise
             if conn is not None and not conn.closed:
                 return conn
             # None: a connection closed, so there is room to open one; loop round
@@ -398,6 +402,18 @@ class Pool:
                 waiter.set_result(conn)
                 return
         self._idle.append(conn)
+
+    def _pass_on(self, waiter: asyncio.Future) -> None:
+        """A wait for a connection given up: what it was handed meanwhile (a connection, or room to open one)
+        goes to the next waiter, so that the pool is never a connection short."""
+        if not waiter.done():
+            waiter.cancel()
+        elif not waiter.cancelled():
+            conn = waiter.result()
+            if conn is None:
+                self._wake()
+            else:
+                self._release(conn)
 
     def _lost(self, conn: _Conn) -> None:
         """A connection closed (by either side): forget it and let a waiting request open another."""
