@@ -294,3 +294,23 @@ def test_the_event_loop_is_uvloop_when_installed_unless_told(monkeypatch):
     loop = http1.new_event_loop()
     assert http1.loop_name(loop) == "asyncio"
     loop.close()
+
+
+def test_a_send_is_timed_when_the_request_goes_out_not_when_it_was_queued(server, monkeypatch):
+    """An event loop that falls behind its open-loop schedule queues several due requests at once; each goes out
+    only when the loop gets to it, and that lateness must show as send lag (a late send is counted, not hidden)."""
+    import time
+
+    real = AsyncHttpClient.__call__
+
+    async def busy(self, raw):  # the loop is busy 50 ms with each request before it goes out (a CPU-bound client)
+        time.sleep(0.05)
+        return await real(self, raw)
+
+    monkeypatch.setattr(AsyncHttpClient, "__call__", busy)
+    result = run_load(server.url("/ok"), BODIES, concurrency=4, requests=6, rate=1000.0, api=TEI)
+    assert _outcomes(result) == ["ok"] * 6
+    sent = sorted(t[1] for t in result.timings)
+    gaps = [b - a for a, b in zip(sent, sent[1:])]
+    assert min(gaps) >= 0.04, gaps  # one request out per 50 ms of the loop, so one send per 50 ms
+    assert max(result.send_lags_ms()) >= 200, result.send_lags_ms()  # the last went out 250 ms after the first

@@ -631,7 +631,8 @@ def _open_loop(send: Target, run: _Run, rate: float, concurrency: int, seed: int
     rng = random.Random(seed)
     slots = threading.Semaphore(concurrency)
 
-    def fire(raw: Any, phase: str, scheduled: float, sent: float) -> None:
+    def fire(raw: Any, phase: str, scheduled: float) -> None:
+        sent = clock()  # when a worker takes it up, not when it was queued (see _async_http_load)
         try:
             run.end(_safe_call(send, raw, clock), phase, scheduled, sent)
         finally:
@@ -649,7 +650,7 @@ def _open_loop(send: Target, run: _Run, rate: float, concurrency: int, seed: int
                 slots.release()
                 break
             run.begin()
-            pool.submit(fire, ticket[0], ticket[1], scheduled, clock())
+            pool.submit(fire, ticket[0], ticket[1], scheduled)
             scheduled += rng.expovariate(rate)
 
 
@@ -676,7 +677,10 @@ def _async_http_load(url: str, run: _Run, rate: float | None, concurrency: int, 
             slots = asyncio.Semaphore(concurrency)
             tasks: set[asyncio.Task] = set()
 
-            async def fire(raw: Any, phase: str, scheduled: float, sent: float) -> None:
+            async def fire(raw: Any, phase: str, scheduled: float) -> None:
+                # sent when this task runs: a loop behind its schedule queues several due requests at once and
+                # sends them one by one; timing them at the queueing would hide that lateness from the send lag
+                sent = clock()
                 try:
                     run.end(await client(raw), phase, scheduled, sent)
                 finally:
@@ -693,7 +697,7 @@ def _async_http_load(url: str, run: _Run, rate: float | None, concurrency: int, 
                     slots.release()
                     break
                 run.begin()
-                task = asyncio.get_running_loop().create_task(fire(ticket[0], ticket[1], scheduled, clock()))
+                task = asyncio.get_running_loop().create_task(fire(ticket[0], ticket[1], scheduled))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
                 scheduled += rng.expovariate(rate)
