@@ -690,3 +690,57 @@ def test_futility_stops_a_comparison_the_cap_could_not_decide_and_never_adds_a_k
         clear.add(a, b)
     assert not clear.futile() and clear.verdict() == "better"
     assert LadderSettings.quick().compare_settings().futility and not LadderSettings.full().compare_settings().futility
+
+
+def test_the_race_gate_where_both_fail_is_judged_at_its_own_level():
+    """Quick investigate on this CPU, bf16 against fp32 past the reference's capacity: both failed, latency ratios
+    per pair from 0.8 to 14 (ratio 9.08, 0.88-93.2 at the keep's 99.8% after 6 pairs): never told apart, though
+    its completions were 22-33 req/s against 6-28. The gate only sends a candidate to its own capacity search, which
+    must then beat the reference's by the minimum effect, so it is judged at 99% (LadderSettings.race_level)."""
+    from tuning.experiments.capacity import CompareSettings, race_at
+
+    reference, candidate = preset("baseline", device="cpu"), preset("baseline", device="cpu").replace(tokenizer="fast")
+    ratios = [8.0, 2.0, 12.0, 1.5, 10.0, 4.0]  # the reference's latency over the candidate's, pair by pair
+    # (after four of these a futility projection would give up: the gate runs its pairs, futility or not)
+    compare = CompareSettings(min_effect=0.05, min_pairs=3, max_pairs=6, level=0.998, futility=True)
+
+    def run(gate_level):
+        calls = {"ref": 0, "cand": 0}
+
+        def measure(knobs, *, rate=None, seed=0, record=False):
+            arm = "cand" if knobs.tokenizer == "fast" else "ref"
+            i = calls[arm]
+            calls[arm] += 1
+            lat = np.full(400, 1100.0 * (ratios[i] if arm == "ref" else 1.0))  # every outcome over 1,000 ms
+            return Trial(qps=20.0, p99_ms=float(lat[0]), ok=400, submitted=400, window_s=20.0, rate=rate,
+                         offered_rate=rate, latencies_ms=lat)
+        return race_at(measure, reference, candidate, rate=30.0, target_p99_ms=1000.0, compare=compare,
+                       gate_level=gate_level)
+
+    strict, gate = run(None), run(LadderSettings().race_level)
+    assert strict.verdict == "candidate fails" and strict.low < 1.05 and strict.pairs == 6, strict
+    assert gate.verdict == "candidate faster" and gate.low > 1.05 and gate.pairs == 6, gate
+    assert LadderSettings().race_level == 0.99 and LadderSettings.quick().race_level == 0.99
+    with pytest.raises(ValueError, match="race_level"):
+        LadderSettings(race_level=1.0)
+
+
+def test_a_step_not_told_apart_says_how_many_pairs_its_spread_would_need():
+    """Quick investigate on this CPU: "not distinguishable: 1.07 [0.01-81.34] after 3 pairs" said nothing of why.
+    The per-pair SD behind it was 34%, and telling 5% at 99.8% at that spread needs about 450 pairs."""
+    from tuning.base.decide import pairs_to_tell, spread_of
+
+    p = Paired(min_effect=0.05, level=0.998)
+    for a, b in ((100, 70), (100, 140), (100, 100)):
+        p.add(a, b)
+    ratio, _, high = p.interval()
+    assert spread_of(ratio, high, p.pairs, p.level) == pytest.approx(float(np.std(p.d, ddof=1)))
+    assert pairs_to_tell(0.3357, 0.05, 0.998) == 453 and math.isnan(spread_of(1.0, math.nan, 1, 0.99))
+    ladder = _ladder(SmoothStub(noise=0.4, seed=3), steps=("tokenizer",), target_p99_ms=200.0)
+    step = ladder.step("tokenizer")
+    assert step.figures["verdict"] == "not distinguishable", step.reason
+    assert step.figures["pair_sd"] > 0.1 and step.figures["pairs_needed"] > 6
+    assert f"needs about {step.figures['pairs_needed']:,.0f} pairs" in step.reason, step.reason
+    why = ladder.why_unchanged()
+    assert why.startswith("nothing kept: 1 of 1 steps not told apart") and "at most 6 here" in why, why
+    assert ladder.summary()["why_unchanged"] == why

@@ -30,7 +30,15 @@ from typing import Any, Callable
 import numpy as np
 from scipy import stats
 
-from tuning.base.decide import EXCEED_SHARE, PROBE_ALPHA, Paired, count_verdict, quantile_interval
+from tuning.base.decide import (
+    EXCEED_SHARE,
+    PROBE_ALPHA,
+    Paired,
+    count_verdict,
+    pairs_to_tell,
+    quantile_interval,
+    spread_of,
+)
 from tuning.base.format import rounded
 from tuning.base.stats import known_median
 from tuning.experiments.trial import Measure, Trial, as_measure, late_sends, p99_of
@@ -282,7 +290,7 @@ class Race:
     decided by the probe's rule (:func:`window_verdict`) on its pooled runs. ``verdict``: ``candidate`` (it
     passes where the reference, in the same pairs, fails), ``candidate faster`` (both fail, and the paired ratio
     of their latencies there, the reference's over the candidate's as :func:`compare_at` figures them, clears
-    the minimum effect at the comparison's level), ``reference passed`` (no evidence), ``candidate fails``, or
+    the minimum effect at the gate's level), ``reference passed`` (no evidence), ``candidate fails``, or
     ``undecided`` at the cap. ``ratio``, ``low``, ``high``: that latency ratio and its interval (NaN unless
     both arms failed)."""
 
@@ -310,7 +318,7 @@ def paired_seed(seed: int, pair: int, salt: int) -> int:
 
 def race_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: float, target_p99_ms: float,
             settings: CapacitySettings = CapacitySettings(), min_pairs: int = 2, max_pairs: int = 6, seed: int = 0,
-            compare: "CompareSettings | None" = None, faster_pairs: int = 6,
+            compare: "CompareSettings | None" = None, faster_pairs: int = 6, gate_level: float | None = None,
             status: Callable[[str], None] | None = None) -> Race:
     """Whether ``candidate`` meets the target at ``rate`` while ``reference`` does not, in interleaved pairs
     (AB BA BA AB ...; both arms of a pair on one arrival seed). After ``min_pairs`` it stops as soon as the
@@ -325,7 +333,8 @@ def race_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: float
     and at most ``min(max_pairs, faster_pairs)`` (a no-op's interval straddles the bar to any cap), judged as
     :func:`compare_at` judges (the paired ratio of
     :func:`latency_figure`, the reference's over the candidate's, by :class:`~tuning.base.decide.Paired` at
-    ``compare``'s level and minimum effect): ``candidate faster`` when its interval clears the minimum effect.
+    ``gate_level`` (default ``compare``'s level) and ``compare``'s minimum effect): ``candidate faster`` when
+    its interval clears the minimum effect.
     Not the ratio of the shares over the target: a candidate just below its knee had 0.1% in one pair and 100%
     in the next (a stub at utilisation 0.98), an interval of 0.01-150,000; the latency figure is capped at 20x
     the target and moves with the queue in every outcome."""
@@ -338,7 +347,9 @@ def race_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: float
     verdict = "undecided"
     rv = cv = ("undecided", "count")
     faster_cap = max(3, min(max_pairs, faster_pairs))
-    faster = Paired(compare.min_effect, 3, faster_cap, compare.level)
+    # no futility here: past the knee one pair in four reads 0.8 where the others read 2-14 (quick investigate's bf16
+    # on this CPU), and the projection from four such pairs gives up on an effect that six pairs show
+    faster = Paired(compare.min_effect, 3, faster_cap, gate_level if gate_level is not None else compare.level)
     cap = 20 * target_p99_ms
     for i in range(max_pairs):
         order = Paired.order(i)
@@ -493,6 +504,16 @@ class Comparison:
     @property
     def pairs(self) -> int:
         return len(self.candidate)
+
+    @property
+    def pair_sd(self) -> float:
+        """The per-pair SD of the log figure (NaN below two pairs)."""
+        return spread_of(self.ratio, self.high, self.pairs, self.level)
+
+    @property
+    def pairs_needed(self) -> float:
+        """About how many pairs at this spread would tell the minimum effect (see :func:`pairs_to_tell`)."""
+        return pairs_to_tell(self.pair_sd, self.min_effect, self.level)
 
     def figures(self, side: str, target_p99_ms: float) -> dict[str, Any]:
         trials = self.reference if side == "reference" else self.candidate

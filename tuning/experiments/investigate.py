@@ -419,8 +419,9 @@ def headline(inv: Investigation) -> str:
         changed = [d["step"] for d in lad.state.get("drifts") or [] if not d["baseline_searched_again"]]
         if changed:  # the capacities before and after were measured on two different machines
             was += f" (then the machine slowed, at the {changed[0]} step: not comparable)"
+        why = lad.why_unchanged()
         return (f"capacity at p99 <= {t:.0f} ms: {was} -> {r.capacity:.1f} [{fixed(r.low, '.1f')}-{fixed(r.high, '.1f')}]"
-                f" req/s{p99}; ship: {lad.set_line()}")
+                f" req/s{p99}; ship: {lad.set_line()}" + (f" ({why})" if why else ""))
     bq, rq = lad.baseline_figures.get("qps"), lad.final_figures.get("qps")
     met = "" if lad.target_met else f" (TARGET NOT MET: closed-loop p99 over {t:.0f} ms)"
     return f"QPS (closed loop): {fixed(bq, '.1f')} -> {fixed(rq, '.1f')}{met}{p99}; ship: {lad.set_line()}"

@@ -127,6 +127,12 @@ class LadderSettings:
     race_pairs: int | None = None  # a step not told apart at compare_at is compared again past the reference's
     # capacity (race_at), with at most this many pairs (None: max_pairs)
     futility: bool = False  # a comparison stops before max_pairs once the cap could not decide (Paired.futile)
+    # the level of the race's "candidate faster" gate (both arms fail past the reference's capacity): lower than a
+    # keep's, because it only sends the candidate to its own capacity search, which must then beat the reference's
+    # by min_effect (two tests in series). Past the knee the paired latency figure swings: quick investigate on this
+    # CPU, bf16 against fp32 (AMX), 6 pairs at 1.3x the capacity: ratio 9.08, at 99.8% 0.88-93.2 (not told apart;
+    # its completions were 22-33 req/s against the reference's 6-28); at 99% about 1.8-45.
+    race_level: float = 0.99
     error_budget: float = DEFAULT_ERROR_BUDGET
     capacity: CapacitySettings = field(default_factory=CapacitySettings)
     sweep_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
@@ -149,6 +155,8 @@ class LadderSettings:
             raise ValueError(f"min_effect={self.min_effect!r} must be a share in [0, 1): 0.02 is 2%")
         if not isinstance(self.concurrency, int) or self.concurrency < 1:
             raise ValueError(f"concurrency={self.concurrency!r} must be an integer >= 1")
+        if not 0.5 < self.race_level < 1:
+            raise ValueError(f"race_level={self.race_level!r} must be in (0.5, 1): the gate's two-sided coverage")
         if self.race_pairs is not None and (not isinstance(self.race_pairs, int) or self.race_pairs < 2):
             raise ValueError(f"race_pairs={self.race_pairs!r} must be an integer >= 2 (a paired interval needs two "
                              "pairs), or None for max_pairs")
@@ -285,7 +293,8 @@ class Step:
 
 
 _STEP_FIGURES = ("metric", "rate", "ratio", "low", "high", "median_ratio", "pairs", "order", "min_effect", "level",
-                 "verdict", "qps", "p50_ms", "p99_ms", "p99_low_ms", "p99_high_ms", "errors", "timeouts", "n",
+                 "verdict", "pair_sd", "pairs_needed", "qps", "p50_ms", "p99_ms", "p99_low_ms", "p99_high_ms", "errors",
+                 "timeouts", "n",
                  "exceed", "reference_qps", "reference_p50_ms", "reference_p99_ms", "reference_errors",
                  "model_busy", "device_busy", "mean_batch", "capacity", "capacity_bracket", "reference_capacity",
                  "meets_target", "gain")
@@ -378,6 +387,24 @@ class LadderResult:
         """The recommended knobs that differ from the ``baseline`` preset and that the served path reads."""
         return _changes(self.recommended)
 
+    def why_unchanged(self) -> str | None:
+        """When nothing was kept because the comparisons could not tell: how noisy their pairs were, how many pairs
+        that noise would need, and the steal during them (None when a step was kept or none was undecided)."""
+        if self.changes():
+            return None
+        undecided = [s for s in self.steps if s.figures.get("verdict") == "not distinguishable"]
+        sds = [s.figures["pair_sd"] for s in undecided if isinstance(s.figures.get("pair_sd"), (int, float))]
+        if not sds:
+            return None
+        needed = [s.figures["pairs_needed"] for s in undecided if isinstance(s.figures.get("pairs_needed"), (int, float))]
+        ids = {i for s in undecided for i in s.experiments}
+        steal = known_median([t.steal_share for e in self.experiments if e.id in ids for t in e.trials])
+        said = f"; steal {100 * steal:.0f}% of the CPU during them" if math.isfinite(steal) else ""
+        return (f"nothing kept: {len(undecided)} of {len([s for s in self.steps if s.status != 'baseline'])} steps not "
+                f"told apart; their pairs' median SD {float(np.median(sds)):.0%} per pair needs about "
+                f"{float(np.median(needed)):,.0f} pairs to tell {self.settings.min_effect:.0%} "
+                f"(at most {self.settings.max_pairs} here){said}")
+
     def set_line(self) -> str:
         """``--preset baseline --set k=v ...``: paste after ``python -m tuning serve`` (or run/loadtest)."""
         parts = ["--preset baseline"] + [f"--set {k}={_set_value(v)}" for k, v in self.changes().items()]
@@ -406,7 +433,7 @@ class LadderResult:
                          "capacity": base_cap.summary() if base_cap is not None else None},
             "result": {**_figures_summary(self.final_figures), "capacity": cap.summary() if cap is not None else None,
                        "ratio": ratio, "ratio_of": "capacity" if self.objective == "target" else "qps"},
-            "machine_changed": drifts,
+            "machine_changed": drifts, "why_unchanged": self.why_unchanged(),
             "steps": [s.row() for s in self.steps],
             "experiments": [e.row() for e in self.experiments],
             "top": self.top().astype(object).where(lambda f: f.notna(), None).to_dict("records"),
@@ -631,6 +658,7 @@ class Ladder:
         figures = {"metric": cmp.metric, "rate": rounded(rate), "ratio": rounded(cmp.ratio), "low": rounded(cmp.low),
                    "high": rounded(cmp.high), "median_ratio": rounded(cmp.median_ratio), "pairs": cmp.pairs,
                    "order": cmp.order, "min_effect": cmp.min_effect, "level": cmp.level, "verdict": cmp.verdict,
+                   "pair_sd": _round(cmp.pair_sd), "pairs_needed": _round(cmp.pairs_needed),
                    **{k: _round(cand.get(k)) for k in ("qps", "p50_ms", "p99_ms", "p99_low_ms", "p99_high_ms", "errors",
                                                        "timeouts", "n", "exceed", "model_busy", "device_busy",
                                                        "mean_batch")},
@@ -654,6 +682,9 @@ class Ladder:
         else:
             cut = ("the cap" if cmp.pairs >= s.max_pairs else
                    f"stopped: {s.max_pairs} pairs at this spread would still straddle it")
+            if math.isfinite(cmp.pairs_needed):  # why: the spread against the effect, in pairs
+                cut += (f"; at {cmp.pair_sd:.0%} SD per pair, telling {s.min_effect:.0%} needs about "
+                        f"{cmp.pairs_needed:,.0f} pairs")
             status, reason = "not kept", f"not distinguishable: {interval}{at} ({cut}) straddles {bar}"
         race = None
         if (self.target_mode and status == "not kept" and meets and cap.met
@@ -670,6 +701,7 @@ class Ladder:
             race = race_at(self.measure, ref, knobs, rate=race_rate, target_p99_ms=self.target, settings=s.capacity,
                            max_pairs=s.race_pairs if s.race_pairs is not None else s.max_pairs,
                            seed=s.seed + 7 * len(self.steps) + 1, compare=s.compare_settings(),
+                           gate_level=s.race_level,
                            status=lambda t: self.status(f"{name}: {change}: past the reference's capacity: {t}"))
             ids += [self.experiment(name, "reference", f"{change} (past the capacity)", ref, race.reference,
                                     race_rate).id,
