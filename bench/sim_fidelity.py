@@ -3,24 +3,34 @@
 1. Calibrate a device profile for this CPU from a batch sweep of the real model (fp32 and bf16,
    several lengths), and measure the fit's error on shapes left out of the calibration grid.
 2. Run ``baseline`` and ``tuned`` offline and under fixed-concurrency serving, on the real CPU and
-   on ``device=sim`` with that fitted profile, interleaved (real, sim, sim, real per round).
-3. Write ``bench/results/sim_fidelity.json``: sim/real throughput ratios ``offline_baseline``,
-   ``offline_tuned``, ``serving_baseline``, ``serving_tuned`` (medians over rounds, with every
-   round's figures) and ``holdout_error``. Target: ratios within 0.85-1.15, holdout error < 0.15.
+   on ``device=sim`` with that fitted profile, in interleaved pairs: per round, each of the four
+   measures runs one real and one simulated arm (ABBA across rounds, the measures' order reversed
+   on odd rounds), and its ratio sim/real is that pair's figure. Rounds go on until every measure's
+   95% interval is within +-5% (at least 6 rounds), or the time budget ends.
+3. Write ``bench/results/sim_fidelity.json``: per measure (``offline_baseline``, ``offline_tuned``,
+   ``serving_baseline``, ``serving_tuned``) the median of the paired ratios with a t interval of
+   the mean log ratio and the median's own order-statistic interval, every pair's figures, and
+   ``holdout_error``. Target: medians within 0.85-1.15, holdout error < 0.15.
 
-    python bench/sim_fidelity.py            # about 5 minutes on 2 cores
-    python bench/sim_fidelity.py --quick    # a smoke run (~1 minute): small sizes, one round
+Why pairs: on this VM a real offline ``baseline`` run varied 42-59 req/s between runs minutes apart
+(another tenant, steal), so medians of separate arms moved about 10% run to run; a ratio of two
+runs seconds apart carries much less of that drift.
+
+    python bench/sim_fidelity.py              # at most 24 minutes on 2 cores (--minutes)
+    python bench/sim_fidelity.py --quick      # a smoke run (a few minutes): small sizes, two rounds
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
 
 from common import QUICK_RESULTS, RESULTS, write
 
 from tuning import preset
+from tuning.base.decide import Paired, quantile_interval
 from tuning.experiments.sweeps import run_batch_sweep
 from tuning.inputs.readers import read_lines
 from tuning.load.generator import run_load
@@ -33,6 +43,23 @@ from tuning.sim.profiles import DeviceProfile
 from tuning.sim.standin import IntraOpBurner
 
 TARGET = (0.85, 1.15)
+MEASURES = ("offline_baseline", "serving_baseline", "offline_tuned", "serving_tuned")
+LEVEL = 0.95  # the intervals' two-sided coverage
+HALF_WIDTH = 0.05  # stop once every measure's interval is within +-5% of its ratio
+
+
+def ratio_summary(d: list[float]) -> dict:
+    """Paired log ratios ``d`` -> the median ratio, a t interval of the mean log ratio (with its relative
+    half-width) and the median's distribution-free interval (None where the pairs cannot bound it)."""
+    ratios = [math.exp(x) for x in d]
+    p = Paired(level=LEVEL, min_pairs=2, max_pairs=max(2, len(d)))
+    p.d = list(d)
+    mean, low, high = p.interval()
+    ok = len(d) >= 2
+    m_low, m_high = quantile_interval(ratios, q=0.5, level=LEVEL)
+    return {"median": statistics.median(ratios), "mean": mean, "low": low if ok else None,
+            "high": high if ok else None, "half_width": max(high / mean - 1, 1 - low / mean) if ok else None,
+            "median_low": m_low, "median_high": m_high, "pairs": len(d)}
 
 
 def sweep_points(sizes, lengths, dtypes, repeats, rounds) -> list[Point]:
@@ -46,12 +73,11 @@ def sweep_points(sizes, lengths, dtypes, repeats, rounds) -> list[Point]:
     return points
 
 
-def offline(knobs, limit: int, model: ModelProfile, fitted: DeviceProfile) -> tuple[float, float]:
+def offline(pipe: Pipeline, limit: int, model: ModelProfile, fitted: DeviceProfile) -> tuple[float, float]:
     """Throughput, and the median over model calls of the call's measured time over the fitted
     profile's prediction for its shape: the device-time term checked in place (real masks, real
     neighbours on the cores), where the sweep measured it in isolation."""
-    pipe = Pipeline(knobs)
-    pipe.warmup()
+    knobs = pipe.knobs
     result = pipe.run(limit=limit, keep_embeddings=False)
     dtype = "tf32" if knobs.tf32 and knobs.dtype == "fp32" else knobs.dtype
     over = [(b.t_infer_end - b.t_infer_start) / predict(model, fitted, b.ok, b.padded_length, dtype, knobs.graph).call_s
@@ -69,12 +95,14 @@ def serving(knobs, inputs, seconds: float, concurrency: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--minutes", type=float, default=24.0, help="the run's time budget (default 24)")
+    parser.add_argument("--window", type=float, default=8.0, help="seconds of each serving run (default 8)")
     args = parser.parse_args()
     q = args.quick
+    min_rounds = 2 if q else 6
     sizes = (1, 2, 4, 8) if q else (1, 2, 4, 8, 16)
     lengths = (16, 64) if q else (16, 64, 160)
     holdout_shapes = ((3, 32), (12, 96)) if not q else ((3, 32),)
-    rounds = 1 if q else 2
     t_start = time.time()
     model = embedded_model_profile()
 
@@ -94,7 +122,7 @@ def main() -> None:
     holdout_error = prediction_error(model, fitted, holdout)
     print(f"   fitted {describe(fitted)}; fit error {fit_error:.1%}, holdout error {holdout_error:.1%}")
 
-    print("2. baseline and tuned, real CPU vs simulated CPU, interleaved")
+    print("2. baseline and tuned, real CPU vs simulated CPU, in interleaved pairs")
     # the stand-in's unit of work, measured once here on the quiet machine (not during a pipeline's warm-up)
     units = IntraOpBurner().measure_all()
     print("   stand-in work units (rows: idle us): " + ", ".join(f"{r}: {s * 1e6:.0f}" for r, s in units.items()))
@@ -102,45 +130,84 @@ def main() -> None:
     sim = {"device": "sim", "sim_profile": str(profile_path)}
     configs = {"baseline": preset("baseline", device="cpu"), "tuned": preset("tuned", device="cpu")}
     limits = {"baseline": 120 if q else 400, "tuned": 400 if q else 1200}
-    rows: dict[str, dict[str, list]] = {}
-    calls: dict[str, dict[str, list[float]]] = {}
-    for round_ in range(rounds):
-        for name, knobs in configs.items():
-            for mode in (("real", "sim", "sim", "real") if not q else ("real", "sim")):
-                k = knobs if mode == "real" else knobs.replace(**sim)
-                rps, over = offline(k, limits[name], model, fitted)
-                rows.setdefault(f"offline_{name}", {}).setdefault(mode, []).append(rps)
-                calls.setdefault(name, {}).setdefault(mode, []).append(over)
-                rows.setdefault(f"serving_{name}", {}).setdefault(mode, []).append(
-                    serving(k, inputs, 4.0 if q else 8.0, 16))
-                print(f"   round {round_ + 1} {name} {mode}: offline {rows[f'offline_{name}'][mode][-1]:.1f} req/s, "
-                      f"serving {rows[f'serving_{name}'][mode][-1]['qps']:.1f} QPS; model call / predicted "
-                      f"{calls[name][mode][-1]:.2f}")
-    ratios, detail = {}, {}
-    for key, modes in rows.items():
-        real = [v if isinstance(v, float) else v["qps"] for v in modes["real"]]
-        simv = [v if isinstance(v, float) else v["qps"] for v in modes["sim"]]
-        ratios[key] = statistics.median(simv) / statistics.median(real)
-        detail[key] = {"real": modes["real"], "sim": modes["sim"], "real_median": statistics.median(real),
-                       "sim_median": statistics.median(simv)}
-    within = {k: TARGET[0] <= v <= TARGET[1] for k, v in ratios.items()}
+    arms = {(name, mode): knobs if mode == "real" else knobs.replace(**sim)
+            for name, knobs in configs.items() for mode in ("real", "sim")}
+    pipelines = {key: Pipeline(k) for key, k in arms.items()}  # built and warmed once, replayed every round
+    for pipe in pipelines.values():
+        pipe.warmup()
+    seconds = 4.0 if q else args.window
+
+    def measure(measure_name: str, mode: str) -> tuple[float, dict]:
+        kind, name = measure_name.split("_", 1)
+        if kind == "offline":
+            rps, over = offline(pipelines[(name, mode)], limits[name], model, fitted)
+            return rps, {"qps": rps, "model_call_over_predicted": over}
+        s = serving(arms[(name, mode)], inputs, seconds, 16)
+        return s["qps"], s
+
+    pairs = {m: Paired(level=LEVEL, min_pairs=2, max_pairs=10_000) for m in MEASURES}
+    runs: dict[str, list[dict]] = {m: [] for m in MEASURES}
+    budget_s = args.minutes * 60
+    round_s: list[float] = []
+    stop = "round cap"
+    for round_ in range(10_000):
+        t_round = time.time()
+        for m in (MEASURES if round_ % 2 == 0 else MEASURES[::-1]):
+            got: dict[str, tuple[float, dict]] = {}
+            for arm in Paired.order(len(pairs[m].d)):  # A (real) and B (sim) in ABBA order across rounds
+                mode = "real" if arm == "A" else "sim"
+                got[mode] = measure(m, mode)
+            pairs[m].add(got["real"][0], got["sim"][0])
+            runs[m].append({"real": got["real"][1], "sim": got["sim"][1], "ratio": got["sim"][0] / got["real"][0]})
+        round_s.append(time.time() - t_round)
+        summary = {m: ratio_summary(pairs[m].d) for m in MEASURES}
+        print(f"   round {round_ + 1} ({round_s[-1]:.0f} s): " + "; ".join(
+            f"{m} {r['median']:.3f} (t {r['low']:.3f}-{r['high']:.3f})" if r["low"] is not None
+            else f"{m} {r['median']:.3f}" for m, r in summary.items()), flush=True)
+        rounds_done = round_ + 1
+        precise = rounds_done >= min_rounds and all(
+            r["half_width"] is not None and r["half_width"] <= HALF_WIDTH for r in summary.values())
+        if precise or (q and rounds_done >= min_rounds):
+            stop = "every interval within the half-width" if precise else "quick"
+            break
+        if time.time() - t_start + max(round_s) > budget_s:  # another round would overrun the budget
+            stop = f"budget of {args.minutes:g} minutes"
+            break
+    ratios = {m: r["median"] for m, r in summary.items()}
+    within = {m: TARGET[0] <= r["median"] <= TARGET[1] for m, r in summary.items()}
+    interval_within = {m: r["low"] is not None and TARGET[0] <= r["low"] and r["high"] <= TARGET[1]
+                       for m, r in summary.items()}
+
     # the device-time term in place: a real call over its prediction, the stand-in's over the same prediction;
     # their quotient is how far the stand-in's calls run ahead of (<1: behind) the real ones in the pipeline
-    call_terms = {name: {"real_call_over_predicted": statistics.median(m["real"]),
-                         "sim_call_over_predicted": statistics.median(m["sim"]),
-                         "sim_call_over_real_call": statistics.median(m["sim"]) / statistics.median(m["real"])}
-                  for name, m in calls.items()}
+    def call_term(name: str, mode: str) -> float:
+        return statistics.median(r[mode]["model_call_over_predicted"] for r in runs[f"offline_{name}"])
+    call_terms = {name: {"real_call_over_predicted": call_term(name, "real"),
+                         "sim_call_over_predicted": call_term(name, "sim"),
+                         "sim_call_over_real_call": call_term(name, "sim") / call_term(name, "real")}
+                  for name in configs}
     payload = {
         "what": "sim/real throughput on this CPU: the stand-in with a profile fitted to this CPU vs the real model",
-        "ratios": ratios, "holdout_error": holdout_error, "fit_error": fit_error, "model_call_terms": call_terms,
-        "target": {"ratio": TARGET, "holdout_error": 0.15}, "within_target": within,
+        "method": (f"interleaved pairs (real, sim in ABBA order across rounds; the measures' order reversed on odd "
+                   f"rounds); per pair the ratio sim/real; the figure is the median of the paired ratios, the interval "
+                   f"a {LEVEL:.0%} t interval of the mean log ratio (its half-width decides when to stop: at most "
+                   f"{HALF_WIDTH:.0%} on every measure after at least {min_rounds} rounds, or the time budget) and "
+                   f"the median's own distribution-free {LEVEL:.0%} interval from order statistics"),
+        "ratios": ratios, "ratio_intervals": summary, "rounds": rounds_done, "stopped_by": stop,
+        "holdout_error": holdout_error, "fit_error": fit_error, "model_call_terms": call_terms,
+        "target": {"ratio": TARGET, "holdout_error": 0.15, "half_width": HALF_WIDTH},
+        "within_target": within, "interval_within_target": interval_within,
         "fitted_profile": describe(fitted), "profile_path": str(profile_path),
         "calibration_points": [p.__dict__ for p in points], "holdout_points": [p.__dict__ for p in holdout],
-        "runs": detail, "seconds": time.time() - t_start,
+        "runs": runs, "round_seconds": round_s, "seconds": time.time() - t_start,
     }
-    for key, value in ratios.items():
-        print(f"{key:18s} sim/real {value:.3f} {'ok' if within[key] else 'OUTSIDE 0.85-1.15'}")
+    for m, r in summary.items():
+        t = f"t {r['low']:.3f}-{r['high']:.3f}" if r["low"] is not None else "no interval"
+        print(f"{m:18s} sim/real {r['median']:.3f} ({t}, +-{r['half_width'] or math.nan:.1%}; "
+              f"median's own {r['median_low'] or math.nan:.3f}-{r['median_high'] or math.nan:.3f}) "
+              f"{'ok' if within[m] else 'OUTSIDE 0.85-1.15'}")
     print(f"holdout_error      {holdout_error:.3f} {'ok' if holdout_error < 0.15 else 'OVER 0.15'}")
+    print(f"{rounds_done} rounds, stopped by {stop}, {time.time() - t_start:.0f} s")
     for name, terms in call_terms.items():
         print(f"{name} model call / predicted: real {terms['real_call_over_predicted']:.2f}, "
               f"sim {terms['sim_call_over_predicted']:.2f} (sim/real call {terms['sim_call_over_real_call']:.2f})")
