@@ -194,3 +194,13 @@ def test_merged_percentiles_are_over_the_union_not_averaged():
     assert m.submitted == 100 and m.concurrency == 4
     assert m.latency()["p50"] == pytest.approx(1.0, abs=0.01)  # averaging the two p50s would say 50.5 ms
     assert m.qps == pytest.approx(100.0)
+
+
+def test_merged_in_flight_is_the_sum_of_each_process_count():
+    """Two processes with 3 and 5 in flight: 8 at once, not a saw between 3 and 5 (the series interleaved)."""
+    from tuning.load.procs import summed_inflight
+
+    a = [(1.0, 1), (2.0, 3), (5.0, 2)]
+    b = [(1.5, 5), (4.0, 0)]
+    assert summed_inflight([a, b]) == [(1.0, 1), (1.5, 6), (2.0, 8), (4.0, 3), (5.0, 2)]
+    assert summed_inflight([]) == [] and summed_inflight([a]) == a

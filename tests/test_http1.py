@@ -222,10 +222,11 @@ def test_a_path_this_client_cannot_write_goes_through_aiohttp(server):
     assert _outcomes(result) == ["error"] * 2 and result.responses[0].reason == "HTTP 404: no route."
 
 
-def test_the_api_timeout_ends_a_stalled_request_as_one_error(server):
+def test_the_api_timeout_ends_a_stalled_request_as_one_timeout(server):
+    """A stalled answer is a timeout, not a connection error (counted as a timeout in the summary)."""
     api = Api("tei", timeout_s=0.3)
     result = run_load(server.url("/stall"), BODIES, concurrency=2, requests=4, api=api)
-    assert _outcomes(result) == ["error"] * 4
+    assert _outcomes(result) == ["timeout"] * 4 and result.summary()["timeouts"] == 4
     assert all("TimeoutError: no whole answer within 0.3 s" in r.reason for r in result.responses)
     latencies = result.latencies_ms()
     assert all(290 <= ms < 1500 for ms in latencies), latencies  # at most a tick (1/20 of it) late

@@ -240,6 +240,7 @@ def test_ctrl_c_keeps_what_was_measured_and_resume_measures_only_the_rest(tmp_pa
     (("--target-p99-ms", "50"), "--target-p99-ms: that run had 100.0, this one 50.0"),
     (("--url", "http://127.0.0.1:{port}/other"), "--url"),
     (("--body", '{"text": "{text}"}'), "the API"),
+    (("--limit", "4"), "the requests (--data, --limit, the text field): that run sent 5"),  # other texts
 ])
 def test_resume_refuses_a_run_with_other_settings_and_names_the_difference(tmp_path, monkeypatch, change, named):
     from tuning.experiments import tune

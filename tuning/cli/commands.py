@@ -718,10 +718,10 @@ def _add_tune_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=None, help="write tune.json and tune.html (the table and the charts) "
                    "here, rewritten after every configuration")
     p.add_argument("--resume", type=Path, default=None, metavar="DIR",
-                   help="go on from an earlier run's DIR/tune.json (same --cmd, --space, --url, API, target and "
-                        "--quick): its configurations are kept, the rest measured, and those that ended in an error "
-                        "there (the server never came up, or crashed) measured again; writes there unless --out "
-                        "is given")
+                   help="go on from an earlier run's DIR/tune.json (same --cmd, --space, --url, API, target, "
+                        "--quick and requests): its configurations are kept, the rest measured, and those that ended "
+                        "in an error there (the server never came up, or crashed) measured again; writes there unless "
+                        "--out is given")
     _add_api_flags(p)
     p.add_argument("--json", action="store_true", help="print only the JSON summary")
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import itertools
 import json
 import math
@@ -253,6 +254,7 @@ class TuneResult:
     api: dict[str, Any] | None = None
     quick: bool | None = None  # ``--quick``'s short windows (TuneSettings.quick)
     windows: dict[str, Any] | None = None  # TuneSettings.windows(): what the capacities were measured with
+    requests: dict[str, Any] | None = None  # requests_block(bodies): how many were sent and their digest
     resumed: int = 0  # configurations taken from the earlier run, not measured again
     retried: int = 0  # configurations that ended in an error in the earlier run, measured again
 
@@ -275,7 +277,7 @@ class TuneResult:
         best = self.best
         return {"command": "tune", "search": self.search, "space": self.space, "target_p99_ms": self.target_p99_ms,
                 "cmd": self.cmd, "url": self.url, "api": self.api, "quick": self.quick, "windows": self.windows,
-                "configurations": len(self.rows), "resumed": self.resumed, "retried": self.retried,
+                "requests": self.requests, "configurations": len(self.rows), "resumed": self.resumed, "retried": self.retried,
                 "interrupted": self.interrupted,
                 "best": best.row() if best else None, "target_met": best is not None,
                 "confirmation": ({**self.confirmation.to_dict(self.target_p99_ms), "note": self.confirmation.note}
@@ -323,11 +325,23 @@ def _quick_text(quick: Any) -> str:
     return "--quick" if quick else "no --quick"
 
 
+def requests_block(bodies: Sequence[Any]) -> dict[str, Any]:
+    """How many requests a run sends and a SHA-256 of them in order (``--data``, ``--limit`` and the text field
+    decide them; another set of texts moves every capacity)."""
+    digest = hashlib.sha256()
+    for body in bodies:
+        digest.update(body if isinstance(body, bytes) else json.dumps(body, sort_keys=True, default=str).encode())
+        digest.update(b"\n")
+    return {"count": len(bodies), "sha256": digest.hexdigest()[:16]}
+
+
 def check_resumable(previous: dict[str, Any], cmd: str, space: dict[str, list[str]], url: str, api: Any,
-                    target_p99_ms: float, settings: TuneSettings | None = None) -> None:
+                    target_p99_ms: float, settings: TuneSettings | None = None,
+                    bodies: Sequence[Any] | None = None) -> None:
     """Raise ValueError naming every setting in which this run differs from ``previous`` (a loaded tune.json):
-    a configuration measured under another command, space, URL, API, target or load windows (``--quick``, and
-    ``settings.windows()``) is not this run's. ``settings``: this run's (default ``TuneSettings()``)."""
+    a configuration measured under another command, space, URL, API, target, load windows (``--quick``, and
+    ``settings.windows()``) or requests (``bodies``: ``--data``, ``--limit``, the text field) is not this run's.
+    ``settings``: this run's (default ``TuneSettings()``)."""
     settings = settings if settings is not None else TuneSettings()
     if previous.get("cmd") is None:
         raise ValueError("cannot resume: that tune.json does not record its --cmd (written by an older version); "
@@ -355,6 +369,13 @@ def check_resumable(previous: dict[str, Any], cmd: str, space: dict[str, list[st
                       f"(other load windows: the capacities are not comparable; {fix} to go on from it)")
     elif json.loads(json.dumps(settings.windows())) != previous["windows"]:
         differ.append(f"the load windows: that run had {previous['windows']}, this one {settings.windows()}")
+    if bodies is not None:
+        then, now = previous.get("requests"), requests_block(bodies)
+        if then is None:
+            differ.append("the requests: that tune.json does not record which it sent (written by an older version)")
+        elif then != now:
+            differ.append(f"the requests (--data, --limit, the text field): that run sent {then['count']} "
+                          f"(digest {then['sha256']}), this one {now['count']} (digest {now['sha256']})")
     if differ:
         raise ValueError("cannot resume: this run's settings differ from that run's: " + "; ".join(differ)
                          + ". Give the same settings, or run without --resume (a new --out)")
@@ -425,10 +446,10 @@ def run_tune(cmd: str, space: dict[str, list[str]], url: str, bodies: Sequence[A
     combos = [dict(zip(names, vals)) for vals in itertools.product(*space.values())]
     search = "exhaustive" if len(combos) <= EXHAUSTIVE_MAX else "coordinate descent, then the best's neighbours"
     result = TuneResult(space, [], search, target_p99_ms, cmd=cmd, url=url, api=api_block(api), quick=settings.quick_mode,
-                        windows=settings.windows())
+                        windows=settings.windows(), requests=requests_block(bodies))
     done: dict[tuple, TuneRow] = {}
     if resume is not None:
-        check_resumable(resume, cmd, space, url, api, target_p99_ms, settings)
+        check_resumable(resume, cmd, space, url, api, target_p99_ms, settings, bodies)
         for row in restore_rows(resume, names):
             key = tuple(row.values[n] for n in names)
             if key in done:

@@ -100,6 +100,15 @@ def http_response(rid: int, status: int | None, payload: Any, t0: float, t1: flo
                     **{f"{s}_ms": float(stages.get(s, 0.0)) for s in SERVE_STAGES})
 
 
+def transport_failure(rid: int, exc: BaseException, t0: float, t1: float) -> Response:
+    """A request that got no HTTP answer: a ``timeout`` when the client's per-request timeout ran out (asyncio's
+    and aiohttp's timeouts are ``TimeoutError``s), else an ``error`` naming the failure (refused, reset, not HTTP)."""
+    text = f"{type(exc).__name__}: {str(exc) or type(exc).__name__}"
+    if isinstance(exc, TimeoutError):
+        return Response(rid, "timeout", f"no answer within the request timeout ({text})", t_submit=t0, t_done=t1)
+    return http_response(rid, None, {}, t0, t1, text)
+
+
 class AsyncHttpClient:
     """``POST`` request bodies to ``url`` over a keep-alive pool of at most ``connections`` connections.
     Use inside the event loop that runs it: ``async with AsyncHttpClient(...) as c: await c(raw)``.
@@ -158,7 +167,7 @@ class AsyncHttpClient:
             try:
                 status, data, headers = await self.pool.post(body)
             except Exception as exc:  # refused, reset, timed out, not HTTP: this request's one outcome
-                return http_response(rid, None, {}, t0, self.clock(), f"{type(exc).__name__}: {str(exc) or type(exc).__name__}")
+                return transport_failure(rid, exc, t0, self.clock())
             if status not in http1.REDIRECTS:
                 return http_response(rid, status, None, t0, self.clock(), api=self.api, data=data, headers=headers)
             if self.session is None:  # a redirect: aiohttp follows it, as it always did
@@ -169,8 +178,7 @@ class AsyncHttpClient:
                 status, headers = resp.status, resp.headers
             return http_response(rid, status, None, t0, self.clock(), api=self.api, data=data, headers=headers)
         except Exception as exc:  # refused, reset, timed out, protocol error: this request's one outcome
-            text = str(exc) or type(exc).__name__
-            return http_response(rid, None, {}, t0, self.clock(), f"{type(exc).__name__}: {text}")
+            return transport_failure(rid, exc, t0, self.clock())
 
 
 class HttpTarget:

@@ -76,6 +76,19 @@ def reap(procs: Sequence[subprocess.Popen], timeout_s: float) -> None:
             proc.wait()
 
 
+def summed_inflight(series: Sequence[Sequence[tuple[float, int]]]) -> list[tuple[float, int]]:
+    """The requests in flight over all processes: at every change in one process's series, the sum of each
+    process's latest count (each series is a step function of its own; interleaving them would chart a saw
+    between one process's count and another's)."""
+    events = sorted((t, i, n) for i, s in enumerate(series) for t, n in s)
+    latest = [0] * len(series)
+    out = []
+    for t, i, n in events:
+        latest[i] = n
+        out.append((t, sum(latest)))
+    return out
+
+
 def merge(results: Sequence[LoadResult]) -> LoadResult:
     """One result from several processes' results of the same test: every response and its timings kept,
     the window from the earliest start to the latest end, clients, rates and client CPU summed; the busy
@@ -85,7 +98,8 @@ def merge(results: Sequence[LoadResult]) -> LoadResult:
     merged = LoadResult(first.mode, sum(r.concurrency for r in results), rate,
                         [resp for r in results for resp in r.responses],
                         min(r.t_window_start for r in results), max(r.t_end for r in results),
-                        sorted(p for r in results for p in r.inflight), warmup_requests=sum(r.warmup_requests for r in results))
+                        summed_inflight([r.inflight for r in results]),
+                        warmup_requests=sum(r.warmup_requests for r in results))
     merged.timings = [t for r in results for t in r.timings]
     merged.ok_in_window = sum(r.ok_in_window or 0 for r in results)
     merged.cooldown_requests = sum(r.cooldown_requests for r in results)
