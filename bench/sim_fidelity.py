@@ -1,7 +1,8 @@
 """How far can the simulated accelerator be trusted? Simulate this CPU and compare with the real CPU.
 
 1. Calibrate a device profile for this CPU from a batch sweep of the real model (fp32 and bf16,
-   several lengths), and measure the fit's error on shapes left out of the calibration grid.
+   several lengths), and measure the fit's error on shapes left out of the calibration grid; every
+   shape, held-out ones too, is timed in ``--sweep-passes`` interleaved passes and takes their median.
 2. Run ``baseline`` and ``tuned`` offline and under fixed-concurrency serving, on the real CPU and
    on ``device=sim`` with that fitted profile, in interleaved pairs: per round, each of the four
    measures runs one real and one simulated arm (ABBA across rounds, the measures' order reversed
@@ -62,14 +63,26 @@ def ratio_summary(d: list[float]) -> dict:
             "median_low": m_low, "median_high": m_high, "pairs": len(d)}
 
 
-def sweep_points(sizes, lengths, dtypes, repeats, rounds) -> list[Point]:
-    points = []
-    for dtype in dtypes:
-        for length in lengths:
-            result = run_batch_sweep(preset("baseline", device="cpu", dtype=dtype), sizes, length, repeats, rounds=rounds)
-            points += [Point(int(r["batch_size"]), length, dtype, "eager", float(r["per_batch_ms"]))
-                       for r in result.rows if r.get("status") == "ok"]
-            print(f"  swept {dtype} length {length}: " + ", ".join(f"{p.batch}:{p.ms:.1f}ms" for p in points[-len(sizes):]))
+def sweep_points(shapes: dict[tuple[str, int], tuple[int, ...]], repeats: int, rounds: int) -> list[Point]:
+    """Per (dtype, length) the batch sizes to time: ``rounds`` passes over all of them, interleaved (the
+    shapes' order reversed on odd passes), each point the median of its passes. A single pass per shape, as
+    before, moved 20-40% between runs on this VM (bf16 8x64: 72.9 then 44.1 ms), and the fit with it."""
+    from tuning.runtime.engine import Engine
+
+    engines = {dtype: Engine(preset("baseline", device="cpu", dtype=dtype)) for dtype, _ in shapes}
+    times: dict[tuple[str, int, int], list[float]] = {}
+    order = list(shapes)
+    for r in range(rounds):
+        for dtype, length in (order if r % 2 == 0 else order[::-1]):
+            result = run_batch_sweep(engines[dtype].knobs, shapes[(dtype, length)], length, repeats,
+                                     engine=engines[dtype], rounds=1)
+            for row in result.rows:
+                if row.get("status") == "ok":
+                    times.setdefault((dtype, length, int(row["batch_size"])), []).append(float(row["per_batch_ms"]))
+    points = [Point(batch, length, dtype, "eager", statistics.median(ms)) for (dtype, length, batch), ms in times.items()]
+    for dtype, length in order:
+        print(f"  swept {dtype} length {length} ({rounds} passes): " + ", ".join(
+            f"{p.batch}:{p.ms:.1f}ms" for p in points if p.dtype == dtype and p.length == length))
     return points
 
 
@@ -97,6 +110,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--minutes", type=float, default=24.0, help="the run's time budget (default 24)")
     parser.add_argument("--window", type=float, default=8.0, help="seconds of each serving run (default 8)")
+    parser.add_argument("--sweep-passes", type=int, default=5,
+                        help="interleaved passes of the calibration sweep, each point their median (default 5)")
     args = parser.parse_args()
     q = args.quick
     min_rounds = 2 if q else 6
@@ -107,18 +122,18 @@ def main() -> None:
     model = embedded_model_profile()
 
     print("1. calibrating a device profile for this CPU from a batch sweep of the real model")
-    points = sweep_points(sizes, lengths, ("fp32", "bf16"), repeats=2 if q else 3, rounds=1 if q else 2)
+    passes = 1 if q else args.sweep_passes
+    grid = {(dtype, length): sizes for dtype in ("fp32", "bf16") for length in lengths}
+    held = {(dtype, length): (batch,) for dtype in ("fp32", "bf16") for batch, length in holdout_shapes}
+    measured = sweep_points({**grid, **held}, repeats=2 if q else 3, rounds=passes)
+    held_keys = {(dtype, length, batch) for (dtype, length), (batch,) in held.items()}
+    points = [p for p in measured if (p.dtype, p.length, p.batch) not in held_keys]
+    holdout = [p for p in measured if (p.dtype, p.length, p.batch) in held_keys]
     fitted, fit_error = calibrate(points, model, "cpu", "this-cpu-fitted")
     folder = QUICK_RESULTS if q else RESULTS
     profile_path = folder / "this-cpu-fitted.json"
     folder.mkdir(parents=True, exist_ok=True)
     fitted.to_json(profile_path)
-    holdout = []
-    for dtype in ("fp32", "bf16"):
-        for batch, length in holdout_shapes:
-            r = run_batch_sweep(preset("baseline", device="cpu", dtype=dtype), [batch], length, 3, rounds=1)
-            holdout += [Point(batch, length, dtype, "eager", float(row["per_batch_ms"]))
-                        for row in r.rows if row.get("status") == "ok"]
     holdout_error = prediction_error(model, fitted, holdout)
     print(f"   fitted {describe(fitted)}; fit error {fit_error:.1%}, holdout error {holdout_error:.1%}")
 
