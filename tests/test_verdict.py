@@ -624,6 +624,7 @@ def test_a_step_faster_past_the_reference_capacity_where_both_miss_the_target_is
         step = ladder.step("tokenizer")
         assert step.status == "kept" and step.figures["race_verdict"] == "candidate faster", step.reason
         assert "(fail by" in step.figures["race_candidate"] and step.figures["race_low"] > 1.05
+        assert step.figures["race_level"] == 0.99 and "at 99%" in step.reason, step.reason
         assert ladder.capacity.capacity > ladder.baseline_capacity.capacity
 
 
@@ -735,12 +736,14 @@ def test_a_step_not_told_apart_says_how_many_pairs_its_spread_would_need():
         p.add(a, b)
     ratio, _, high = p.interval()
     assert spread_of(ratio, high, p.pairs, p.level) == pytest.approx(float(np.std(p.d, ddof=1)))
-    assert pairs_to_tell(0.3357, 0.05, 0.998) == 453 and math.isnan(spread_of(1.0, math.nan, 1, 0.99))
+    assert pairs_to_tell(0.3357, 0.05, 0.998) == 458 and math.isnan(spread_of(1.0, math.nan, 1, 0.99))
+    assert pairs_to_tell(0.03, 0.05, 0.998) == 9  # t, not z (z says 4, where a cap of 6 did not decide)
+    assert math.isnan(pairs_to_tell(0.3, 0.0, 0.99)) and math.isnan(pairs_to_tell(0.0, 0.05, 0.99))
     ladder = _ladder(SmoothStub(noise=0.4, seed=3), steps=("tokenizer",), target_p99_ms=200.0)
     step = ladder.step("tokenizer")
     assert step.figures["verdict"] == "not distinguishable", step.reason
     assert step.figures["pair_sd"] > 0.1 and step.figures["pairs_needed"] > 6
     assert f"needs about {step.figures['pairs_needed']:,.0f} pairs" in step.reason, step.reason
     why = ladder.why_unchanged()
-    assert why.startswith("nothing kept: 1 of 1 steps not told apart") and "at most 6 here" in why, why
+    assert why.startswith("nothing kept: 1 of 1 steps decided were not told apart") and "at most 6 here" in why, why
     assert ladder.summary()["why_unchanged"] == why

@@ -173,15 +173,20 @@ def spread_of(ratio: float, high: float, pairs: int, level: float) -> float:
     return math.log(high / ratio) * math.sqrt(pairs) / t
 
 
-def pairs_to_tell(sd: float, min_effect: float, level: float) -> float:
-    """About how many pairs an interval at ``level`` needs to be as narrow as the minimum effect, at a per-pair
-    SD ``sd`` of the log figure: ``(z * sd / log(1 + min_effect)) ** 2`` (a normal quantile; the t interval
-    needs a few more). It tells a reader why a step was "not distinguishable": 3 pairs at a 34% SD and a 5%
-    effect at 99.8% need about 450."""
-    if not math.isfinite(sd) or min_effect <= 0:
+def pairs_to_tell(sd: float, min_effect: float, level: float, cap: int = 100_000) -> float:
+    """The fewest pairs whose t interval at ``level`` is no wider on each side than the minimum effect, at a
+    per-pair SD ``sd`` of the log figure: the smallest ``n`` with ``t(n - 1) * sd / sqrt(n) <= log(1 + min_effect)``
+    (NaN for no spread or no effect; ``cap`` when even that many would not do). That many pairs tell a true
+    effect of twice the bar, or none, from the bar; one nearer the bar needs more. It tells a reader why a step
+    was "not distinguishable": 3 pairs at a 34% SD and a 5% bar at 99.8% need about 450."""
+    if not math.isfinite(sd) or sd <= 0 or min_effect <= 0:
         return math.nan
+    bar = math.log1p(min_effect)
     z = float(stats.norm.ppf(1 - (1 - level) / 2))
-    return math.ceil((z * sd / math.log(1 + min_effect)) ** 2)
+    n = max(2, math.ceil((z * sd / bar) ** 2))  # the normal answer: a lower bound of the t one
+    while n < cap and float(stats.t.ppf(1 - (1 - level) / 2, n - 1)) * sd / math.sqrt(n) > bar:
+        n += 1
+    return float(min(n, cap))
 
 
 def _floor(x: float) -> float:

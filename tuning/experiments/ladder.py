@@ -388,22 +388,22 @@ class LadderResult:
         return _changes(self.recommended)
 
     def why_unchanged(self) -> str | None:
-        """When nothing was kept because the comparisons could not tell: how noisy their pairs were, how many pairs
+        """When no step was kept and some could not be told apart: how noisy their pairs were, how many pairs
         that noise would need, and the steal during them (None when a step was kept or none was undecided)."""
-        if self.changes():
+        if any(s.status == "kept" for s in self.steps):
             return None
         undecided = [s for s in self.steps if s.figures.get("verdict") == "not distinguishable"]
         sds = [s.figures["pair_sd"] for s in undecided if isinstance(s.figures.get("pair_sd"), (int, float))]
-        if not sds:
-            return None
         needed = [s.figures["pairs_needed"] for s in undecided if isinstance(s.figures.get("pairs_needed"), (int, float))]
+        if not sds or not needed:
+            return None
+        decided = [s for s in self.steps if s.status in ("kept", "not kept")]
         ids = {i for s in undecided for i in s.experiments}
         steal = known_median([t.steal_share for e in self.experiments if e.id in ids for t in e.trials])
         said = f"; steal {100 * steal:.0f}% of the CPU during them" if math.isfinite(steal) else ""
-        return (f"nothing kept: {len(undecided)} of {len([s for s in self.steps if s.status != 'baseline'])} steps not "
-                f"told apart; their pairs' median SD {float(np.median(sds)):.0%} per pair needs about "
-                f"{float(np.median(needed)):,.0f} pairs to tell {self.settings.min_effect:.0%} "
-                f"(at most {self.settings.max_pairs} here){said}")
+        return (f"nothing kept: {len(undecided)} of {len(decided)} steps decided were not told apart; their pairs' "
+                f"median SD {float(np.median(sds)):.0%} per pair needs about {float(np.median(needed)):,.0f} pairs "
+                f"for a {self.settings.min_effect:.0%} bar (at most {self.settings.max_pairs} here){said}")
 
     def set_line(self) -> str:
         """``--preset baseline --set k=v ...``: paste after ``python -m tuning serve`` (or run/loadtest)."""
@@ -683,8 +683,8 @@ class Ladder:
             cut = ("the cap" if cmp.pairs >= s.max_pairs else
                    f"stopped: {s.max_pairs} pairs at this spread would still straddle it")
             if math.isfinite(cmp.pairs_needed):  # why: the spread against the effect, in pairs
-                cut += (f"; at {cmp.pair_sd:.0%} SD per pair, telling {s.min_effect:.0%} needs about "
-                        f"{cmp.pairs_needed:,.0f} pairs")
+                cut += (f"; at {cmp.pair_sd:.0%} SD per pair, an interval as narrow as the {s.min_effect:.0%} bar "
+                        f"needs about {cmp.pairs_needed:,.0f} pairs")
             status, reason = "not kept", f"not distinguishable: {interval}{at} ({cut}) straddles {bar}"
         race = None
         if (self.target_mode and status == "not kept" and meets and cap.met
@@ -714,8 +714,10 @@ class Ladder:
             told = (f"at {race_rate:.1f} req/s, past the reference's capacity, after {race.pairs} pairs: candidate "
                     f"{figures['race_candidate']} over {self.target:.0f} ms, reference {figures['race_reference']}")
             if math.isfinite(race.ratio):
-                figures.update(race_ratio=rounded(race.ratio), race_low=rounded(race.low), race_high=rounded(race.high))
-                told += f"; latency ratio there {race.ratio:.2f} [{race.low:.2f}-{race.high:.2f}]"
+                figures.update(race_ratio=rounded(race.ratio), race_low=rounded(race.low), race_high=rounded(race.high),
+                               race_level=s.race_level)  # the gate's level, not the step's (``level``)
+                told += (f"; latency ratio there {race.ratio:.2f} [{race.low:.2f}-{race.high:.2f}] at "
+                         f"{100 * s.race_level:g}%")
             if race.verdict == "candidate":
                 status, reason = "kept", f"{reason}; but {told}: it meets the target where the reference does not"
                 meets = figures["meets_target"] = True

@@ -104,8 +104,8 @@ def transport_failure(rid: int, exc: BaseException, t0: float, t1: float) -> Res
     """A request that got no HTTP answer: a ``timeout`` when the client's per-request timeout ran out (asyncio's
     and aiohttp's timeouts are ``TimeoutError``s), else an ``error`` naming the failure (refused, reset, not HTTP)."""
     text = f"{type(exc).__name__}: {str(exc) or type(exc).__name__}"
-    if isinstance(exc, TimeoutError):
-        return Response(rid, "timeout", f"no answer within the request timeout ({text})", t_submit=t0, t_done=t1)
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):  # distinct classes before Python 3.11
+        return Response(rid, "timeout", f"timed out: {text}", t_submit=t0, t_done=t1)
     return http_response(rid, None, {}, t0, t1, text)
 
 
