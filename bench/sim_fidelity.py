@@ -50,16 +50,17 @@ HALF_WIDTH = 0.05  # stop once every measure's interval is within +-5% of its ra
 
 
 def ratio_summary(d: list[float]) -> dict:
-    """Paired log ratios ``d`` -> the median ratio, a t interval of the mean log ratio (with its relative
-    half-width) and the median's distribution-free interval (None where the pairs cannot bound it)."""
+    """Paired log ratios ``d`` -> the median ratio (the figure judged), the geometric mean with its t interval
+    (``low``, ``high``; its relative half-width decides when to stop) and the median's distribution-free interval
+    (``median_low``, ``median_high``; None below 6 pairs, which cannot bound a median at 95%)."""
     ratios = [math.exp(x) for x in d]
     p = Paired(level=LEVEL, min_pairs=2, max_pairs=max(2, len(d)))
     p.d = list(d)
-    mean, low, high = p.interval()
+    geo_mean, low, high = p.interval()
     ok = len(d) >= 2
     m_low, m_high = quantile_interval(ratios, q=0.5, level=LEVEL)
-    return {"median": statistics.median(ratios), "mean": mean, "low": low if ok else None,
-            "high": high if ok else None, "half_width": max(high / mean - 1, 1 - low / mean) if ok else None,
+    return {"median": statistics.median(ratios), "geo_mean": geo_mean, "low": low if ok else None,
+            "high": high if ok else None, "half_width": max(high / geo_mean - 1, 1 - low / geo_mean) if ok else None,
             "median_low": m_low, "median_high": m_high, "pairs": len(d)}
 
 
@@ -123,10 +124,15 @@ def main() -> None:
 
     print("1. calibrating a device profile for this CPU from a batch sweep of the real model")
     passes = 1 if q else args.sweep_passes
-    grid = {(dtype, length): sizes for dtype in ("fp32", "bf16") for length in lengths}
-    held = {(dtype, length): (batch,) for dtype in ("fp32", "bf16") for batch, length in holdout_shapes}
-    measured = sweep_points({**grid, **held}, repeats=2 if q else 3, rounds=passes)
-    held_keys = {(dtype, length, batch) for (dtype, length), (batch,) in held.items()}
+    if passes < 1:
+        raise SystemExit(f"--sweep-passes {passes}: give at least 1")
+    grid = {(dtype, length): tuple(sizes) for dtype in ("fp32", "bf16") for length in lengths}
+    held_keys = {(dtype, length, batch) for dtype in ("fp32", "bf16") for batch, length in holdout_shapes}
+    assert not {length for _, length, _ in held_keys} & set(lengths), "a held-out shape at a calibration length"
+    shapes = dict(grid)
+    for dtype, length, batch in sorted(held_keys):
+        shapes[(dtype, length)] = (*shapes.get((dtype, length), ()), batch)
+    measured = sweep_points(shapes, repeats=2 if q else 3, rounds=passes)
     points = [p for p in measured if (p.dtype, p.length, p.batch) not in held_keys]
     holdout = [p for p in measured if (p.dtype, p.length, p.batch) in held_keys]
     fitted, fit_error = calibrate(points, model, "cpu", "this-cpu-fitted")
@@ -158,7 +164,7 @@ def main() -> None:
             rps, over = offline(pipelines[(name, mode)], limits[name], model, fitted)
             return rps, {"qps": rps, "model_call_over_predicted": over}
         s = serving(arms[(name, mode)], inputs, seconds, 16)
-        return s["qps"], s
+        return float(s["qps"] or 0.0), s
 
     pairs = {m: Paired(level=LEVEL, min_pairs=2, max_pairs=10_000) for m in MEASURES}
     runs: dict[str, list[dict]] = {m: [] for m in MEASURES}
@@ -173,11 +179,12 @@ def main() -> None:
                 mode = "real" if arm == "A" else "sim"
                 got[mode] = measure(m, mode)
             pairs[m].add(got["real"][0], got["sim"][0])
-            runs[m].append({"real": got["real"][1], "sim": got["sim"][1], "ratio": got["sim"][0] / got["real"][0]})
+            # the ratio as Paired floored it: a real arm with no answer (0 QPS, or None) must not end the run
+            runs[m].append({"real": got["real"][1], "sim": got["sim"][1], "ratio": math.exp(pairs[m].d[-1])})
         round_s.append(time.time() - t_round)
         summary = {m: ratio_summary(pairs[m].d) for m in MEASURES}
         print(f"   round {round_ + 1} ({round_s[-1]:.0f} s): " + "; ".join(
-            f"{m} {r['median']:.3f} (t {r['low']:.3f}-{r['high']:.3f})" if r["low"] is not None
+            f"{m} {r['median']:.3f} (geometric mean's t {r['low']:.3f}-{r['high']:.3f})" if r["low"] is not None
             else f"{m} {r['median']:.3f}" for m, r in summary.items()), flush=True)
         rounds_done = round_ + 1
         precise = rounds_done >= min_rounds and all(
@@ -187,6 +194,8 @@ def main() -> None:
             break
         if time.time() - t_start + max(round_s) > budget_s:  # another round would overrun the budget
             stop = f"budget of {args.minutes:g} minutes"
+            if rounds_done < min_rounds:
+                stop += f", before the {min_rounds} rounds the intervals want (give more --minutes)"
             break
     ratios = {m: r["median"] for m, r in summary.items()}
     within = {m: TARGET[0] <= r["median"] <= TARGET[1] for m, r in summary.items()}
@@ -211,15 +220,17 @@ def main() -> None:
         "ratios": ratios, "ratio_intervals": summary, "rounds": rounds_done, "stopped_by": stop,
         "holdout_error": holdout_error, "fit_error": fit_error, "model_call_terms": call_terms,
         "target": {"ratio": TARGET, "holdout_error": 0.15, "half_width": HALF_WIDTH},
-        "within_target": within, "interval_within_target": interval_within,
+        "within_target": within, "geo_mean_interval_within_target": interval_within,
         "fitted_profile": describe(fitted), "profile_path": str(profile_path),
         "calibration_points": [p.__dict__ for p in points], "holdout_points": [p.__dict__ for p in holdout],
         "runs": runs, "round_seconds": round_s, "seconds": time.time() - t_start,
     }
     for m, r in summary.items():
-        t = f"t {r['low']:.3f}-{r['high']:.3f}" if r["low"] is not None else "no interval"
-        print(f"{m:18s} sim/real {r['median']:.3f} ({t}, +-{r['half_width'] or math.nan:.1%}; "
-              f"median's own {r['median_low'] or math.nan:.3f}-{r['median_high'] or math.nan:.3f}) "
+        t = (f"geometric mean {r['geo_mean']:.3f}, t {r['low']:.3f}-{r['high']:.3f}, +-{r['half_width']:.1%}"
+             if r["low"] is not None else "no interval")
+        own = (f"{r['median_low']:.3f}-{r['median_high']:.3f}" if r["median_low"] is not None
+               and r["median_high"] is not None else "none (fewer than 6 pairs)")
+        print(f"{m:18s} sim/real median {r['median']:.3f} ({t}; the median's own {own}) "
               f"{'ok' if within[m] else 'OUTSIDE 0.85-1.15'}")
     print(f"holdout_error      {holdout_error:.3f} {'ok' if holdout_error < 0.15 else 'OVER 0.15'}")
     print(f"{rounds_done} rounds, stopped by {stop}, {time.time() - t_start:.0f} s")
