@@ -70,7 +70,7 @@ def sweep_points(shapes: dict[tuple[str, int], tuple[int, ...]], repeats: int, r
     before, moved 20-40% between runs on this VM (bf16 8x64: 72.9 then 44.1 ms), and the fit with it."""
     from tuning.runtime.engine import Engine
 
-    engines = {dtype: Engine(preset("baseline", device="cpu", dtype=dtype)) for dtype, _ in shapes}
+    engines = {dtype: Engine(preset("baseline", device="cpu", dtype=dtype)) for dtype in {d for d, _ in shapes}}
     times: dict[tuple[str, int, int], list[float]] = {}
     order = list(shapes)
     for r in range(rounds):

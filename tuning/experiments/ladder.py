@@ -294,8 +294,7 @@ class Step:
 
 _STEP_FIGURES = ("metric", "rate", "ratio", "low", "high", "median_ratio", "pairs", "order", "min_effect", "level",
                  "verdict", "pair_sd", "pairs_needed", "qps", "p50_ms", "p99_ms", "p99_low_ms", "p99_high_ms", "errors",
-                 "timeouts", "n",
-                 "exceed", "reference_qps", "reference_p50_ms", "reference_p99_ms", "reference_errors",
+                 "timeouts", "n", "exceed", "reference_qps", "reference_p50_ms", "reference_p99_ms", "reference_errors",
                  "model_busy", "device_busy", "mean_batch", "capacity", "capacity_bracket", "reference_capacity",
                  "meets_target", "gain")
 
