@@ -6,7 +6,10 @@
 2. Run ``baseline`` and ``tuned`` offline and under fixed-concurrency serving, on the real CPU and
    on ``device=sim`` with that fitted profile, in interleaved pairs: per round, each of the four
    measures runs one real and one simulated arm (ABBA across rounds, the measures' order reversed
-   on odd rounds), and its ratio sim/real is that pair's figure. Rounds go on until every measure's
+   on odd rounds), and its ratio sim/real is that pair's figure. Right before every pair the device term
+   is calibrated in place: the real call and a stand-in's, at a few shapes outside any pipeline, and the
+   arm's stand-in is slowed (or sped up) to take what the real call takes (the median over the checks
+   so far); the one-time fit gives the shape of the device time, the checks its level over the run. Rounds go on until every measure's
    95% interval is within +-5% (at least 6 rounds), or the time budget ends.
 3. Write ``bench/results/sim_fidelity.json``: per measure (``offline_baseline``, ``offline_tuned``,
    ``serving_baseline``, ``serving_tuned``) the median of the paired ratios with a t interval of
@@ -26,7 +29,9 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 from common import QUICK_RESULTS, RESULTS, write
 
@@ -37,16 +42,20 @@ from tuning.inputs.readers import read_lines
 from tuning.load.generator import run_load
 from tuning.offline.pipeline import Pipeline
 from tuning.online.serve import Server
+from tuning.runtime.engine import Engine
 from tuning.sim import embedded_model_profile
 from tuning.sim.calibrate import Point, calibrate, describe, prediction_error
 from tuning.sim.costmodel import ModelProfile, predict
 from tuning.sim.profiles import DeviceProfile
-from tuning.sim.standin import IntraOpBurner
+from tuning.sim.standin import IntraOpBurner, SimulatedDevice
 
 TARGET = (0.85, 1.15)
 MEASURES = ("offline_baseline", "serving_baseline", "offline_tuned", "serving_tuned")
 LEVEL = 0.95  # the intervals' two-sided coverage
 HALF_WIDTH = 0.05  # stop once every measure's interval is within +-5% of its ratio
+# (length: batch sizes) the device term is checked at right before every pair, outside the pipeline: batch 1 (the
+# baseline's calls) to 16 (the tuned one's), within the calibration grid
+CHECK_SHAPES = {16: (1, 4), 64: (1, 16), 160: (2, 8)}
 
 
 def ratio_summary(d: list[float]) -> dict:
@@ -64,13 +73,11 @@ def ratio_summary(d: list[float]) -> dict:
             "median_low": m_low, "median_high": m_high, "pairs": len(d)}
 
 
-def sweep_points(shapes: dict[tuple[str, int], tuple[int, ...]], repeats: int, rounds: int) -> list[Point]:
+def sweep_points(engines: dict[str, Engine], shapes: dict[tuple[str, int], tuple[int, ...]], repeats: int,
+                 rounds: int) -> list[Point]:
     """Per (dtype, length) the batch sizes to time: ``rounds`` passes over all of them, interleaved (the
     shapes' order reversed on odd passes), each point the median of its passes. A single pass per shape, as
     before, moved 20-40% between runs on this VM (bf16 8x64: 72.9 then 44.1 ms), and the fit with it."""
-    from tuning.runtime.engine import Engine
-
-    engines = {dtype: Engine(preset("baseline", device="cpu", dtype=dtype)) for dtype in {d for d, _ in shapes}}
     times: dict[tuple[str, int, int], list[float]] = {}
     order = list(shapes)
     for r in range(rounds):
@@ -87,13 +94,56 @@ def sweep_points(shapes: dict[tuple[str, int], tuple[int, ...]], repeats: int, r
     return points
 
 
+def call_dtype(knobs) -> str:
+    """The dtype the cost model prices a configuration's calls at."""
+    return "tf32" if knobs.tf32 and knobs.dtype == "fp32" else knobs.dtype
+
+
+def slowed_to(fitted: DeviceProfile, model: ModelProfile, dtype: str, want: float) -> tuple[DeviceProfile, float]:
+    """``fitted`` slowed so that its predictions at :data:`CHECK_SHAPES` are ``want`` times the fitted ones (median;
+    the host's dispatch per op is not scaled by :meth:`DeviceProfile.slowed`, so the factor is found in a few
+    fixed-point steps); returns the profile and the factor given to ``slowed``."""
+    shapes = [(b, length) for length, sizes in CHECK_SHAPES.items() for b in sizes]
+    base = [predict(model, fitted, b, length, dtype).call_s for b, length in shapes]
+    factor = want
+    for _ in range(4):
+        profile = fitted.slowed(factor)
+        got = statistics.median(predict(model, profile, b, length, dtype).call_s / t for (b, length), t in zip(shapes, base))
+        factor *= want / got
+    return fitted.slowed(factor), factor
+
+
+def isolated_over_predicted(engine: Engine, standin: SimulatedDevice, model: ModelProfile, fitted: DeviceProfile,
+                            dtype: str, repeats: int = 3) -> tuple[float, float]:
+    """The device term now, outside any pipeline: (the real model call over the fitted profile's prediction,
+    the stand-in's call over its own target), each the median over :data:`CHECK_SHAPES` of the median of
+    ``repeats`` calls. Their quotient is how much slower the stand-in must be told to be, right now, for its
+    isolated call to take what the real one takes."""
+    real, sim = [], []
+    for length, sizes in CHECK_SHAPES.items():
+        rows = run_batch_sweep(engine.knobs, sizes, length, repeats, engine=engine, rounds=1).rows
+        for row in rows:
+            if row.get("status") == "ok":
+                batch = int(row["batch_size"])
+                real.append(float(row["per_batch_ms"]) / 1e3 / predict(model, fitted, batch, length, dtype).call_s)
+        for batch in sizes:
+            standin.run(batch, length, dtype, "eager")  # warm: its plan and the burner's operands
+            took = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                cost = standin.run(batch, length, dtype, "eager")
+                took.append(time.perf_counter() - t0)
+            sim.append(statistics.median(took) / cost.call_s)
+    return statistics.median(real), statistics.median(sim)
+
+
 def offline(pipe: Pipeline, limit: int, model: ModelProfile, fitted: DeviceProfile) -> tuple[float, float]:
     """Throughput, and the median over model calls of the call's measured time over the fitted
     profile's prediction for its shape: the device-time term checked in place (real masks, real
     neighbours on the cores), where the sweep measured it in isolation."""
     knobs = pipe.knobs
     result = pipe.run(limit=limit, keep_embeddings=False)
-    dtype = "tf32" if knobs.tf32 and knobs.dtype == "fp32" else knobs.dtype
+    dtype = call_dtype(knobs)
     over = [(b.t_infer_end - b.t_infer_start) / predict(model, fitted, b.ok, b.padded_length, dtype, knobs.graph).call_s
             for b in result.batches if b.ok > 0 and b.t_infer_end > b.t_infer_start]  # the rows the model ran
     return result.qps, statistics.median(over)
@@ -126,13 +176,19 @@ def main() -> None:
     passes = 1 if q else args.sweep_passes
     if passes < 1:
         raise SystemExit(f"--sweep-passes {passes}: give at least 1")
-    grid = {(dtype, length): tuple(sizes) for dtype in ("fp32", "bf16") for length in lengths}
-    held_keys = {(dtype, length, batch) for dtype in ("fp32", "bf16") for batch, length in holdout_shapes}
+    configs = {"baseline": preset("baseline", device="cpu"), "tuned": preset("tuned", device="cpu")}
+    # the dtypes the two presets run on this CPU (tuned is bf16 only where the CPU has native bf16): a dtype
+    # neither runs would cost the sweep minutes (bf16 16x160 takes seconds per call without it) and judge nothing
+    dtypes = sorted({call_dtype(k) for k in configs.values()})
+    print(f"   dtypes the presets run here: {', '.join(dtypes)}")
+    grid = {(dtype, length): tuple(sizes) for dtype in dtypes for length in lengths}
+    held_keys = {(dtype, length, batch) for dtype in dtypes for batch, length in holdout_shapes}
     assert not {length for _, length, _ in held_keys} & set(lengths), "a held-out shape at a calibration length"
     shapes = dict(grid)
     for dtype, length, batch in sorted(held_keys):
         shapes[(dtype, length)] = (*shapes.get((dtype, length), ()), batch)
-    measured = sweep_points(shapes, repeats=2 if q else 3, rounds=passes)
+    engines = {dtype: Engine(preset("baseline", device="cpu", dtype=dtype)) for dtype in dtypes}
+    measured = sweep_points(engines, shapes, repeats=2 if q else 3, rounds=passes)
     points = [p for p in measured if (p.dtype, p.length, p.batch) not in held_keys]
     holdout = [p for p in measured if (p.dtype, p.length, p.batch) in held_keys]
     fitted, fit_error = calibrate(points, model, "cpu", "this-cpu-fitted")
@@ -149,7 +205,6 @@ def main() -> None:
     print("   stand-in work units (rows: idle us): " + ", ".join(f"{r}: {s * 1e6:.0f}" for r, s in units.items()))
     inputs = [raw for _, raw in read_lines(limit=600)]
     sim = {"device": "sim", "sim_profile": str(profile_path)}
-    configs = {"baseline": preset("baseline", device="cpu"), "tuned": preset("tuned", device="cpu")}
     limits = {"baseline": 120 if q else 400, "tuned": 400 if q else 1200}
     arms = {(name, mode): knobs if mode == "real" else knobs.replace(**sim)
             for name, knobs in configs.items() for mode in ("real", "sim")}
@@ -157,6 +212,34 @@ def main() -> None:
     for pipe in pipelines.values():
         pipe.warmup()
     seconds = 4.0 if q else args.window
+    # calibration in place: right before every pair the device term is checked outside the pipeline (the real
+    # call and the stand-in's, same shapes) and the arm's stand-in is told to be as slow as the real call is
+    # now; the one-time fit gives the shape of the device time, the check its level at that moment. Run to run
+    # the one-time fit alone had left the real call at 1.18 then 1.32 times its prediction (baseline), the
+    # stand-in at 1.21 then 1.13: a ratio that moved with the calibration's moment, not with the simulation.
+    standin = SimulatedDevice(fitted, model)  # the check's own stand-in, apart from the arms' timelines
+    scales = {name: 1.0 for name in configs}  # each sim arm's slowdown over the fitted profile, last set
+    wants: dict[str, list[float]] = {name: [] for name in configs}  # every check's figure, per configuration
+    scaled_dir = Path(tempfile.mkdtemp(prefix="sim_fidelity_"))
+
+    def recalibrate(name: str) -> dict:
+        dtype = call_dtype(configs[name])
+        current, _ = slowed_to(fitted, model, dtype, scales[name])
+        standin.use_profile(current)
+        real_over, sim_over = isolated_over_predicted(engines[dtype], standin, model, fitted, dtype,
+                                                      repeats=2 if q else 5)
+        # the stand-in's slowdown over the fitted prediction for its call to take the real one's; applied: the
+        # median of every check so far, so one check caught in a burst of steal does not set a whole pair
+        wants[name].append(real_over / sim_over)
+        want = statistics.median(wants[name])
+        profile, factor = slowed_to(fitted, model, dtype, want)
+        scales[name] = want
+        pipelines[(name, "sim")].engine.sim.use_profile(profile)
+        path = scaled_dir / f"{name}.json"
+        profile.replace(name=f"this-cpu-fitted-now-{name}").to_json(path)
+        arms[(name, "sim")] = arms[(name, "sim")].replace(sim_profile=str(path))
+        return {"real_isolated_over_fitted": real_over, "sim_isolated_over_target": sim_over,
+                "this_check_slowdown": wants[name][-1], "sim_slowdown_over_fitted": want, "slowed_factor": factor}
 
     def measure(measure_name: str, mode: str) -> tuple[float, dict]:
         kind, name = measure_name.split("_", 1)
@@ -174,13 +257,15 @@ def main() -> None:
     for round_ in range(10_000):
         t_round = time.time()
         for m in (MEASURES if round_ % 2 == 0 else MEASURES[::-1]):
+            check = recalibrate(m.split("_", 1)[1])
             got: dict[str, tuple[float, dict]] = {}
             for arm in Paired.order(len(pairs[m].d)):  # A (real) and B (sim) in ABBA order across rounds
                 mode = "real" if arm == "A" else "sim"
                 got[mode] = measure(m, mode)
             pairs[m].add(got["real"][0], got["sim"][0])
             # the ratio as Paired floored it: a real arm with no answer (0 QPS, or None) must not end the run
-            runs[m].append({"real": got["real"][1], "sim": got["sim"][1], "ratio": math.exp(pairs[m].d[-1])})
+            runs[m].append({"real": got["real"][1], "sim": got["sim"][1], "ratio": math.exp(pairs[m].d[-1]),
+                           "check": check})
         round_s.append(time.time() - t_round)
         summary = {m: ratio_summary(pairs[m].d) for m in MEASURES}
         print(f"   round {round_ + 1} ({round_s[-1]:.0f} s): " + "; ".join(

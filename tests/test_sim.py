@@ -512,3 +512,35 @@ def test_a_synchronous_device_burns_fixed_work_on_the_intra_op_pool(monkeypatch)
     assert burner.plan(0.000256) == (64, 4)  # 4 products of 64 rows = 256 us
     gpu_like = SimulatedDevice(_device(mem_bytes=1e12), model)
     assert gpu_like.burner is None  # an asynchronous device's compute is a sleep: the host is free
+
+
+def test_slowed_profile_scales_every_device_time_and_refuses_a_bad_factor():
+    """A recalibration's slowed profile: with no host dispatch, every call predicts ``factor`` times the time."""
+    model = embedded_model_profile()
+    fast = load_profile("h200-sxm-estimate")
+    slow = fast.slowed(2.5)
+    for batch, length, dtype, graph in ((1, 16, "fp32", "eager"), (32, 128, "bf16", "eager"), (8, 64, "fp16", "cuda_graph")):
+        a = predict(model, fast, batch, length, dtype, graph, host_dispatch_s=0.0)
+        b = predict(model, slow, batch, length, dtype, graph, host_dispatch_s=0.0)
+        assert b.call_s == pytest.approx(2.5 * a.call_s, rel=1e-9), (batch, length, dtype, graph)
+    assert slow.name == fast.name and slow.mem_bytes == fast.mem_bytes  # the same card, slower
+    assert fast.slowed(0.5).launch_s == pytest.approx(fast.launch_s / 2)
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="finite factor above 0"):
+            fast.slowed(bad)
+
+
+def test_use_profile_reprices_the_next_calls():
+    """A stand-in told a recalibrated profile prices its next calls with it, not with the cached costs."""
+    device = _timed_device(host_s=0.0, device_s=0.004)
+    assert device.cost(1, 1, "fp32", "eager").call_s == pytest.approx(0.004)
+    device.use_profile(device.profile.slowed(3.0))
+    assert device.cost(1, 1, "fp32", "eager").call_s == pytest.approx(0.012)
+    device.run(1, 1, "fp32", "eager")  # the first call plans its host part
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        device.run(1, 1, "fp32", "eager")
+        times.append(time.perf_counter() - t0)
+    assert float(np.median(times)) == pytest.approx(0.012, abs=0.003)
+    assert device.timeline.totals(0.0, time.perf_counter() + 1).busy == pytest.approx(6 * 0.012)

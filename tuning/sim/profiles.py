@@ -125,6 +125,19 @@ class DeviceProfile:
         data.update(changes)
         return DeviceProfile(**data)
 
+    def slowed(self, factor: float) -> "DeviceProfile":
+        """This card running ``factor`` times slower (below 1: faster): its FLOP/s, memory and copy bandwidths
+        divided by ``factor``, its launch, replay, minimum-kernel and copy-latency times multiplied. The host's own
+        dispatch per op (measured where the what-if runs, not part of the profile) is not scaled."""
+        if not (factor > 0 and math.isfinite(factor)):
+            raise ValueError(f"slowed({factor!r}): give a finite factor above 0 (2: twice as slow)")
+        return self.replace(
+            peak_flops={k: v / factor for k, v in self.peak_flops.items()}, mem_bandwidth=self.mem_bandwidth / factor,
+            h2d_pinned_bps=self.h2d_pinned_bps / factor, h2d_pageable_bps=self.h2d_pageable_bps / factor,
+            launch_s=self.launch_s * factor, graph_replay_s=self.graph_replay_s * factor,
+            min_kernel_s=self.min_kernel_s * factor, copy_latency_s=self.copy_latency_s * factor,
+            graph_min_kernel_s=None if self.graph_min_kernel_s is None else self.graph_min_kernel_s * factor)
+
 
 def profile_for_card(card: str | None) -> DeviceProfile | None:
     """The shipped profile of the card the driver names ``card`` (its ``device_names``, case and spacing

@@ -162,6 +162,14 @@ class SimulatedDevice:
         table = rng.standard_normal((1024, model.output_dim)).astype(np.float32)
         self._table = table / np.linalg.norm(table, axis=1, keepdims=True)
 
+    def use_profile(self, device: DeviceProfile) -> None:
+        """Price the calls that follow with ``device`` (a recalibrated profile of the same card): the cached
+        costs and host-part plans of the old one are dropped; the timeline and the burner are kept."""
+        with self._plans_lock:
+            self.profile = device
+            self._costs = {}
+            self._plans = {}
+
     def info(self) -> dict:
         return self.profile.info()
 
