@@ -9,8 +9,8 @@
    on odd rounds), and its ratio sim/real is that pair's figure. Right before every pair the device term
    is calibrated in place: the real call and a stand-in's, at a few shapes outside any pipeline, and the
    arm's stand-in is slowed (or sped up) to take what the real call takes (the median over the checks
-   so far); the one-time fit gives the shape of the device time, the checks its level over the run. Rounds go on until every measure's
-   95% interval is within +-5% (at least 6 rounds), or the time budget ends.
+   so far); the one-time fit gives the shape of the device time, the checks its level over the run.
+   Rounds go on until every measure's 95% interval is within +-5% (at least 6 rounds), or the budget ends.
 3. Write ``bench/results/sim_fidelity.json``: per measure (``offline_baseline``, ``offline_tuned``,
    ``serving_baseline``, ``serving_tuned``) the median of the paired ratios with a t interval of
    the mean log ratio and the median's own order-statistic interval, every pair's figures, and
@@ -214,7 +214,8 @@ def main() -> None:
     seconds = 4.0 if q else args.window
     # calibration in place: right before every pair the device term is checked outside the pipeline (the real
     # call and the stand-in's, same shapes) and the arm's stand-in is told to be as slow as the real call is
-    # now; the one-time fit gives the shape of the device time, the check its level at that moment. Run to run
+    # (the median of the checks so far); the one-time fit gives the shape of the device time, the checks its
+    # level over the run, not at the calibration's one moment. Run to run
     # the one-time fit alone had left the real call at 1.18 then 1.32 times its prediction (baseline), the
     # stand-in at 1.21 then 1.13: a ratio that moved with the calibration's moment, not with the simulation.
     standin = SimulatedDevice(fitted, model)  # the check's own stand-in, apart from the arms' timelines
@@ -295,15 +296,21 @@ def main() -> None:
                          "sim_call_over_predicted": call_term(name, "sim"),
                          "sim_call_over_real_call": call_term(name, "sim") / call_term(name, "real")}
                   for name in configs}
+    device_checks = {name: {"checks": len(w), "applied_slowdown_last": scales[name], "median": statistics.median(w),
+                            "min": min(w), "max": max(w), "check_shapes": {str(k): v for k, v in CHECK_SHAPES.items()}}
+                     for name, w in wants.items() if w}
     payload = {
         "what": "sim/real throughput on this CPU: the stand-in with a profile fitted to this CPU vs the real model",
         "method": (f"interleaved pairs (real, sim in ABBA order across rounds; the measures' order reversed on odd "
                    f"rounds); per pair the ratio sim/real; the figure is the median of the paired ratios, the interval "
                    f"a {LEVEL:.0%} t interval of the mean log ratio (its half-width decides when to stop: at most "
                    f"{HALF_WIDTH:.0%} on every measure after at least {min_rounds} rounds, or the time budget) and "
-                   f"the median's own distribution-free {LEVEL:.0%} interval from order statistics"),
+                   f"the median's own distribution-free {LEVEL:.0%} interval from order statistics; before every "
+                   f"pair the stand-in is slowed to the median of the device checks so far (the real call over the "
+                   f"fit's prediction, over the stand-in's call over its target, at check_shapes, outside any pipeline)"),
         "ratios": ratios, "ratio_intervals": summary, "rounds": rounds_done, "stopped_by": stop,
         "holdout_error": holdout_error, "fit_error": fit_error, "model_call_terms": call_terms,
+        "device_checks": device_checks,
         "target": {"ratio": TARGET, "holdout_error": 0.15, "half_width": HALF_WIDTH},
         "within_target": within, "geo_mean_interval_within_target": interval_within,
         "fitted_profile": describe(fitted), "profile_path": str(profile_path),
@@ -322,6 +329,9 @@ def main() -> None:
     for name, terms in call_terms.items():
         print(f"{name} model call / predicted: real {terms['real_call_over_predicted']:.2f}, "
               f"sim {terms['sim_call_over_predicted']:.2f} (sim/real call {terms['sim_call_over_real_call']:.2f})")
+    for name, c in device_checks.items():
+        print(f"{name} stand-in slowdown over the fit from {c['checks']} checks: median {c['median']:.2f} "
+              f"(range {c['min']:.2f}-{c['max']:.2f})")
     write("sim_fidelity", payload, quick=q)
 
 
