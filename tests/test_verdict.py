@@ -747,3 +747,47 @@ def test_a_step_not_told_apart_says_how_many_pairs_its_spread_would_need():
     why = ladder.why_unchanged()
     assert why.startswith("nothing kept: 1 of 1 steps decided were not told apart") and "at most 6 here" in why, why
     assert ladder.summary()["why_unchanged"] == why
+
+
+# --- judged past the capacity only (LadderSettings(light_load=False)) -------------------------------------
+
+_PAST_ONLY = dict(light_load=False, race_pairs=3)
+
+
+def test_judged_past_the_capacity_only_noise_alone_rarely_ships_a_knob():
+    """The race alone, no light-load pairs: a no-op knob under a queue's own noise (5%) is rarely shipped."""
+    shipped = 0
+    runs = 60
+    for seed in range(runs):
+        ladder = _ladder(QueueStub(base_rate=40.0, noise=0.05, seed=seed), target_p99_ms=800.0,
+                         settings=LadderSettings.quick(**_PAST_ONLY))
+        shipped += bool(ladder.changes())
+        assert ladder.target_met
+        assert all(s.comparison is None for s in ladder.steps if s.status in ("kept", "not kept"))
+    assert shipped / runs <= 0.10, f"{shipped} of {runs} runs shipped a no-op knob"
+
+
+def test_judged_past_the_capacity_only_a_doubled_capacity_is_kept_and_searched():
+    stub = QueueStub([(lambda k: k.tokenizer == "fast", 2.0)], base_rate=40.0, noise=0.02, seed=4)
+    ladder = _ladder(stub, steps=("tokenizer",), target_p99_ms=800.0, settings=LadderSettings.quick(**_PAST_ONLY))
+    step = ladder.step("tokenizer")
+    assert step.status == "kept" and step.figures["race_verdict"] == "candidate", step.reason
+    assert step.figures["metric"] == "count past the capacity" and step.figures["pairs"] <= 3
+    assert "quick mode, judged past the capacity only" in step.reason
+    assert ladder.capacity.capacity > 1.6 * ladder.baseline_capacity.capacity
+    # no light-load pairs: every experiment of the step ran past the reference's capacity, or searched its own
+    rows = ladder.experiments_frame()
+    rows = rows[rows.step == "tokenizer"]
+    assert set(rows.role) <= {"reference", "candidate", "probe"}
+    assert (rows[rows.role != "probe"].rate > ladder.baseline_capacity.capacity).all()
+
+
+def test_judged_past_the_capacity_only_a_step_whose_own_search_never_meets_the_target_is_not_kept():
+    """Faster past the reference's capacity, but with a 3 s floor on every answer: its own capacity search meets
+    the target nowhere, and a step that breaks the target is never kept (it was, before the search's check)."""
+    stub = QueueStub([(lambda k: k.tokenizer == "fast", 1.3)], base_rate=40.0, noise=0.02,
+                     p99_floor_ms=lambda k: 3000.0 if k.tokenizer == "fast" else 0.0)
+    ladder = _ladder(stub, steps=("tokenizer",), target_p99_ms=800.0, settings=LadderSettings.quick(**_PAST_ONLY))
+    step = ladder.step("tokenizer")
+    assert step.status == "not kept", step.reason
+    assert ladder.recommended.tokenizer == "naive" and ladder.target_met

@@ -309,6 +309,22 @@ class Race:
     def pairs(self) -> int:
         return len(self.candidate)
 
+    def figures(self, side: str, target_p99_ms: float) -> dict[str, Any]:
+        return arm_figures(self.reference if side == "reference" else self.candidate, target_p99_ms)
+
+
+def arm_figures(trials: list[Trial], target_p99_ms: float) -> dict[str, Any]:
+    """One arm's figures over its runs in a comparison: :func:`pooled_figures` and the medians of QPS, busy
+    shares and batch size, the timeouts and the run count."""
+    f = pooled_figures(trials, target_p99_ms)
+    f["qps"] = known_median([t.qps for t in trials])
+    f["model_busy"] = known_median([t.model_busy for t in trials])
+    f["device_busy"] = known_median([t.device_busy for t in trials])
+    f["mean_batch"] = known_median([t.mean_batch for t in trials])
+    f["timeouts"] = sum(t.timeouts for t in trials)
+    f["runs"] = len(trials)
+    return f
+
 
 def paired_seed(seed: int, pair: int, salt: int) -> int:
     """The arrival seed of pair ``pair`` of a paired test seeded ``seed``: both arms of a pair share it (common
@@ -516,15 +532,7 @@ class Comparison:
         return pairs_to_tell(self.pair_sd, self.min_effect, self.level)
 
     def figures(self, side: str, target_p99_ms: float) -> dict[str, Any]:
-        trials = self.reference if side == "reference" else self.candidate
-        f = pooled_figures(trials, target_p99_ms)
-        f["qps"] = known_median([t.qps for t in trials])
-        f["model_busy"] = known_median([t.model_busy for t in trials])
-        f["device_busy"] = known_median([t.device_busy for t in trials])
-        f["mean_batch"] = known_median([t.mean_batch for t in trials])
-        f["timeouts"] = sum(t.timeouts for t in trials)
-        f["runs"] = len(trials)
-        return f
+        return arm_figures(self.reference if side == "reference" else self.candidate, target_p99_ms)
 
     def meets(self, target_p99_ms: float, error_budget: float) -> tuple[bool, str]:
         """Whether the candidate's pooled pair runs meet the target (by the count; else by the p99 estimate)."""

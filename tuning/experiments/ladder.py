@@ -133,6 +133,7 @@ class LadderSettings:
     # CPU, bf16 against fp32 (AMX), 6 pairs at 1.3x the capacity: ratio 9.08, at 99.8% 0.88-93.2 (not told apart;
     # its completions were 22-33 req/s against the reference's 6-28); at 99% about 1.8-45.
     race_level: float = 0.99
+    light_load: bool = True  # False: a step is judged by the race alone (Ladder.judge_past_capacity: quick mode)
     error_budget: float = DEFAULT_ERROR_BUDGET
     capacity: CapacitySettings = field(default_factory=CapacitySettings)
     sweep_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
@@ -633,6 +634,8 @@ class Ladder:
         after all)."""
         ref = self.current
         s = self.settings
+        if self.target_mode and self.capacity.met and not s.light_load:
+            return self.judge_past_capacity(name, title, change, knobs, note, again=again, carried=carried)
         if self.target_mode:
             # below the knee: at the capacity itself 5% of run-to-run noise moves the latency 2-5x, and a run past
             # the knee is a queue that only grows. Measured on the tuner's device (tokenizer naive -> fast, 6
@@ -689,34 +692,10 @@ class Ladder:
         if (self.target_mode and status == "not kept" and meets and cap.met
                 and cmp.verdict in ("not distinguishable", "not better")):
             # below the knee a change that raises the capacity (batching above all) can leave the latency as it
-            # was, or add a little (a batch wait); past the reference's capacity it shows. At race_at x its
-            # failing rate: at the failing rate itself the reference still held in 2 of 6 pairs of a stub with 2%
-            # noise, and at 1.2x the capacity a quick search's 12% bracket let no-op knobs through (13 of 80
-            # runs). Decided by the counts, not a ratio: the candidate passes by the probe's rule over its pooled
-            # runs there while the reference fails in the same pairs (a ratio of shares swung 0.3-300,000 over
-            # 6 pairs in which the candidate had 0 of 12,079 over the target and the reference 3,836)
-            failing = cap.high if cap.high is not None and math.isfinite(cap.high) else cap.capacity
-            race_rate = s.race_at * failing  # 20% past a rate the reference already failed
-            race = race_at(self.measure, ref, knobs, rate=race_rate, target_p99_ms=self.target, settings=s.capacity,
-                           max_pairs=s.race_pairs if s.race_pairs is not None else s.max_pairs,
-                           seed=s.seed + 7 * len(self.steps) + 1, compare=s.compare_settings(),
-                           gate_level=s.race_level,
-                           status=lambda t: self.status(f"{name}: {change}: past the reference's capacity: {t}"))
-            ids += [self.experiment(name, "reference", f"{change} (past the capacity)", ref, race.reference,
-                                    race_rate).id,
-                    self.experiment(name, "candidate", f"{change} (past the capacity)", knobs, race.candidate,
-                                    race_rate).id]
-            cf, rf = pooled_figures(race.candidate, self.target), pooled_figures(race.reference, self.target)
-            figures.update(race_rate=rounded(race_rate), race_pairs=race.pairs, race_verdict=race.verdict,
-                           race_candidate=f"{cf['exceed']} of {cf['n']} ({race.candidate_by[0]} by {race.candidate_by[1]})",
-                           race_reference=f"{rf['exceed']} of {rf['n']} ({race.reference_by[0]} by {race.reference_by[1]})")
-            told = (f"at {race_rate:.1f} req/s, past the reference's capacity, after {race.pairs} pairs: candidate "
-                    f"{figures['race_candidate']} over {self.target:.0f} ms, reference {figures['race_reference']}")
-            if math.isfinite(race.ratio):
-                figures.update(race_ratio=rounded(race.ratio), race_low=rounded(race.low), race_high=rounded(race.high),
-                               race_level=s.race_level)  # the gate's level, not the step's (``level``)
-                told += (f"; latency ratio there {race.ratio:.2f} [{race.low:.2f}-{race.high:.2f}] at "
-                         f"{100 * s.race_level:g}%")
+            # was, or add a little (a batch wait); past the reference's capacity it shows (see :meth:`race`)
+            race, race_ids, race_figures, told = self.race(name, change, ref, knobs)
+            ids += race_ids
+            figures.update(race_figures)
             if race.verdict == "candidate":
                 status, reason = "kept", f"{reason}; but {told}: it meets the target where the reference does not"
                 meets = figures["meets_target"] = True
@@ -730,34 +709,122 @@ class Ladder:
             else:
                 reason += f"; {told}: {race.verdict}, not kept there either"
         figures["gain"] = rounded(cmp.ratio - 1) if not self.target_mode else None
-        new_cap = None
+        new_cap, saturation = None, None
         if status == "kept" and self.target_mode:
             if race is not None and race.verdict == "candidate":
-                new_cap, probe_ids = self.search(name, knobs, known_pass=_probe_from(race.rate, race.candidate,
-                                                                                     self.target))
+                known = _probe_from(race.rate, race.candidate, self.target)
             elif meets:
-                new_cap, probe_ids = self.search(name, knobs, known_pass=_probe_from(rate, cmp.candidate, self.target))
+                known = _probe_from(rate, cmp.candidate, self.target)
             else:  # closer to the target but not there: search from its own closed-loop rate
                 closed = self.measure(knobs)
                 ids.append(self.experiment(name, "candidate", f"{change} (closed loop)", knobs, [closed]).id)
-                new_cap, probe_ids = self.search(name, knobs, saturation=closed.qps)
+                known, saturation = None, closed.qps
+            status, reason, new_cap, probe_ids = self.kept_capacity(
+                name, knobs, status, reason, figures, known=known, saturation=saturation,
+                faster=race is not None and race.verdict == "candidate faster")
             ids += probe_ids
-            gain = new_cap.capacity / cap.capacity - 1 if cap.met and new_cap.met else None
-            figures.update(capacity=rounded(new_cap.capacity), capacity_bracket=[rounded(new_cap.low), rounded(new_cap.high)],
-                           gain=rounded(gain))
-            # a step kept as faster past the reference's capacity must then show the minimum effect in its own
-            # capacity: that evidence is about overload, and what ships is the capacity at the target
-            faster = race is not None and race.verdict == "candidate faster"
-            if gain is not None and (gain <= s.min_effect if faster else gain < -s.capacity.tolerance):
-                status = "not kept"
-                short = f"not above the reference's {cap.capacity:.1f} by +{100 * s.min_effect:.0f}%" if faster else \
-                    f"below the reference's {cap.capacity:.1f}"
-                reason += f"; but its capacity {new_cap.capacity:.1f} req/s is {short} ({100 * gain:+.0f}%): not kept"
-                new_cap = None
-            else:
-                reason += f"; capacity now {new_cap.sentence()}"
         reason = f"{note}; {reason}" if note else reason
         return self.finish(Step(name, title, change, status, reason, knobs, ref, figures, ids, cmp, new_cap))
+
+    def race(self, name: str, change: str, ref: Knobs, knobs: Knobs) -> tuple[Race, list[int], dict[str, Any], str]:
+        """``ref`` and ``knobs`` in interleaved pairs at ``race_at`` x the rate where the reference's capacity search
+        failed (its bracket's top): at the failing rate itself the reference still held in 2 of 6 pairs of a stub
+        with 2% noise, and at 1.2x the capacity a quick search's 12% bracket let no-op knobs through (13 of 80
+        runs). Decided by the counts, not a ratio: the candidate passes by the probe's rule over its pooled runs
+        there while the reference fails in the same pairs (a ratio of shares swung 0.3-300,000 over 6 pairs in
+        which the candidate had 0 of 12,079 over the target and the reference 3,836). Returns the race, the
+        experiments' ids, its figures and a sentence of what it told."""
+        s, cap = self.settings, self.capacity
+        failing = cap.high if cap.high is not None and math.isfinite(cap.high) else cap.capacity
+        race_rate = s.race_at * failing  # 20% past a rate the reference already failed
+        race = race_at(self.measure, ref, knobs, rate=race_rate, target_p99_ms=self.target, settings=s.capacity,
+                       max_pairs=s.race_pairs if s.race_pairs is not None else s.max_pairs,
+                       seed=s.seed + 7 * len(self.steps) + 1, compare=s.compare_settings(),
+                       gate_level=s.race_level,
+                       status=lambda t: self.status(f"{name}: {change}: past the reference's capacity: {t}"))
+        ids = [self.experiment(name, "reference", f"{change} (past the capacity)", ref, race.reference, race_rate).id,
+               self.experiment(name, "candidate", f"{change} (past the capacity)", knobs, race.candidate,
+                               race_rate).id]
+        cf, rf = pooled_figures(race.candidate, self.target), pooled_figures(race.reference, self.target)
+        figures: dict[str, Any] = dict(
+            race_rate=rounded(race_rate), race_pairs=race.pairs, race_verdict=race.verdict,
+            race_candidate=f"{cf['exceed']} of {cf['n']} ({race.candidate_by[0]} by {race.candidate_by[1]})",
+            race_reference=f"{rf['exceed']} of {rf['n']} ({race.reference_by[0]} by {race.reference_by[1]})")
+        told = (f"at {race_rate:.1f} req/s, past the reference's capacity, after {race.pairs} pairs: candidate "
+                f"{figures['race_candidate']} over {self.target:.0f} ms, reference {figures['race_reference']}")
+        if math.isfinite(race.ratio):
+            figures.update(race_ratio=rounded(race.ratio), race_low=rounded(race.low), race_high=rounded(race.high),
+                           race_level=s.race_level)  # the gate's level, not the step's (``level``)
+            told += f"; latency ratio there {race.ratio:.2f} [{race.low:.2f}-{race.high:.2f}] at {100 * s.race_level:g}%"
+        return race, ids, figures, told
+
+    def kept_capacity(self, name: str, knobs: Knobs, status: str, reason: str, figures: dict[str, Any], *,
+                      known: Probe | None, saturation: float | None,
+                      faster: bool) -> tuple[str, str, Capacity | None, list[int]]:
+        """A kept step's own capacity (from ``known``, a passing probe, else from ``saturation``), and the step
+        refused after all when it is below the reference's (beyond the bracket), or, for a step kept as
+        ``faster`` past the reference's capacity, not above it by the minimum effect: that evidence is about
+        overload, and what ships is the capacity at the target. Returns (status, reason, capacity or None, ids)."""
+        s, cap = self.settings, self.capacity
+        new_cap, ids = self.search(name, knobs, known_pass=known, saturation=saturation)
+        gain = new_cap.capacity / cap.capacity - 1 if cap.met and new_cap.met else None
+        figures.update(capacity=rounded(new_cap.capacity), capacity_bracket=[rounded(new_cap.low), rounded(new_cap.high)],
+                       gain=rounded(gain))
+        if cap.met and not new_cap.met:  # what ships must meet the target: a step whose own search met it nowhere
+            return "not kept", (f"{reason}; but its own capacity search met the {self.target:.0f} ms target at no rate "
+                                "tried: not kept"), None, ids
+        if gain is not None and (gain <= s.min_effect if faster else gain < -s.capacity.tolerance):
+            short = f"not above the reference's {cap.capacity:.1f} by +{100 * s.min_effect:.0f}%" if faster else \
+                f"below the reference's {cap.capacity:.1f}"
+            return "not kept", f"{reason}; but its capacity {new_cap.capacity:.1f} req/s is {short} ({100 * gain:+.0f}%): " \
+                "not kept", None, ids
+        return status, f"{reason}; capacity now {new_cap.sentence()}", new_cap, ids
+
+    def judge_past_capacity(self, name: str, title: str, change: str, knobs: Knobs, note: str = "", *,
+                            again: bool = False, carried: Sequence[int] = ()) -> Step:
+        """Quick mode's comparison (``light_load=False``): the race past the reference's capacity alone
+        (:meth:`race`), no pairs below the knee. In quick investigate on this 2-core CPU the light-load pairs
+        stopped at 3 with intervals of 0.1-10 (a 14-26% SD per pair, 80-270 pairs for the 5% bar) in 9 of 10
+        decisions, and the one they decided (bf16, 1.89) the race decides as well: they cost 6 load tests a step
+        for nothing. What it trades: a step is kept only when the candidate meets the target at the race's rate
+        (capacity about 20-35% above the reference's: ``race_at`` over a 12% bracket) or is faster there by the
+        gate and then by ``min_effect`` in its own capacity; and a machine that slows under the run is not seen
+        (the light-load pairs are the ladder's check for it), one that speeds up is (the reference passes)."""
+        ref, s = self.current, self.settings
+        race, ids, figures, told = self.race(name, change, ref, knobs)
+        ids = [*carried, *ids]
+        cf, rf = race.figures("candidate", self.target), race.figures("reference", self.target)
+        figures.update(metric="count past the capacity", rate=figures["race_rate"], pairs=race.pairs,
+                       order=race.order, min_effect=s.min_effect, level=s.race_level, verdict=race.verdict,
+                       ratio=figures.get("race_ratio"), low=figures.get("race_low"), high=figures.get("race_high"),
+                       reference_capacity=rounded(self.capacity.capacity),
+                       **{k: _round(cf.get(k)) for k in ("qps", "p50_ms", "p99_ms", "p99_low_ms", "p99_high_ms", "errors",
+                                                         "timeouts", "n", "exceed", "model_busy", "device_busy",
+                                                         "mean_batch")},
+                       **{f"reference_{k}": _round(rf.get(k)) for k in ("qps", "p50_ms", "p99_ms", "errors")})
+        figures["meets_target"] = race.verdict == "candidate"
+        new_cap = None
+        if race.verdict == "reference passed" and not again:
+            why, probe_ids = self.passed_past(name, ref, race)
+            return self.judge_past_capacity(name, title, change, knobs, f"{note}; {why}" if note else why,
+                                            again=True, carried=ids + probe_ids)
+        if race.verdict == "candidate":
+            status, reason = "kept", f"{told}: it meets the target where the reference does not"
+            known = _probe_from(race.rate, race.candidate, self.target)
+        elif race.verdict == "candidate faster":
+            status, reason = "kept", (f"{told}: both miss the target there, the candidate clearly faster (clears "
+                                      f"+{100 * s.min_effect:.0f}%)")
+            known = None
+        else:
+            status, reason, known = "not kept", f"{told}: {race.verdict}", None
+        if status == "kept":
+            status, reason, new_cap, probe_ids = self.kept_capacity(
+                name, knobs, status, reason, figures, known=known, saturation=None if known else race.rate,
+                faster=race.verdict == "candidate faster")
+            ids += probe_ids
+        reason = f"quick mode, judged past the capacity only; {reason}"
+        reason = f"{note}; {reason}" if note else reason
+        return self.finish(Step(name, title, change, status, reason, knobs, ref, figures, ids, None, new_cap))
 
     def drifted(self, name: str, ref: Knobs, cmp: Comparison, rate: float) -> tuple[str, list[int]] | None:
         """Whether the machine changed under the ladder (a hypervisor's steal, another tenant), not the knobs,
