@@ -37,6 +37,10 @@ def _stub(rules, floor=None):
     return measure
 
 
+# quick mode with the light-load pairs before the race (LadderSettings.light_load): what those pairs print and decide
+_LIGHT = LadderSettings.quick(light_load=True, race_pairs=None)
+
+
 def _ladder(measure, steps, **kw):
     settings = kw.pop("settings", LadderSettings.quick())
     kw.setdefault("target_p99_ms", 200.0)
@@ -47,7 +51,7 @@ def _ladder(measure, steps, **kw):
 
 def test_a_step_that_does_not_help_is_not_kept():
     measure = _stub([(lambda k: k.num_workers > 2, 0.8), (lambda k: k.tokenizer == "fast", 1.5)])
-    ladder = _ladder(measure, ("workers", "tokenizer"))
+    ladder = _ladder(measure, ("workers", "tokenizer"), settings=_LIGHT)
     frame = ladder.to_frame().set_index("step")
     assert frame.loc["workers", "status"] == "not kept" and frame.loc["workers", "high"] < 1.05
     assert frame.loc["tokenizer", "status"] == "kept" and frame.loc["tokenizer", "low"] > 1.05
@@ -60,7 +64,7 @@ def test_a_step_that_does_not_help_is_not_kept():
 def test_what_is_printed_is_what_was_judged():
     measure = _stub([(lambda k: k.tokenizer == "fast", 1.5)])
     lines = []
-    ladder = run_ladder(device="cpu", measure=measure, progress=lines.append, settings=LadderSettings.quick(),
+    ladder = run_ladder(device="cpu", measure=measure, progress=lines.append, settings=_LIGHT,
                         steps=("tokenizer",), lengths=[10], accuracy=lambda d: {}, sweep=lambda k: Sweep(),
                         target_p99_ms=200.0)
     step = ladder.step("tokenizer")
@@ -96,7 +100,7 @@ def test_half_precision_under_the_cosine_threshold_is_not_recommended():
 def test_max_wait_steps_are_judged_one_by_one_at_the_target():
     measure = _stub([(lambda k: k.batch_size > 1, 1.5), (lambda k: k.max_wait_ms == 5.0, 1.2)],
                     floor=lambda k: 400.0 if k.max_wait_ms == 20.0 else 0.0)
-    ladder = _ladder(measure, ("batch", "batching"))
+    ladder = _ladder(measure, ("batch", "batching"), settings=_LIGHT)
     waits = ladder.waits.set_index("max_wait_ms")
     assert waits.loc[5.0, "status"] == "kept" and waits.loc[20.0, "status"] == "not kept"
     assert "misses the 200 ms target" in ladder.steps[-1].reason

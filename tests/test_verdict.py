@@ -26,6 +26,15 @@ def _ladder(measure, steps=("workers", "batch", "tokenizer", "buckets", "precisi
                       lengths=[12, 20, 31, 40, 64, 90], **kw)
 
 
+# the light-load pairs before the race (LadderSettings.light_load, the full settings' way; quick mode judges past the
+# capacity only): the tests of what those pairs do (drift, frozen figures, the spread they report)
+_LIGHT = LadderSettings.quick(light_load=True, race_pairs=None)
+
+
+def _ladder_light(measure, *args, **kw):
+    return _ladder(measure, *args, settings=kw.pop("settings", _LIGHT), **kw)
+
+
 # --- the counting rule and the intervals -----------------------------------------------------------
 
 def test_probe_rule_matches_the_binomial_limits():
@@ -219,7 +228,7 @@ def test_a_capacity_gain_with_the_same_light_load_latency_is_kept_at_the_failing
     past the reference's capacity the candidate passes by the count where the reference fails."""
     stub = QueueStub([(lambda k: k.tokenizer == "fast", 2.0)], base_rate=40.0, noise=0.02, seed=4,
                      p99_floor_ms=lambda k: 28.5 if k.tokenizer == "fast" else 0.0)
-    ladder = _ladder(stub, steps=("tokenizer",), target_p99_ms=800.0, settings=LadderSettings.quick())
+    ladder = _ladder(stub, steps=("tokenizer",), target_p99_ms=800.0, settings=_LIGHT)
     step = ladder.step("tokenizer")
     assert step.status == "kept" and "past the reference's capacity" in step.reason, step.reason
     assert step.figures["ratio"] < 1.3 and step.figures["race_verdict"] == "candidate"
@@ -249,7 +258,7 @@ def test_a_step_that_misses_the_target_is_never_kept():
     """Reference at p99 900 ms is not what breaks it: the tokenizer step lifts capacity 30% but adds 3 s."""
     stub = QueueStub([(lambda k: k.tokenizer == "fast", 1.3)], base_rate=40.0, noise=0.02,
                      p99_floor_ms=lambda k: 3000.0 if k.tokenizer == "fast" else 0.0)
-    ladder = _ladder(stub, steps=("tokenizer", "precision"), target_p99_ms=800.0)
+    ladder = _ladder_light(stub, steps=("tokenizer", "precision"), target_p99_ms=800.0)
     step = ladder.step("tokenizer")
     assert step.status == "not kept" and "misses the 800 ms target" in step.reason
     assert ladder.recommended.tokenizer == "naive" and ladder.target_met
@@ -278,7 +287,7 @@ def test_step_figures_are_frozen_at_their_decision():
     def snapshot(partial):
         summary = partial.summary()
         seen.append(json.dumps({"steps": summary["steps"], "experiments": summary["experiments"]}, default=str))
-    ladder = _ladder(drift, steps=("tokenizer", "workers", "precision"), target_p99_ms=800.0, on_step=snapshot)
+    ladder = _ladder_light(drift, steps=("tokenizer", "workers", "precision"), target_p99_ms=800.0, on_step=snapshot)
     final = json.loads(json.dumps(ladder.summary(), default=str))
     for text in seen:
         rows = json.loads(text)
@@ -396,7 +405,7 @@ def test_a_machine_that_slows_under_the_ladder_searches_the_reference_again_inst
     again and the step judged at the new rate; the reference is the baseline's configuration, so the
     baseline's capacity is the new one too (the headline compares one machine), and the row says why."""
     stub, measure = _slowing(_baseline_calls(), 40.0)
-    ladder = _ladder(measure, steps=("tokenizer",), target_p99_ms=100.0)
+    ladder = _ladder_light(measure, steps=("tokenizer",), target_p99_ms=100.0)
     step = ladder.step("tokenizer")
     assert "the machine changed" in step.reason and "searched again" in step.reason, step.reason
     (drift,) = ladder.summary()["machine_changed"]
@@ -410,7 +419,7 @@ def test_a_machine_that_slows_under_the_ladder_searches_the_reference_again_inst
 
 def test_the_first_comparison_after_a_change_of_machine_is_labelled_not_judged():
     stub, measure = _slowing(_baseline_calls(), 40.0)
-    ladder = _ladder(measure, steps=("tokenizer",), target_p99_ms=100.0)
+    ladder = _ladder_light(measure, steps=("tokenizer",), target_p99_ms=100.0)
     stale = [e for e in ladder.experiments if "not judged" in e.change]
     assert sorted(e.role for e in stale) == ["candidate", "reference"], [(e.role, e.change) for e in stale]
     judged = ladder.step("tokenizer").figures["rate"]
@@ -432,7 +441,7 @@ def test_a_machine_that_recovers_under_the_ladder_searches_the_reference_again()
         t = slow(knobs, **kw)
         t.steal_share = 0.01 if recovered else 0.5
         return t
-    ladder = _ladder(measure, steps=("tokenizer",), target_p99_ms=100.0)
+    ladder = _ladder_light(measure, steps=("tokenizer",), target_p99_ms=100.0)
     step = ladder.step("tokenizer")
     (drift,) = ladder.summary()["machine_changed"]
     assert drift["kind"] == "recovered" and "the machine recovered" in step.reason, step.reason
@@ -456,7 +465,7 @@ def test_steady_steal_is_not_a_recovery():
 
 def test_a_machine_too_slow_for_the_target_is_searched_once_and_the_target_is_not_met():
     stub, measure = _slowing(_baseline_calls(), 5.0)  # 200 ms a request: no rate meets 100 ms
-    ladder = _ladder(measure, steps=("tokenizer", "workers"), target_p99_ms=100.0)
+    ladder = _ladder_light(measure, steps=("tokenizer", "workers"), target_p99_ms=100.0)
     s = ladder.summary()
     assert len(s["machine_changed"]) == 1 and not ladder.target_met, s["machine_changed"]
     assert ladder.step("workers").status != "kept" and "machine changed" not in ladder.step("workers").reason
@@ -482,7 +491,7 @@ def test_a_stall_in_one_reference_run_is_not_a_changed_machine():
         if len(stub.calls) == calls:
             stall.armed = True  # the first run after the baseline: pair 1's reference
         return plain(knobs, **kw)
-    ladder = _ladder(armed, steps=("tokenizer",), target_p99_ms=100.0)
+    ladder = _ladder_light(armed, steps=("tokenizer",), target_p99_ms=100.0)
     assert not stall.armed  # the stall happened
     f = pooled_figures(ladder.step("tokenizer").comparison.reference, 100.0)
     assert count_verdict(f["exceed"], f["n"]) == "fail", f  # the count alone would have blamed the machine
@@ -726,6 +735,39 @@ def test_the_race_gate_where_both_fail_is_judged_at_its_own_level():
         LadderSettings(race_level=1.0)
 
 
+def test_a_three_pair_race_where_both_fail_goes_on_while_it_could_still_decide():
+    """Quick investigate on this CPU, buckets with batch 4 against batch 1 past the reference's capacity: 15 of 459
+    over the target against 84 of 459, latency ratio 1.39 [0.73-2.66] after the race's 3 pairs (at 3 pairs the 99%
+    t interval is 9.9 standard errors wide): not kept. With ``extend_to`` the pairs go on while the interval projected
+    at 6 could still clear the bar, and a no-op's race still stops at 3."""
+    from tuning.experiments.capacity import CompareSettings, race_at
+
+    reference, candidate = preset("baseline", device="cpu"), preset("baseline", device="cpu").replace(tokenizer="fast")
+    compare = CompareSettings(min_effect=0.05, min_pairs=3, max_pairs=6, level=0.998, futility=True)
+
+    def run(ratios, **kw):
+        calls = {"ref": 0, "cand": 0}
+
+        def measure(knobs, *, rate=None, seed=0, record=False):
+            arm = "cand" if knobs.tokenizer == "fast" else "ref"
+            i = calls[arm]
+            calls[arm] += 1
+            lat = np.full(400, 1100.0 * (ratios[i] if arm == "ref" else 1.0))  # every outcome over 1,000 ms
+            return Trial(qps=20.0, p99_ms=float(lat[0]), ok=400, submitted=400, window_s=20.0, rate=rate,
+                         offered_rate=rate, latencies_ms=lat)
+        return race_at(measure, reference, candidate, rate=30.0, target_p99_ms=1000.0, compare=compare,
+                       gate_level=0.99, max_pairs=3, **kw)
+
+    faster = [1.25, 1.55, 1.38, 1.3, 1.45, 1.35]  # the reference's latency over the candidate's, pair by pair
+    assert run(faster).verdict == "candidate fails" and run(faster).pairs == 3  # 1.39 [0.75-2.58]: too wide
+    told = run(faster, extend_to=6)
+    assert told.verdict == "candidate faster" and told.pairs > 3 and told.low > 1.05, told
+    noop = run([0.8, 1.3, 1.0, 1.1, 0.9, 1.2], extend_to=6)
+    assert noop.verdict == "candidate fails" and noop.pairs == 3, noop  # futile at 6: it stops where it was
+    full = run(faster, extend_to=None)
+    assert full.pairs == 3
+
+
 def test_a_step_not_told_apart_says_how_many_pairs_its_spread_would_need():
     """Quick investigate on this CPU: "not distinguishable: 1.07 [0.01-81.34] after 3 pairs" said nothing of why.
     The per-pair SD behind it was 34%, and telling 5% at 99.8% at that spread needs about 450 pairs."""
@@ -739,7 +781,7 @@ def test_a_step_not_told_apart_says_how_many_pairs_its_spread_would_need():
     assert pairs_to_tell(0.3357, 0.05, 0.998) == 458 and math.isnan(spread_of(1.0, math.nan, 1, 0.99))
     assert pairs_to_tell(0.03, 0.05, 0.998) == 9  # t, not z (z says 4, where a cap of 6 did not decide)
     assert math.isnan(pairs_to_tell(0.3, 0.0, 0.99)) and math.isnan(pairs_to_tell(0.0, 0.05, 0.99))
-    ladder = _ladder(SmoothStub(noise=0.4, seed=3), steps=("tokenizer",), target_p99_ms=200.0)
+    ladder = _ladder_light(SmoothStub(noise=0.4, seed=3), steps=("tokenizer",), target_p99_ms=200.0)
     step = ladder.step("tokenizer")
     assert step.figures["verdict"] == "not distinguishable", step.reason
     assert step.figures["pair_sd"] > 0.1 and step.figures["pairs_needed"] > 6

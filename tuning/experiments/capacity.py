@@ -335,7 +335,7 @@ def paired_seed(seed: int, pair: int, salt: int) -> int:
 def race_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: float, target_p99_ms: float,
             settings: CapacitySettings = CapacitySettings(), min_pairs: int = 2, max_pairs: int = 6, seed: int = 0,
             compare: "CompareSettings | None" = None, faster_pairs: int = 6, gate_level: float | None = None,
-            status: Callable[[str], None] | None = None) -> Race:
+            extend_to: int | None = None, status: Callable[[str], None] | None = None) -> Race:
     """Whether ``candidate`` meets the target at ``rate`` while ``reference`` does not, in interleaved pairs
     (AB BA BA AB ...; both arms of a pair on one arrival seed). After ``min_pairs`` it stops as soon as the
     candidate fails while the reference does not, the reference passes, or the candidate passes while the
@@ -353,7 +353,13 @@ def race_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: float
     its interval clears the minimum effect.
     Not the ratio of the shares over the target: a candidate just below its knee had 0.1% in one pair and 100%
     in the next (a stub at utilisation 0.98), an interval of 0.01-150,000; the latency figure is capped at 20x
-    the target and moves with the queue in every outcome."""
+    the target and moves with the queue in every outcome.
+
+    ``extend_to`` (quick mode's race of 3 pairs: at 3 pairs the 99% t interval is 9.9 standard errors wide, so
+    the gate could clear nothing) lets a race in which both arms fail go on past that cap, up to ``extend_to``
+    pairs, while the gate's interval projected at ``extend_to`` pairs could still decide
+    (:meth:`~tuning.base.decide.Paired.futile`): quick investigate's buckets step on this CPU read 1.39
+    [0.73-2.66] after 3 pairs (15 of 459 over the target against 84 of 459), and stopped there, not kept."""
     measure, _ = as_measure(measure)
     compare = compare or CompareSettings()
     say = status or (lambda text: None)
@@ -363,11 +369,14 @@ def race_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: float
     verdict = "undecided"
     rv = cv = ("undecided", "count")
     faster_cap = max(3, min(max_pairs, faster_pairs))
+    extend = max(faster_cap, extend_to) if extend_to else faster_cap
     # no futility here: past the knee one pair in four reads 0.8 where the others read 2-14 (quick investigate's bf16
     # on this CPU), and the projection from four such pairs gives up on an effect that six pairs show
-    faster = Paired(compare.min_effect, 3, faster_cap, gate_level if gate_level is not None else compare.level)
+    # futility only past faster_cap (then the pairs go on only while they could still decide): below it, as above
+    faster = Paired(compare.min_effect, 3, extend, gate_level if gate_level is not None else compare.level,
+                    futility=extend > faster_cap)
     cap = 20 * target_p99_ms
-    for i in range(max_pairs):
+    for i in range(max(max_pairs, extend) if extend_to else max_pairs):
         order = Paired.order(i)
         orders.append("".join(order))
         pair_seed = paired_seed(seed, i, salt=17)
@@ -384,7 +393,7 @@ def race_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: float
             told = faster.verdict()
             verdict = {"better": "candidate faster", "not better": "candidate fails",
                        "not distinguishable": "candidate fails"}.get(told, "undecided")
-            if verdict == "undecided" and i + 1 >= min(max_pairs, faster_cap):
+            if verdict == "undecided" and i + 1 >= min(max_pairs, faster_cap) and extend == faster_cap:
                 verdict = "candidate fails"
         elif cv[0] == "fail":
             verdict = "candidate fails"
@@ -392,8 +401,8 @@ def race_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: float
             verdict = "reference passed"
         elif cv == ("pass", "count") and rv[0] == "fail":
             verdict = "candidate"
-        if verdict != "undecided":
-            break
+        if verdict != "undecided" or (i + 1 >= max_pairs and not (cv[0] == "fail" and rv[0] == "fail")):
+            break  # past the race's own cap only a race in which both arms fail goes on (extend_to)
     both_failed = cv[0] == "fail" and rv[0] == "fail" and faster.pairs >= 2
     ratio, lo, hi = faster.interval() if both_failed else (math.nan, math.nan, math.nan)
     return Race(rate, verdict, rv, cv, ref, cand, " ".join(orders), ratio, lo, hi)

@@ -170,12 +170,16 @@ class LadderSettings:
         at most 6 pairs per step, stopped after 3 once 6 could not decide (futility: in the stubs' Monte-Carlo it
         cut a no-op ladder's load tests 30%, 4,567 to 3,217 over 40 runs, and kept as many true +10% steps, 58 of
         60; with the full settings it kept 33 of 45 against 40, so it is quick mode's only), a 12% capacity
-        bracket, three batch sizes and two waits, one joint round."""
+        bracket, three batch sizes and two waits, one joint round; and no light-load pairs: a step is judged past
+        the reference's capacity alone (:meth:`Ladder.judge_past_capacity`; 3 pairs, up to 6 while a race in
+        which both arms fail could still decide). Measured on a quiet 2-core AMD EPYC (avx512_bf16): 729 s,
+        capacity at p99 <= 800 ms 28.4 -> 63.1 req/s (buckets with batch 4, bf16); with the light-load pairs
+        the same command took 1,429 s on another 2-core VM."""
         base = dict(concurrency=16, duration_s=3.0, warmup_s=0.5, min_outcomes=300, max_window_s=4.0,
                     warmup_requests=10, min_effect=0.05, max_pairs=6,
                     capacity=CapacitySettings.quick(), sweep_sizes=(1, 4, 16), sweep_repeats=1, sweep_rounds=2,
                     waits_ms=(5.0, 20.0), joint_rounds=1, joint_moves=3, precision_texts=32, compile_on_cpu=False,
-                    futility=True)
+                    futility=True, light_load=False, race_pairs=3)
         base.update(changes)
         return cls(**base)
 
@@ -740,7 +744,7 @@ class Ladder:
         race = race_at(self.measure, ref, knobs, rate=race_rate, target_p99_ms=self.target, settings=s.capacity,
                        max_pairs=s.race_pairs if s.race_pairs is not None else s.max_pairs,
                        seed=s.seed + 7 * len(self.steps) + 1, compare=s.compare_settings(),
-                       gate_level=s.race_level,
+                       gate_level=s.race_level, extend_to=s.max_pairs if s.race_pairs is not None else None,
                        status=lambda t: self.status(f"{name}: {change}: past the reference's capacity: {t}"))
         ids = [self.experiment(name, "reference", f"{change} (past the capacity)", ref, race.reference, race_rate).id,
                self.experiment(name, "candidate", f"{change} (past the capacity)", knobs, race.candidate,

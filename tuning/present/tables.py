@@ -233,7 +233,13 @@ def format_investigation(inv: Investigation) -> str:
     level = next((s.figures.get("level") for s in ladder.steps if s.figures.get("level") is not None), None)
     level_text = f"{100 * level:.1f}% interval" if isinstance(level, (int, float)) else "interval"
     effect = ladder.settings.min_effect
-    if ladder.objective == "target":
+    if ladder.objective == "target" and not ladder.settings.light_load:
+        how = (f"objective: capacity at p99 <= {t:.0f} ms; quick mode: each step in interleaved pairs against its "
+               f"reference at {ladder.settings.race_at:.1f}x the rate where the reference's capacity search failed, "
+               "kept when the candidate passes by the count over its runs there and the reference fails in the same "
+               f"pairs, or when both fail and the reference / candidate latency ratio's {level_text} clears "
+               f"{1 + effect:.2f} and the candidate's own capacity then beats the reference's by that much)")
+    elif ladder.objective == "target":
         how = (f"objective: capacity at p99 <= {t:.0f} ms; each step in interleaved pairs against its reference, "
                f"open loop at {100 * ladder.settings.compare_at:.0f}% of the reference's capacity; ratio = reference / "
                f"candidate geometric-mean latency with its {level_text}, kept when the lower end clears "
