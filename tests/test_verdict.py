@@ -702,32 +702,41 @@ def test_futility_stops_a_comparison_the_cap_could_not_decide_and_never_adds_a_k
     assert LadderSettings.quick().compare_settings().futility and not LadderSettings.full().compare_settings().futility
 
 
+def _race_stub(latencies, rate=30.0):
+    """A measure for :func:`race_at`: ``latencies(arm, i)`` gives the i-th run of arm ``ref`` or ``cand`` (the
+    candidate is the one with the fast tokenizer) as (latencies_ms, window_s)."""
+    calls = {"ref": 0, "cand": 0}
+
+    def measure(knobs, *, rate=None, seed=0, record=False):
+        arm = "cand" if knobs.tokenizer == "fast" else "ref"
+        i = calls[arm]
+        calls[arm] += 1
+        lat, window_s = latencies(arm, i)
+        lat = np.asarray(lat, dtype=float)
+        return Trial(qps=lat.size / window_s, p99_ms=float(np.percentile(lat, 99)), ok=lat.size,
+                     submitted=lat.size, window_s=window_s, rate=rate, offered_rate=rate, latencies_ms=lat)
+    return measure
+
+
+def _both_fail_race(ratios, **kw):
+    """A race in which every outcome of both arms is over the 1,000 ms target; ``ratios``: the reference's
+    latency over the candidate's, pair by pair."""
+    from tuning.experiments.capacity import CompareSettings, race_at
+
+    reference, candidate = preset("baseline", device="cpu"), preset("baseline", device="cpu").replace(tokenizer="fast")
+    compare = CompareSettings(min_effect=0.05, min_pairs=3, max_pairs=6, level=0.998, futility=True)
+    measure = _race_stub(lambda arm, i: (np.full(400, 1100.0 * (ratios[i] if arm == "ref" else 1.0)), 20.0))
+    return race_at(measure, reference, candidate, rate=30.0, target_p99_ms=1000.0, compare=compare, **kw)
+
+
 def test_the_race_gate_where_both_fail_is_judged_at_its_own_level():
     """Quick investigate on this CPU, bf16 against fp32 past the reference's capacity: both failed, latency ratios
     per pair from 0.8 to 14 (ratio 9.08, 0.88-93.2 at the keep's 99.8% after 6 pairs): never told apart, though
     its completions were 22-33 req/s against 6-28. The gate only sends a candidate to its own capacity search, which
     must then beat the reference's by the minimum effect, so it is judged at 99% (LadderSettings.race_level)."""
-    from tuning.experiments.capacity import CompareSettings, race_at
-
-    reference, candidate = preset("baseline", device="cpu"), preset("baseline", device="cpu").replace(tokenizer="fast")
     ratios = [8.0, 2.0, 12.0, 1.5, 10.0, 4.0]  # the reference's latency over the candidate's, pair by pair
     # (after four of these a futility projection would give up: the gate runs its pairs, futility or not)
-    compare = CompareSettings(min_effect=0.05, min_pairs=3, max_pairs=6, level=0.998, futility=True)
-
-    def run(gate_level):
-        calls = {"ref": 0, "cand": 0}
-
-        def measure(knobs, *, rate=None, seed=0, record=False):
-            arm = "cand" if knobs.tokenizer == "fast" else "ref"
-            i = calls[arm]
-            calls[arm] += 1
-            lat = np.full(400, 1100.0 * (ratios[i] if arm == "ref" else 1.0))  # every outcome over 1,000 ms
-            return Trial(qps=20.0, p99_ms=float(lat[0]), ok=400, submitted=400, window_s=20.0, rate=rate,
-                         offered_rate=rate, latencies_ms=lat)
-        return race_at(measure, reference, candidate, rate=30.0, target_p99_ms=1000.0, compare=compare,
-                       gate_level=gate_level)
-
-    strict, gate = run(None), run(LadderSettings().race_level)
+    strict, gate = _both_fail_race(ratios), _both_fail_race(ratios, gate_level=LadderSettings().race_level)
     assert strict.verdict == "candidate fails" and strict.low < 1.05 and strict.pairs == 6, strict
     assert gate.verdict == "candidate faster" and gate.low > 1.05 and gate.pairs == 6, gate
     assert LadderSettings().race_level == 0.99 and LadderSettings.quick().race_level == 0.99
@@ -738,25 +747,10 @@ def test_the_race_gate_where_both_fail_is_judged_at_its_own_level():
 def test_a_three_pair_race_where_both_fail_goes_on_while_it_could_still_decide():
     """Quick investigate on this CPU, buckets with batch 4 against batch 1 past the reference's capacity: 15 of 459
     over the target against 84 of 459, latency ratio 1.39 [0.73-2.66] after the race's 3 pairs (at 3 pairs the 99%
-    t interval is 9.9 standard errors wide): not kept. With ``extend_to`` the pairs go on while the interval projected
-    at 6 could still clear the bar, and a no-op's race still stops at 3."""
-    from tuning.experiments.capacity import CompareSettings, race_at
-
-    reference, candidate = preset("baseline", device="cpu"), preset("baseline", device="cpu").replace(tokenizer="fast")
-    compare = CompareSettings(min_effect=0.05, min_pairs=3, max_pairs=6, level=0.998, futility=True)
-
+    t interval spans +-9.9 standard errors): not kept. With ``extend_to`` the pairs go on while the interval
+    projected at 6 could still clear the bar, and a no-op's race still stops at 3."""
     def run(ratios, **kw):
-        calls = {"ref": 0, "cand": 0}
-
-        def measure(knobs, *, rate=None, seed=0, record=False):
-            arm = "cand" if knobs.tokenizer == "fast" else "ref"
-            i = calls[arm]
-            calls[arm] += 1
-            lat = np.full(400, 1100.0 * (ratios[i] if arm == "ref" else 1.0))  # every outcome over 1,000 ms
-            return Trial(qps=20.0, p99_ms=float(lat[0]), ok=400, submitted=400, window_s=20.0, rate=rate,
-                         offered_rate=rate, latencies_ms=lat)
-        return race_at(measure, reference, candidate, rate=30.0, target_p99_ms=1000.0, compare=compare,
-                       gate_level=0.99, max_pairs=3, **kw)
+        return _both_fail_race(ratios, gate_level=0.99, max_pairs=3, **kw)
 
     faster = [1.25, 1.55, 1.38, 1.3, 1.45, 1.35]  # the reference's latency over the candidate's, pair by pair
     assert run(faster).verdict == "candidate fails" and run(faster).pairs == 3  # 1.39 [0.75-2.58]: too wide
@@ -766,6 +760,38 @@ def test_a_three_pair_race_where_both_fail_goes_on_while_it_could_still_decide()
     assert noop.verdict == "candidate fails" and noop.pairs == 3, noop  # futile at 6: it stops where it was
     full = run(faster, extend_to=None)
     assert full.pairs == 3
+
+
+def test_futility_waits_for_the_race_s_own_pairs():
+    """Review: with a race of 4 pairs extended to 6, the futility projection fired at 3 pairs, before the race
+    had run its own cap; it applies only from the race's own cap on (futility can only drop a keep, but a race
+    promised 4 pairs runs 4)."""
+    noop = [0.8, 1.3, 1.0, 1.1, 0.9, 1.2]  # futile at 3 pairs (see the test above)
+    four = _both_fail_race(noop, gate_level=0.99, max_pairs=4, extend_to=6)
+    assert four.pairs >= 4 and four.verdict == "candidate fails", four
+    assert _both_fail_race(noop, gate_level=0.99, max_pairs=3, extend_to=6).pairs == 3
+
+
+def test_past_the_race_s_cap_only_the_latency_gate_keeps():
+    """Review: during the extension past the race's own cap (quick mode's 3 pairs, extended to 6 while both arms
+    fail), the pooled count could flip the candidate to "pass" while the reference failed, and the step was kept
+    by the count ("candidate") after more looks than the count rule was planned for. Past the cap only the
+    latency gate decides. Stub: the candidate fails by its count in pairs 1-3 (3% over the target), then its
+    big later windows pass; the latency ratio falls from 10-180 to 1.16, so the gate cannot clear 5%."""
+    from tuning.experiments.capacity import CompareSettings, race_at
+
+    def latencies(arm, i):
+        if arm == "cand":
+            return (np.r_[np.full(12, 1500.0), np.full(388, 100.0)], 20.0) if i < 3 else (np.full(10_000, 950.0), 500.0)
+        return np.full(400, (19_000.0 if i == 1 else 1100.0) if i < 3 else 1100.0), 20.0
+
+    reference, candidate = preset("baseline", device="cpu"), preset("baseline", device="cpu").replace(tokenizer="fast")
+    compare = CompareSettings(min_effect=0.05, min_pairs=3, max_pairs=6, level=0.998, futility=True)
+    race = race_at(_race_stub(latencies), reference, candidate, rate=30.0, target_p99_ms=1000.0, compare=compare,
+                   gate_level=0.99, max_pairs=3, extend_to=6)
+    assert race.pairs > 3 and race.candidate_by == ("pass", "count") and race.reference_by[0] == "fail", race
+    assert race.verdict == "candidate fails", race
+    assert math.isfinite(race.ratio) and race.low < 1.05  # the gate's interval is what was judged: it is shown
 
 
 def test_a_step_not_told_apart_says_how_many_pairs_its_spread_would_need():
@@ -833,3 +859,82 @@ def test_judged_past_the_capacity_only_a_step_whose_own_search_never_meets_the_t
     step = ladder.step("tokenizer")
     assert step.status == "not kept", step.reason
     assert ladder.recommended.tokenizer == "naive" and ladder.target_met
+
+
+def test_the_table_header_says_how_the_steps_were_judged():
+    """Review: the ladder table's header said "quick mode: ... past the capacity" for every quick ladder, also
+    when the reference met the target nowhere and its steps were judged by the light-load pairs."""
+    from tuning.present.tables import ladder_method
+
+    quick = LadderSettings.quick(**_PAST_ONLY)
+    met = _ladder(QueueStub(base_rate=40.0, noise=0.02, seed=1), steps=("tokenizer",), target_p99_ms=800.0,
+                  settings=quick)
+    assert met.step("tokenizer").figures["metric"] == "count past the capacity"
+    assert "quick mode: each step in interleaved pairs" in ladder_method(met)
+    missed = _ladder(QueueStub(base_rate=40.0, noise=0.02, seed=1, p99_floor_ms=lambda k: 3000.0),
+                     steps=("tokenizer",), target_p99_ms=800.0, settings=quick)
+    assert not missed.target_met and missed.step("tokenizer").figures.get("pairs") is not None
+    how = ladder_method(missed)
+    assert "quick mode" not in how and "open loop at 60% of the reference's capacity" in how, how
+
+
+def test_quick_mode_extends_its_race_only_without_the_light_load_pairs(monkeypatch):
+    """Review: the race's extension past its own cap (``extend_to``) followed ``race_pairs`` alone; it belongs to
+    the race-only judging of quick mode (``light_load=False``), not to a ladder that ran light-load pairs first."""
+    import tuning.experiments.ladder as ladder_module
+
+    seen = []
+    real = ladder_module.race_at
+
+    def spy(*args, **kw):
+        seen.append(kw.get("extend_to"))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(ladder_module, "race_at", spy)
+    stub = QueueStub([(lambda k: k.tokenizer == "fast", 1.1)], base_rate=40.0, noise=0.02, seed=2)
+    _ladder(stub, steps=("tokenizer",), target_p99_ms=800.0, settings=LadderSettings.quick(**_PAST_ONLY))
+    assert seen and seen[-1] == 6
+    seen.clear()
+    noop = QueueStub(base_rate=40.0, noise=0.05, seed=2)  # not told apart at light load: raced
+    _ladder(noop, steps=("tokenizer",), target_p99_ms=800.0, settings=LadderSettings.quick(light_load=True, race_pairs=3))
+    assert seen and all(x is None for x in seen), seen
+
+
+def test_the_confirm_is_a_probe_with_the_recorder_off_on_fresh_arrivals():
+    """Review: the confirm run was one window under the recorder at the found capacity; on this 2-core CPU it read
+    p99 925 ms at the 63.1 req/s its own search had passed below 800 (the recorder's CPU). The headline is now a
+    probe with the recorder off (the capacity search's rule, on arrivals it has not seen), and the run under the
+    recorder, kept for its profile, is shown beside it."""
+    from types import SimpleNamespace
+
+    from tuning.experiments.investigate import Investigation, _confirm_and_what_if, headline
+    from tuning.present.html import _confirm
+
+    stub = QueueStub(base_rate=40.0, noise=0.02, seed=1)
+    seeds = []
+
+    def measure(knobs, *, rate=None, record=False, seed=None):
+        seeds.append((rate, seed, record))
+        t = stub(knobs, rate=rate, seed=seed)
+        if record and t.latencies_ms is not None:  # the recorder's cost: every answer 2 s later
+            t.latencies_ms = t.latencies_ms + 2000.0
+            t.p99_ms += 2000.0
+        return t
+
+    ladder = _ladder(measure, steps=("tokenizer",), target_p99_ms=800.0, settings=LadderSettings.quick(**_PAST_ONLY))
+    assert ladder.target_met
+    searched = {s for r, s, _ in seeds if r == ladder.capacity.capacity}
+    seeds.clear()
+    inv = Investigation(out="x", quick=True, device={}, environment={}, data={}, before=None, ladder=ladder)
+    lines = []
+    _confirm_and_what_if(inv, measure, ladder.recommended, ladder, SimpleNamespace(knob="cpu"), None, False, lines.append)
+    assert inv.confirm is not None and inv.confirm.verdict == "pass" and inv.confirm.rate == ladder.capacity.capacity
+    assert inv.after is not None and inv.after.p99_ms > 2000  # the recorder's run, kept for its profile
+    probe_seeds = {s for r, s, rec in seeds if not rec}
+    assert probe_seeds and not probe_seeds & searched  # new arrivals, not a replay of the search's windows
+    text = headline(inv)
+    assert f"confirm at {ladder.capacity.capacity:.1f} req/s: pass by count" in text, text
+    conf = _confirm(inv)
+    assert conf["recorder"] == "recorder off" and conf["p99_ms"] < 800 and conf["recorder_p99_ms"] > 2000
+    assert inv.summary()["confirm"]["verdict"] == "pass"
+    assert any(line.startswith("confirm (recorder off): ") for line in lines)

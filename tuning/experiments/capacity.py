@@ -355,7 +355,7 @@ def race_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: float
     in the next (a stub at utilisation 0.98), an interval of 0.01-150,000; the latency figure is capped at 20x
     the target and moves with the queue in every outcome.
 
-    ``extend_to`` (quick mode's race of 3 pairs: at 3 pairs the 99% t interval is 9.9 standard errors wide, so
+    ``extend_to`` (quick mode's race of 3 pairs: at 3 pairs the 99% t interval spans +-9.9 standard errors, so
     the gate could clear nothing) lets a race in which both arms fail go on past that cap, up to ``extend_to``
     pairs, while the gate's interval projected at ``extend_to`` pairs could still decide
     (:meth:`~tuning.base.decide.Paired.futile`): quick investigate's buckets step on this CPU read 1.39
@@ -370,12 +370,12 @@ def race_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: float
     rv = cv = ("undecided", "count")
     faster_cap = max(3, min(max_pairs, faster_pairs))
     extend = max(faster_cap, extend_to) if extend_to else faster_cap
-    # no futility here: past the knee one pair in four reads 0.8 where the others read 2-14 (quick investigate's bf16
-    # on this CPU), and the projection from four such pairs gives up on an effect that six pairs show
-    # futility only past faster_cap (then the pairs go on only while they could still decide): below it, as above
-    faster = Paired(compare.min_effect, 3, extend, gate_level if gate_level is not None else compare.level,
-                    futility=extend > faster_cap)
+    # futility only from faster_cap on (then the pairs go on only while they could still decide): below it none,
+    # since past the knee one pair in four reads 0.8 where the others read 2-14 (quick investigate's bf16 on this
+    # CPU), and the projection from four such pairs gives up on an effect that six pairs show
+    faster = Paired(compare.min_effect, 3, extend, gate_level if gate_level is not None else compare.level)
     cap = 20 * target_p99_ms
+    gated = False  # whether the latency gate judged the last look
     for i in range(max(max_pairs, extend) if extend_to else max_pairs):
         order = Paired.order(i)
         orders.append("".join(order))
@@ -385,11 +385,16 @@ def race_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: float
             trials = ref if arm == "A" else cand
             trials.append(measure(reference if arm == "A" else candidate, rate=rate, seed=pair_seed))
         faster.add(1.0 / latency_figure(ref[-1], cap), 1.0 / latency_figure(cand[-1], cap))  # bigger is better
+        faster.futility = extend > faster_cap and faster.pairs >= faster_cap
         rv = window_verdict(pooled_figures(ref, target_p99_ms), len(ref), settings)
         cv = window_verdict(pooled_figures(cand, target_p99_ms), len(cand), settings)
         if i + 1 < min_pairs:
             continue
-        if cv[0] == "fail" and rv[0] == "fail":
+        both_fail = cv[0] == "fail" and rv[0] == "fail"
+        # past the race's own cap (the extension) only the latency gate can keep: the count rule was planned
+        # for at most max_pairs looks
+        gated = both_fail or (i + 1 > max_pairs and cv[0] != "fail" and rv[0] != "pass")
+        if gated:
             told = faster.verdict()
             verdict = {"better": "candidate faster", "not better": "candidate fails",
                        "not distinguishable": "candidate fails"}.get(told, "undecided")
@@ -401,10 +406,11 @@ def race_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: float
             verdict = "reference passed"
         elif cv == ("pass", "count") and rv[0] == "fail":
             verdict = "candidate"
-        if verdict != "undecided" or (i + 1 >= max_pairs and not (cv[0] == "fail" and rv[0] == "fail")):
-            break  # past the race's own cap only a race in which both arms fail goes on (extend_to)
-    both_failed = cv[0] == "fail" and rv[0] == "fail" and faster.pairs >= 2
-    ratio, lo, hi = faster.interval() if both_failed else (math.nan, math.nan, math.nan)
+        if verdict != "undecided" or (i + 1 >= max_pairs and not gated):
+            break  # past the race's own cap only a race judged by the gate goes on (extend_to)
+    if verdict == "undecided" and gated and i + 1 > max_pairs:
+        verdict = "candidate fails"  # the extension ran out without the gate clearing the bar
+    ratio, lo, hi = faster.interval() if gated and faster.pairs >= 2 else (math.nan, math.nan, math.nan)
     return Race(rate, verdict, rv, cv, ref, cand, " ".join(orders), ratio, lo, hi)
 
 

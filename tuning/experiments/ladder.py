@@ -744,7 +744,7 @@ class Ladder:
         race = race_at(self.measure, ref, knobs, rate=race_rate, target_p99_ms=self.target, settings=s.capacity,
                        max_pairs=s.race_pairs if s.race_pairs is not None else s.max_pairs,
                        seed=s.seed + 7 * len(self.steps) + 1, compare=s.compare_settings(),
-                       gate_level=s.race_level, extend_to=s.max_pairs if s.race_pairs is not None else None,
+                       gate_level=s.race_level, extend_to=s.max_pairs if s.race_pairs is not None and not s.light_load else None,
                        status=lambda t: self.status(f"{name}: {change}: past the reference's capacity: {t}"))
         ids = [self.experiment(name, "reference", f"{change} (past the capacity)", ref, race.reference, race_rate).id,
                self.experiment(name, "candidate", f"{change} (past the capacity)", knobs, race.candidate,

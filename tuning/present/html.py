@@ -264,14 +264,29 @@ def what_if_sentence(what_if: dict[str, Any]) -> str:
 # --- the report -----------------------------------------------------------------------------------
 
 def _confirm(inv: Any) -> dict[str, Any] | None:
-    """The confirm run's pooled figures (p50, p99 with its interval, failures) at the target, or None."""
+    """The confirm run's pooled figures (p50, p99 with its interval, failures) at the target, or None: the
+    probe with the recorder off where there is one (``inv.confirm``), else the run under the recorder; with
+    ``recorder`` (on or off), and ``recorder_p99_ms`` (the run under the recorder's p99) beside a probe."""
     from tuning.experiments.capacity import pooled_figures
 
-    if inv.after is None:
+    c = getattr(inv, "confirm", None)
+    trials = c.trials if c is not None and c.trials else [inv.after] if inv.after is not None else []
+    if not trials:
         return None
-    f = pooled_figures([inv.after], inv.ladder.target_p99_ms)
-    f["failed"], f["submitted"], f["qps"] = inv.after.failed, inv.after.submitted, inv.after.qps
+    f = pooled_figures(trials, inv.ladder.target_p99_ms)
+    f["failed"], f["submitted"] = sum(t.failed for t in trials), sum(t.submitted for t in trials)
+    f["recorder"] = "recorder off" if c is not None else "recorder on"
+    f["verdict"] = f" ({c.verdict} by {c.by}, {len(trials)} windows)" if c is not None else ""
+    f["recorder_p99_ms"] = inv.after.p99_ms if c is not None and inv.after is not None else None
     return f
+
+
+def _confirm_text(conf: dict[str, Any], mode: str) -> str:
+    under = (f"; under the recorder, same rate: p99 {fixed(conf['recorder_p99_ms'], '.0f')} ms"
+             if conf["recorder_p99_ms"] is not None else "")
+    return (f"Confirm run of the recommended ({_esc(mode)}, {conf['recorder']}){_esc(conf['verdict'])}: p99 "
+            f"<b>{_esc(_p99_span(conf['p99_ms'], conf['p99_low_ms'], conf['p99_high_ms']))} ms</b> (95% interval), p50 "
+            f"{fixed(conf['p50_ms'], '.0f')} ms, {conf['failed']} of {conf['submitted']} failed{_esc(under)}.")
 
 
 def _headline(inv: Any) -> str:
@@ -295,9 +310,7 @@ def _headline(inv: Any) -> str:
                 f"{_esc(_p99_span(b.get('p99_ms'), b.get('p99_low_ms'), b.get('p99_high_ms')))} ms.")
     if conf is not None:
         at = f"open loop at {inv.confirm_rate:.1f} req/s" if inv.confirm_rate else "closed loop"
-        text += (f" Confirm run of the recommended ({at}, recorder on): p99 "
-                 f"<b>{_esc(_p99_span(conf['p99_ms'], conf['p99_low_ms'], conf['p99_high_ms']))} ms</b>, p50 "
-                 f"{fixed(conf['p50_ms'], '.0f')} ms, {conf['failed']} of {conf['submitted']} failed.")
+        text += " " + _confirm_text(conf, at)
     else:
         text += " No confirm run (the investigation was cut short)."
     if "-?]" in text or "[?-" in text:
@@ -399,9 +412,7 @@ def render_report(inv: Any) -> str:
             body.append(_table(_probe_rows(cap), _PROBE_COLUMNS, lambda r: "kept" if r["passed"] else "dropped"))
         conf = _confirm(inv)
         if conf is not None:
-            body.append(f"<p>Confirm run of the recommended configuration ({_esc(confirm_mode)}, recorder on): p99 "
-                        f"{_esc(_p99_span(conf['p99_ms'], conf['p99_low_ms'], conf['p99_high_ms']))} ms (95% interval), "
-                        f"p50 {fixed(conf['p50_ms'], '.0f')} ms, {conf['failed']} of {conf['submitted']} failed.</p>")
+            body.append(f"<p>{_confirm_text(conf, confirm_mode)}</p>")
     else:
         body = [f"<p>Objective {_esc(ladder.objective)}: no capacity search; every configuration was measured in a "
                 f"closed loop at concurrency {settings.concurrency}, its p99 checked against {target:.0f} ms.</p>"]

@@ -216,6 +216,38 @@ def _step_row(step: Any) -> dict[str, Any]:
             "capacity req/s": f"{cap:.1f}" if isinstance(cap, (int, float)) else None}
 
 
+def ladder_method(ladder: Any) -> str:
+    """How the ladder's steps were judged, as the table's header says it: quick mode's race past the reference's
+    capacity only where its steps were judged so (``metric`` "count past the capacity"); a quick ladder whose
+    reference met the target nowhere is judged by the light-load pairs, and says so."""
+    t = ladder.target_p99_ms
+    judged = [s for s in ladder.steps if s.status in ("kept", "not kept") and s.figures.get("pairs") is not None]
+    past = [s for s in judged if s.figures.get("metric") == "count past the capacity"]
+    level = next((s.figures.get("level") for s in ladder.steps if s.figures.get("level") is not None), None)
+    level_text = f"{100 * level:.1f}% interval" if isinstance(level, (int, float)) else "interval"
+    effect = ladder.settings.min_effect
+    if ladder.objective == "target" and past and len(past) == len(judged):
+        how = (f"objective: capacity at p99 <= {t:.0f} ms; quick mode: each step in interleaved pairs against its "
+               f"reference at {ladder.settings.race_at:.1f}x the rate where the reference's capacity search failed, "
+               "kept when the candidate passes by the count over its runs there and the reference fails in the same "
+               f"pairs, or when both fail and the reference / candidate latency ratio's {level_text} clears "
+               f"{1 + effect:.2f} and the candidate's own capacity then beats the reference's by that much)")
+    elif ladder.objective == "target":
+        mixed = (f"; {len(past)} of {len(judged)} steps, judged once the reference met the target, in quick mode's "
+                 f"race past its capacity alone") if past else ""
+        how = (f"objective: capacity at p99 <= {t:.0f} ms; each step in interleaved pairs against its reference, "
+               f"open loop at {100 * ladder.settings.compare_at:.0f}% of the reference's capacity; ratio = reference / "
+               f"candidate geometric-mean latency with its {level_text}, kept when the lower end clears "
+               f"{1 + effect:.2f} and the target is met there; a step not kept there is run again in pairs at "
+               f"{ladder.settings.race_at:.1f}x the reference's capacity, kept when the candidate passes by the "
+               f"count over its runs there and the reference fails in the same pairs{mixed})")
+    else:
+        how = (f"objective: closed-loop QPS at concurrency {ladder.settings.concurrency}; each step in interleaved "
+               f"pairs against its reference; ratio = candidate QPS / reference QPS with its {level_text}, kept "
+               f"when the lower end clears {1 + effect:.2f} without taking the p99 over {t:.0f} ms")
+    return how
+
+
 def format_investigation(inv: Investigation) -> str:
     """The terminal ending: a TARGET NOT MET banner when it was missed, the ladder table (each step's paired
     ratio with its interval), the best configurations, the ship line, where the files are, and the headline."""
@@ -230,26 +262,7 @@ def format_investigation(inv: Investigation) -> str:
         lines.append(f"TARGET NOT MET: no configuration kept p99 <= {t:.0f} ms (errors within "
                      f"{100 * ladder.settings.error_budget:.1f}%) at any rate tried; the ship line is the closest, "
                      "not one that meets the target")
-    level = next((s.figures.get("level") for s in ladder.steps if s.figures.get("level") is not None), None)
-    level_text = f"{100 * level:.1f}% interval" if isinstance(level, (int, float)) else "interval"
-    effect = ladder.settings.min_effect
-    if ladder.objective == "target" and not ladder.settings.light_load:
-        how = (f"objective: capacity at p99 <= {t:.0f} ms; quick mode: each step in interleaved pairs against its "
-               f"reference at {ladder.settings.race_at:.1f}x the rate where the reference's capacity search failed, "
-               "kept when the candidate passes by the count over its runs there and the reference fails in the same "
-               f"pairs, or when both fail and the reference / candidate latency ratio's {level_text} clears "
-               f"{1 + effect:.2f} and the candidate's own capacity then beats the reference's by that much)")
-    elif ladder.objective == "target":
-        how = (f"objective: capacity at p99 <= {t:.0f} ms; each step in interleaved pairs against its reference, "
-               f"open loop at {100 * ladder.settings.compare_at:.0f}% of the reference's capacity; ratio = reference / "
-               f"candidate geometric-mean latency with its {level_text}, kept when the lower end clears "
-               f"{1 + effect:.2f} and the target is met there; a step not kept there is run again in pairs at "
-               f"{ladder.settings.race_at:.1f}x the reference's capacity, kept when the candidate passes by the "
-               f"count over its runs there and the reference fails in the same pairs)")
-    else:
-        how = (f"objective: closed-loop QPS at concurrency {ladder.settings.concurrency}; each step in interleaved "
-               f"pairs against its reference; ratio = candidate QPS / reference QPS with its {level_text}, kept "
-               f"when the lower end clears {1 + effect:.2f} without taking the p99 over {t:.0f} ms")
+    how = ladder_method(ladder)
     lines += [f"ladder on {inv.device.get('label', '?')} ({how})",
               table([_step_row(s) for s in ladder.steps],
                     ["step", "change", "status", "ratio [low-high]", "pairs", "past the capacity (over the target)",

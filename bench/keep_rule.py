@@ -1,0 +1,91 @@
+"""Monte-Carlo of the ladder's keep rule through its public seam (SIMULATED: a stub queue, no timing).
+
+``run_ladder(..., measure=stub)`` with ``tests.verdict_stubs.QueueStub``: an M/D/1 queue whose service rate
+carries 5% run-to-run noise, 400 outcomes a window, p99 target 800 ms. Three cases per settings (quick, as
+``investigate --quick`` runs, and full):
+
+- **no-op**: no knob changes anything; the share of ladders that ship any knob, and false keeps per decision;
+- **+10%** and **+30%**: every step's knob raises the capacity by that much; the share of decided steps kept.
+
+    python bench/keep_rule.py [--runs 100] [--quick]
+
+Writes ``bench/results/keep_rule.json`` (``--quick``: 10 runs, temporary folder). The unit tests bound the
+same rule with fewer runs (``tests/test_verdict.py``); this gives the figures README quotes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from common import write
+
+from tests.verdict_stubs import QueueStub
+from tuning.experiments.ladder import LadderSettings, run_ladder
+
+TARGET_P99_MS = 800.0
+NOISE = 0.05
+STEPS = ("workers", "batch", "tokenizer", "buckets", "precision", "batching", "joint")
+EFFECT_STEPS = ("workers", "tokenizer", "precision")  # one knob each, no knee or plan involved
+KNOBS = [lambda k: k.num_workers > 2, lambda k: k.batch_size > 1, lambda k: k.tokenizer == "fast",
+         lambda k: k.padding == "bucket", lambda k: k.dtype == "bf16"]
+
+
+class _Sweep:
+    knee = 8
+
+
+def _ladder(measure, settings: LadderSettings, steps=STEPS):
+    return run_ladder(device="cpu", measure=measure, progress=False, settings=settings, steps=steps,
+                      sweep=lambda knobs: _Sweep(), accuracy=lambda dtypes: {"bf16": 0.99999},
+                      lengths=[12, 20, 31, 40, 64, 90], target_p99_ms=TARGET_P99_MS)
+
+
+def no_op(settings: LadderSettings, runs: int) -> dict:
+    shipped = decisions = kept = 0
+    for seed in range(runs):
+        ladder = _ladder(QueueStub(base_rate=40.0, noise=NOISE, seed=seed), settings)
+        decided = [s for s in ladder.steps if s.status in ("kept", "not kept")]
+        decisions += len(decided)
+        kept += sum(s.status == "kept" for s in decided)
+        shipped += bool(ladder.changes())
+    return {"runs": runs, "runs_shipping_a_knob": shipped, "share_of_runs": shipped / runs, "decisions": decisions,
+            "false_keeps": kept, "false_keeps_per_decision": kept / decisions if decisions else None}
+
+
+def effect(settings: LadderSettings, runs: int, factor: float) -> dict:
+    kept = decided = 0
+    for seed in range(runs):
+        stub = QueueStub([(test, factor) for test in KNOBS], base_rate=40.0, noise=NOISE, seed=seed)
+        steps = [s for s in _ladder(stub, settings, EFFECT_STEPS).steps if s.status in ("kept", "not kept")]
+        decided += len(steps)
+        kept += sum(s.status == "kept" for s in steps)
+    return {"runs": runs, "factor": factor, "steps_decided": decided, "steps_kept": kept,
+            "share_kept": kept / decided if decided else None}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=100, help="ladders per case")
+    parser.add_argument("--quick", action="store_true", help="check the script: 10 runs, temporary output")
+    args = parser.parse_args()
+    runs = 10 if args.quick else args.runs
+    out = {"what": "SIMULATED: the keep rule's false keeps and power through run_ladder(measure=stub); an M/D/1 "
+                   f"stub with {100 * NOISE:.0f}% run-to-run noise on its service rate, p99 target "
+                   f"{TARGET_P99_MS:.0f} ms; no timing", "simulated": True, "settings": {}}
+    for name, settings in (("quick", LadderSettings.quick()), ("full", LadderSettings.full())):
+        t0 = time.perf_counter()
+        res = {"no_op": no_op(settings, runs), "plus_10": effect(settings, runs, 1.10),
+               "plus_30": effect(settings, runs, 1.30)}
+        res["seconds"] = round(time.perf_counter() - t0, 1)
+        out["settings"][name] = res
+        n, p10, p30 = res["no_op"], res["plus_10"], res["plus_30"]
+        print(f"{name}: no-op: {n['runs_shipping_a_knob']} of {runs} runs shipped a knob "
+              f"({n['false_keeps']} false keeps in {n['decisions']} decisions); +10%: {p10['steps_kept']} of "
+              f"{p10['steps_decided']} steps kept; +30%: {p30['steps_kept']} of {p30['steps_decided']} "
+              f"({res['seconds']:.0f} s)", flush=True)
+    write("keep_rule", out, quick=args.quick)
+
+
+if __name__ == "__main__":
+    main()
