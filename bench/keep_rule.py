@@ -5,7 +5,8 @@ carries 5% run-to-run noise, 400 outcomes a window, p99 target 800 ms. Three cas
 ``investigate --quick`` runs, and full):
 
 - **no-op**: no knob changes anything; the share of ladders that ship any knob, and false keeps per decision;
-- **+10%** and **+30%**: every step's knob raises the capacity by that much; the share of decided steps kept.
+- **+10%, +20%, +30%, +50%**: every step's knob raises the capacity by that much; the share of decided steps
+  kept.
 
     python bench/keep_rule.py [--runs 100] [--quick]
 
@@ -25,6 +26,7 @@ from tuning.experiments.ladder import LadderSettings, run_ladder
 
 TARGET_P99_MS = 800.0
 NOISE = 0.05
+FACTORS = (1.10, 1.20, 1.30, 1.50)  # every step's knob raises the capacity by this much
 STEPS = ("workers", "batch", "tokenizer", "buckets", "precision", "batching", "joint")
 EFFECT_STEPS = ("workers", "tokenizer", "precision")  # one knob each, no knee or plan involved
 KNOBS = [lambda k: k.num_workers > 2, lambda k: k.batch_size > 1, lambda k: k.tokenizer == "fast",
@@ -75,14 +77,15 @@ def main() -> None:
                    f"{TARGET_P99_MS:.0f} ms; no timing", "simulated": True, "settings": {}}
     for name, settings in (("quick", LadderSettings.quick()), ("full", LadderSettings.full())):
         t0 = time.perf_counter()
-        res = {"no_op": no_op(settings, runs), "plus_10": effect(settings, runs, 1.10),
-               "plus_30": effect(settings, runs, 1.30)}
+        res = {"no_op": no_op(settings, runs),
+               **{f"plus_{round(100 * (f - 1))}": effect(settings, runs, f) for f in FACTORS}}
         res["seconds"] = round(time.perf_counter() - t0, 1)
         out["settings"][name] = res
-        n, p10, p30 = res["no_op"], res["plus_10"], res["plus_30"]
+        n = res["no_op"]
+        kept = "; ".join(f"+{round(100 * (f - 1))}%: {res[f'plus_{round(100 * (f - 1))}']['steps_kept']} of "
+                         f"{res[f'plus_{round(100 * (f - 1))}']['steps_decided']}" for f in FACTORS)
         print(f"{name}: no-op: {n['runs_shipping_a_knob']} of {runs} runs shipped a knob "
-              f"({n['false_keeps']} false keeps in {n['decisions']} decisions); +10%: {p10['steps_kept']} of "
-              f"{p10['steps_decided']} steps kept; +30%: {p30['steps_kept']} of {p30['steps_decided']} "
+              f"({n['false_keeps']} false keeps in {n['decisions']} decisions); steps kept: {kept} "
               f"({res['seconds']:.0f} s)", flush=True)
     write("keep_rule", out, quick=args.quick)
 

@@ -178,7 +178,7 @@ class LadderSettings:
         base = dict(concurrency=16, duration_s=3.0, warmup_s=0.5, min_outcomes=300, max_window_s=4.0,
                     warmup_requests=10, min_effect=0.05, max_pairs=6,
                     capacity=CapacitySettings.quick(), sweep_sizes=(1, 4, 16), sweep_repeats=1, sweep_rounds=2,
-                    waits_ms=(5.0, 20.0), joint_rounds=1, joint_moves=3, precision_texts=32, compile_on_cpu=False,
+                    waits_ms=(5.0, 20.0), joint_rounds=1, joint_moves=1, precision_texts=32, compile_on_cpu=False,
                     futility=True, light_load=False, race_pairs=3)
         base.update(changes)
         return cls(**base)
@@ -1260,7 +1260,8 @@ def run_ladder(data: Any = None, device: Any = "auto", quick: bool = False,
 def _joint_pass(ladder: Ladder, settings: LadderSettings, extra: dict[str, Any], sweep_fn: Callable,
                 length: int, cap_batch: Callable[[int], int], plan: dict[str, Any] | None) -> None:
     """Coordinate descent over batch_size, max_wait_ms and (with buckets) max_batch_tokens from the ladder's
-    result, a line search along each knob: up while each move is kept, else down. It starts at batch 1 too (a
+    result, a line search along each knob: up while each move is kept, else down (a batch move over the planned
+    buckets first once a batch under dynamic padding lost in this ladder). It starts at batch 1 too (a
     batch step that lost while the Python tokenizer or fp32 limited the host gets its chance here), from the
     knee re-measured under the final dtype and graph mode. Rounds until one keeps nothing (or ``joint_rounds``),
     at most ``joint_moves`` moves."""
@@ -1276,6 +1277,11 @@ def _joint_pass(ladder: Ladder, settings: LadderSettings, extra: dict[str, Any],
     budget = [settings.joint_moves if settings.joint_moves is not None else 10 ** 6]
     title = "batch size and max wait together"
 
+    def dynamic_batch_lost() -> bool:
+        return any(st.status == "not kept" and st.knobs is not None and st.knobs.batch_size > 1
+                   and st.knobs.padding == "dynamic" and st.reference is not None
+                   and st.knobs.batch_size != st.reference.batch_size for st in ladder.steps)
+
     def batch_moves(up: bool) -> Callable[[Knobs], list[dict[str, Any]]]:
         def moves(k: Knobs) -> list[dict[str, Any]]:
             b = k.batch_size
@@ -1290,7 +1296,10 @@ def _joint_pass(ladder: Ladder, settings: LadderSettings, extra: dict[str, Any],
             # to the knee that loses both ways falls back to one doubling
             out = [{"batch_size": nxt}]
             if plan and k.padding == "dynamic":
-                out.append({"batch_size": nxt, "padding": "bucket", "buckets": tuple(plan["buckets"])})
+                bucketed = {"batch_size": nxt, "padding": "bucket", "buckets": tuple(plan["buckets"])}
+                # a batch under dynamic padding already lost in this ladder: the bucketed move goes first (quick
+                # investigate on this CPU spent 50 s of its one joint round on batch 16 alone, lost again)
+                out = [bucketed, *out] if dynamic_batch_lost() else [*out, bucketed]
             if nxt > min(top, b * 2) > b:
                 out.append({"batch_size": min(top, b * 2)})
             return out
