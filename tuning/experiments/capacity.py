@@ -356,7 +356,8 @@ def race_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: float
     the target and moves with the queue in every outcome.
 
     ``extend_to`` (quick mode's race of 3 pairs: at 3 pairs the 99% t interval spans +-9.9 standard errors, so
-    the gate could clear nothing) lets a race in which both arms fail go on past that cap, up to ``extend_to``
+    the gate could clear nothing) lets a race in which both arms fail, or the candidate is still undecided by its
+    count while the reference fails, go on past that cap, judged by the gate alone, up to ``extend_to``
     pairs, while the gate's interval projected at ``extend_to`` pairs could still decide
     (:meth:`~tuning.base.decide.Paired.futile`): quick investigate's buckets step on this CPU read 1.39
     [0.73-2.66] after 3 pairs (15 of 459 over the target against 84 of 459), and stopped there, not kept."""
@@ -391,9 +392,12 @@ def race_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: float
         if i + 1 < min_pairs:
             continue
         both_fail = cv[0] == "fail" and rv[0] == "fail"
-        # past the race's own cap (the extension) only the latency gate can keep: the count rule was planned
-        # for at most max_pairs looks
-        gated = both_fail or (i + 1 > max_pairs and cv[0] != "fail" and rv[0] != "pass")
+        # a candidate still undecided by its count at the race's cap, against a reference that fails, goes on too
+        # (quick investigate here: bf16 had 4 of 526 over the target against 275 of 526 after 3 pairs, and was
+        # dropped as undecided); past the race's own cap (the extension) only the latency gate can keep: the
+        # count rule was planned for at most max_pairs looks
+        near = bool(extend_to) and i + 1 >= max_pairs and cv[0] == "undecided" and rv[0] == "fail"
+        gated = both_fail or near or (i + 1 > max_pairs and cv[0] != "fail" and rv[0] != "pass")
         if gated:
             told = faster.verdict()
             verdict = {"better": "candidate faster", "not better": "candidate fails",
