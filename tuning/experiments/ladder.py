@@ -170,11 +170,13 @@ class LadderSettings:
         at most 6 pairs per step, stopped after 3 once 6 could not decide (futility: in the stubs' Monte-Carlo it
         cut a no-op ladder's load tests 30%, 4,567 to 3,217 over 40 runs, and kept as many true +10% steps, 58 of
         60; with the full settings it kept 33 of 45 against 40, so it is quick mode's only), a 12% capacity
-        bracket, three batch sizes and two waits, one joint round; and no light-load pairs: a step is judged past
+        bracket, three batch sizes and two waits, one joint move; and no light-load pairs: a step is judged past
         the reference's capacity alone (:meth:`Ladder.judge_past_capacity`; 3 pairs, up to 6 while a race in
-        which both arms fail could still decide). Measured on a quiet 2-core AMD EPYC (avx512_bf16): 729 s,
-        capacity at p99 <= 800 ms 28.4 -> 63.1 req/s (buckets with batch 4, bf16); with the light-load pairs
-        the same command took 1,429 s on another 2-core VM."""
+        which both arms fail, or the candidate is undecided by its count, could still decide). Measured on a
+        quiet 2-core AMD EPYC (avx512_bf16), capacity at p99 <= 800 ms: 520 s with two joint moves (24.4 ->
+        54.6 req/s), 481 s and 579 s with one (25.7 -> 33.6, 31.8 -> 45.8); with the light-load pairs the same
+        command took 1,429 s on another 2-core VM. The stubs' Monte-Carlo (``bench/keep_rule.py``): 0 of 100
+        no-op ladders ship a knob; +10% steps kept 12 of 300 times, +30% 194, +50% 299."""
         base = dict(concurrency=16, duration_s=3.0, warmup_s=0.5, min_outcomes=300, max_window_s=4.0,
                     warmup_requests=10, min_effect=0.05, max_pairs=6,
                     capacity=CapacitySettings.quick(), sweep_sizes=(1, 4, 16), sweep_repeats=1, sweep_rounds=2,
