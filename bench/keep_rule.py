@@ -1,7 +1,8 @@
 """Monte-Carlo of the ladder's keep rule through its public seam (SIMULATED: a stub queue, no timing).
 
 ``run_ladder(..., measure=stub)`` with ``tests.verdict_stubs.QueueStub``: an M/D/1 queue whose service rate
-carries 5% run-to-run noise, 400 outcomes a window, p99 target 800 ms. Three cases per settings (quick, as
+carries 5% run-to-run noise, 400 outcomes a window, past its knee a queue that grows at rate - mu, p99 target
+800 ms. Three cases per settings (quick, as
 ``investigate --quick`` runs, and full):
 
 - **no-op**: no knob changes anything; the share of ladders that ship any knob, and false keeps per decision;
@@ -26,7 +27,10 @@ from tuning.experiments.ladder import LadderSettings, run_ladder
 
 TARGET_P99_MS = 800.0
 NOISE = 0.05
-FACTORS = (1.10, 1.20, 1.30, 1.50)  # every step's knob raises the capacity by this much
+FACTORS = (1.10, 1.20, 1.30, 1.50)
+# past the knee the stub's queue grows at rate - mu, so the race's latency gate sees each arm's capacity (the
+# stub's default gives every overloaded run the same latencies: the gate would never fire)
+OVERLOAD = "queue"  # every step's knob raises the capacity by this much
 STEPS = ("workers", "batch", "tokenizer", "buckets", "precision", "batching", "joint")
 EFFECT_STEPS = ("workers", "tokenizer", "precision")  # one knob each, no knee or plan involved
 KNOBS = [lambda k: k.num_workers > 2, lambda k: k.batch_size > 1, lambda k: k.tokenizer == "fast",
@@ -44,25 +48,30 @@ def _ladder(measure, settings: LadderSettings, steps=STEPS):
 
 
 def no_op(settings: LadderSettings, runs: int) -> dict:
-    shipped = decisions = kept = 0
+    shipped = decisions = kept = gated = 0
     for seed in range(runs):
-        ladder = _ladder(QueueStub(base_rate=40.0, noise=NOISE, seed=seed), settings)
+        ladder = _ladder(QueueStub(base_rate=40.0, noise=NOISE, seed=seed, overload=OVERLOAD), settings)
         decided = [s for s in ladder.steps if s.status in ("kept", "not kept")]
         decisions += len(decided)
         kept += sum(s.status == "kept" for s in decided)
         shipped += bool(ladder.changes())
-    return {"runs": runs, "runs_shipping_a_knob": shipped, "share_of_runs": shipped / runs, "decisions": decisions,
+        gated += sum(s.status == "kept" and s.figures.get("race_verdict") == "candidate faster" for s in decided)
+    return {"runs": runs, "runs_shipping_a_knob": shipped, "false_keeps_by_the_latency_gate": gated,
+            "share_of_runs": shipped / runs, "decisions": decisions,
             "false_keeps": kept, "false_keeps_per_decision": kept / decisions if decisions else None}
 
 
 def effect(settings: LadderSettings, runs: int, factor: float) -> dict:
-    kept = decided = 0
+    kept = decided = gated = 0
     for seed in range(runs):
-        stub = QueueStub([(test, factor) for test in KNOBS], base_rate=40.0, noise=NOISE, seed=seed)
+        stub = QueueStub([(test, factor) for test in KNOBS], base_rate=40.0, noise=NOISE, seed=seed,
+                         overload=OVERLOAD)
         steps = [s for s in _ladder(stub, settings, EFFECT_STEPS).steps if s.status in ("kept", "not kept")]
         decided += len(steps)
         kept += sum(s.status == "kept" for s in steps)
+        gated += sum(s.status == "kept" and s.figures.get("race_verdict") == "candidate faster" for s in steps)
     return {"runs": runs, "factor": factor, "steps_decided": decided, "steps_kept": kept,
+            "kept_by_the_latency_gate": gated,
             "share_kept": kept / decided if decided else None}
 
 

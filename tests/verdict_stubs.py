@@ -32,8 +32,11 @@ class QueueStub:
     ``p99_floor_ms(knobs)`` adds a fixed latency to every request (a step that makes every request slower)."""
 
     def __init__(self, rules=(), base_rate: float = 100.0, noise: float = 0.05, seed: int = 0, window: int = 400,
-                 warm: int = 60, p99_floor_ms=None, fail=None):
-        self.rules, self.base_rate, self.noise = list(rules), base_rate, noise
+                 warm: int = 60, p99_floor_ms=None, fail=None, overload: str = "fixed"):
+        if overload not in ("fixed", "queue"):
+            raise ValueError(f"overload={overload!r}: 'fixed' (the same latencies past the knee whatever the "
+                             "rate) or 'queue' (a queue that grows at rate - mu: the latency gate can tell arms)")
+        self.rules, self.base_rate, self.noise, self.overload = list(rules), base_rate, noise, overload
         self.rng = np.random.default_rng(seed)
         self.window, self.warm = window, warm
         self.floor = p99_floor_ms or (lambda k: 0.0)
@@ -59,7 +62,11 @@ class QueueStub:
                          submitted=n, window_s=n / mu, latencies_ms=lat, model_busy=0.9)
         if rate >= mu:  # past the knee the queue only grows: in steady state every latency is unbounded
             n = self.window
-            lat = np.linspace(1000, 60000, n)
+            if self.overload == "queue":  # arrival k at k / rate, served at (k + 1) / mu after the warm-up's backlog
+                k = np.arange(self.warm, self.warm + n, dtype=float)
+                lat = ((k + 1) / mu - k / rate) * 1000.0 + self.floor(knobs)
+            else:
+                lat = np.linspace(1000, 60000, n)
             return Trial(qps=mu, p99_ms=float(np.percentile(lat, 99)), p50_ms=float(np.median(lat)), ok=n, submitted=n,
                          window_s=n / rate, rate=rate, offered_rate=rate, latencies_ms=lat)
         arrivals = self.rng if seed is None else np.random.default_rng(seed)  # the same seed: the same bursts

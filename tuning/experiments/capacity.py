@@ -290,9 +290,10 @@ class Race:
     decided by the probe's rule (:func:`window_verdict`) on its pooled runs. ``verdict``: ``candidate`` (it
     passes where the reference, in the same pairs, fails), ``candidate faster`` (both fail, and the paired ratio
     of their latencies there, the reference's over the candidate's as :func:`compare_at` figures them, clears
-    the minimum effect at the gate's level), ``reference passed`` (no evidence), ``candidate fails``, or
-    ``undecided`` at the cap. ``ratio``, ``low``, ``high``: that latency ratio and its interval (NaN unless
-    both arms failed)."""
+    the minimum effect at the gate's level; also judged so in an extension past the race's cap, where the
+    count no longer keeps), ``reference passed`` (no evidence), ``candidate fails``, or ``undecided`` at the
+    cap. ``ratio``, ``low``, ``high``: that latency ratio and its interval (NaN unless the gate judged the
+    last look)."""
 
     rate: float
     verdict: str
@@ -370,14 +371,14 @@ def race_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: float
     verdict = "undecided"
     rv = cv = ("undecided", "count")
     faster_cap = max(3, min(max_pairs, faster_pairs))
-    extend = max(faster_cap, extend_to) if extend_to else faster_cap
-    # futility only from faster_cap on (then the pairs go on only while they could still decide): below it none,
-    # since past the knee one pair in four reads 0.8 where the others read 2-14 (quick investigate's bf16 on this
-    # CPU), and the projection from four such pairs gives up on an effect that six pairs show
+    extending = extend_to is not None and extend_to > max(max_pairs, faster_cap)  # an extend_to that adds pairs
+    extend = extend_to if extending else faster_cap
+    # futility only from the race's own cap on (then the pairs go on only while they could still decide): a race
+    # promised its pairs runs them (with quick mode's cap of 3 that is from the third pair)
     faster = Paired(compare.min_effect, 3, extend, gate_level if gate_level is not None else compare.level)
     cap = 20 * target_p99_ms
     gated = False  # whether the latency gate judged the last look
-    for i in range(max(max_pairs, extend) if extend_to else max_pairs):
+    for i in range(max(max_pairs, extend) if extending else max_pairs):
         order = Paired.order(i)
         orders.append("".join(order))
         pair_seed = paired_seed(seed, i, salt=17)
@@ -396,7 +397,7 @@ def race_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: float
         # (quick investigate here: bf16 had 4 of 526 over the target against 275 of 526 after 3 pairs, and was
         # dropped as undecided); past the race's own cap (the extension) only the latency gate can keep: the
         # count rule was planned for at most max_pairs looks
-        near = bool(extend_to) and i + 1 >= max_pairs and cv[0] == "undecided" and rv[0] == "fail"
+        near = extending and i + 1 >= max_pairs and cv[0] == "undecided" and rv[0] == "fail"
         gated = both_fail or near or (i + 1 > max_pairs and cv[0] != "fail" and rv[0] != "pass")
         if gated:
             told = faster.verdict()
@@ -412,8 +413,6 @@ def race_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: float
             verdict = "candidate"
         if verdict != "undecided" or (i + 1 >= max_pairs and not gated):
             break  # past the race's own cap only a race judged by the gate goes on (extend_to)
-    if verdict == "undecided" and gated and i + 1 > max_pairs:
-        verdict = "candidate fails"  # the extension ran out without the gate clearing the bar
     ratio, lo, hi = faster.interval() if gated and faster.pairs >= 2 else (math.nan, math.nan, math.nan)
     return Race(rate, verdict, rv, cv, ref, cand, " ".join(orders), ratio, lo, hi)
 

@@ -421,7 +421,8 @@ def headline(inv: Investigation) -> str:
     if inv.confirm is not None:
         c = inv.confirm
         span = f" [{fixed(c.p99_low_ms, '.0f')}-{fixed(c.p99_high_ms, '.0f')}]" if c.p99_low_ms is not None else ""
-        p99 = (f"; confirm at {c.rate:.1f} req/s: {c.verdict} by {c.by} ({max(c.exceed, 0)} of {c.n} over {t:.0f} ms "
+        over = c.exceed if c.exceed >= 0 else "?"  # -1: not counted (a summary-only trial)
+        p99 = (f"; confirm at {c.rate:.1f} req/s: {c.verdict} by {c.by} ({over} of {c.n} over {t:.0f} ms "
                f"or failed), p99 {fixed(c.p99_ms, '.0f')}{span} ms")
         if not c.passed:  # the search's passing probe and this one disagree: the capacity sits at the knee
             p99 += " (the confirm did not hold at the capacity found: read it as an upper bound on this machine now)"

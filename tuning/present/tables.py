@@ -226,12 +226,14 @@ def ladder_method(ladder: Any) -> str:
     level = next((s.figures.get("level") for s in ladder.steps if s.figures.get("level") is not None), None)
     level_text = f"{100 * level:.1f}% interval" if isinstance(level, (int, float)) else "interval"
     effect = ladder.settings.min_effect
-    if ladder.objective == "target" and past and len(past) == len(judged):
+    quick = (past and len(past) == len(judged)) or (not judged and not ladder.settings.light_load)
+    if ladder.objective == "target" and quick:
         how = (f"objective: capacity at p99 <= {t:.0f} ms; quick mode: each step in interleaved pairs against its "
                f"reference at {ladder.settings.race_at:.1f}x the rate where the reference's capacity search failed, "
-               "kept when the candidate passes by the count over its runs there and the reference fails in the same "
-               f"pairs, or when both fail and the reference / candidate latency ratio's {level_text} clears "
-               f"{1 + effect:.2f} and the candidate's own capacity then beats the reference's by that much)")
+               "kept when the candidate passes by the count over its runs there, and again on fresh arrivals, "
+               "while the reference fails in the same pairs, or when neither meets the target by its count and the "
+               f"reference / candidate latency ratio's {level_text} clears {1 + effect:.2f} and the candidate's own "
+               "capacity then beats the reference's by that much)")
     elif ladder.objective == "target":
         mixed = (f"; {len(past)} of {len(judged)} steps, judged once the reference met the target, in quick mode's "
                  f"race past its capacity alone") if past else ""
