@@ -47,8 +47,20 @@ def _ladder(measure, settings: LadderSettings, steps=STEPS):
                       lengths=[12, 20, 31, 40, 64, 90], target_p99_ms=TARGET_P99_MS)
 
 
+def kept_by(step) -> str:
+    """Which rule kept ``step``: the race's count (``race pass``), the race's latency gate (``latency gate``),
+    the light-load pairs' interval (``light-load pairs``), or the target met where the reference missed it."""
+    race = step.figures.get("race_verdict")
+    if race == "candidate":
+        return "race pass"
+    if race == "candidate faster":
+        return "latency gate"
+    return "light-load pairs" if step.figures.get("verdict") == "better" else "target met"
+
+
 def no_op(settings: LadderSettings, runs: int) -> dict:
     shipped = decisions = kept = gated = 0
+    by: dict[str, int] = {}
     for seed in range(runs):
         ladder = _ladder(QueueStub(base_rate=40.0, noise=NOISE, seed=seed, overload=OVERLOAD), settings)
         decided = [s for s in ladder.steps if s.status in ("kept", "not kept")]
@@ -56,7 +68,11 @@ def no_op(settings: LadderSettings, runs: int) -> dict:
         kept += sum(s.status == "kept" for s in decided)
         shipped += bool(ladder.changes())
         gated += sum(s.status == "kept" and s.figures.get("race_verdict") == "candidate faster" for s in decided)
+        for s in decided:
+            if s.status == "kept":
+                by[kept_by(s)] = by.get(kept_by(s), 0) + 1
     return {"runs": runs, "runs_shipping_a_knob": shipped, "false_keeps_by_the_latency_gate": gated,
+            "false_keeps_by_rule": dict(sorted(by.items())),
             "share_of_runs": shipped / runs, "decisions": decisions,
             "false_keeps": kept, "false_keeps_per_decision": kept / decisions if decisions else None}
 
@@ -94,7 +110,8 @@ def main() -> None:
         kept = "; ".join(f"+{round(100 * (f - 1))}%: {res[f'plus_{round(100 * (f - 1))}']['steps_kept']} of "
                          f"{res[f'plus_{round(100 * (f - 1))}']['steps_decided']}" for f in FACTORS)
         print(f"{name}: no-op: {n['runs_shipping_a_knob']} of {runs} runs shipped a knob "
-              f"({n['false_keeps']} false keeps in {n['decisions']} decisions); steps kept: {kept} "
+              f"({n['false_keeps']} false keeps in {n['decisions']} decisions, by rule {n['false_keeps_by_rule']}); "
+              f"steps kept: {kept} "
               f"({res['seconds']:.0f} s)", flush=True)
     write("keep_rule", out, quick=args.quick)
 

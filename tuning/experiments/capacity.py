@@ -261,6 +261,19 @@ def probe(measure: Measure, knobs: Knobs, rate: float, target_p99_ms: float,
             return _probe(rate, "undecided", "estimate", passed, trials, f)
 
 
+def fresh_probe(measure: Measure, knobs: Knobs, rate: float, target_p99_ms: float,
+                settings: CapacitySettings = CapacitySettings(), *, salt: int) -> Probe:
+    """:func:`probe` of ``knobs`` at ``rate`` on arrivals its capacity search never drew: every window's seed
+    moved by ``salt``. A probe's own seeds depend only on the rate and the window, so probing a rate the search
+    already passed would replay the windows it passed (the confirm run and a race's pass checked again use it,
+    each with its own salt). A measure that takes no ``seed`` draws its own arrivals, fresh or not."""
+    measure, _ = as_measure(measure)
+
+    def moved(k: Knobs, *, rate: float | None = None, seed: int | None = None) -> Trial:
+        return measure(k, rate=rate, seed=None if seed is None else seed + salt)
+    return probe(moved, knobs, rate, target_p99_ms, settings)
+
+
 def window_verdict(f: dict[str, Any], windows: int, settings: CapacitySettings) -> tuple[str, str]:
     """The probe's rule on pooled figures ``f`` of ``windows`` windows: ``(pass | fail | undecided, by)``, by the
     count, errors over the budget, late sends, or the knee (the caller waits for ``min_windows`` before a
@@ -291,7 +304,8 @@ class Race:
     passes where the reference, in the same pairs, fails), ``candidate faster`` (both fail, and the paired ratio
     of their latencies there, the reference's over the candidate's as :func:`compare_at` figures them, clears
     the minimum effect at the gate's level; also judged so in an extension past the race's cap, where the
-    count no longer keeps), ``reference passed`` (no evidence), ``candidate fails``, or ``undecided`` at the
+    count no longer keeps), ``reference passed`` (no evidence), ``candidate fails``, ``not distinguishable``
+    (in an extension the candidate's count passed, the gate could not tell it faster), or ``undecided`` at the
     cap. ``ratio``, ``low``, ``high``: that latency ratio and its interval (NaN unless the gate judged the
     last look)."""
 
@@ -405,6 +419,10 @@ def race_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: float
                        "not distinguishable": "candidate fails"}.get(told, "undecided")
             if verdict == "undecided" and i + 1 >= min(max_pairs, faster_cap) and extend == faster_cap:
                 verdict = "candidate fails"
+            if verdict == "candidate fails" and cv[0] == "pass":
+                # the candidate met the target by its count (late in an extension), the gate could not tell it
+                # faster: it failed nothing, it was not told apart
+                verdict = "not distinguishable"
         elif cv[0] == "fail":
             verdict = "candidate fails"
         elif rv[0] == "pass":

@@ -32,7 +32,7 @@ from tuning.base.contract import with_schema
 from tuning.base.format import fixed, pct, rounded
 from tuning.base.machine import MachineWatch, busy_elsewhere, cpu_name
 from tuning.base.progress import progress_bar
-from tuning.experiments.capacity import Probe, pooled_figures, probe
+from tuning.experiments.capacity import Probe, fresh_probe, pooled_figures
 from tuning.experiments.ladder import (
     DEFAULT_TARGET_P99_MS,
     LadderError,
@@ -44,11 +44,12 @@ from tuning.experiments.ladder import (
     measure_for,
     run_ladder,
 )
-from tuning.experiments.trial import Trial, as_measure
+from tuning.experiments.trial import Trial
 from tuning.knobs import preset
 from tuning.sim.device import device_for
 
 DEFAULT_OUT = "investigation"
+CONFIRM_SALT = 7_777  # the confirm probe's arrivals: apart from the capacity search's and the replication's
 FED_DEVICE_BUSY = 0.70  # the what-if calls a device "fed" at or above this busy share (diagnose.SATURATED_BUSY)
 WORK_STAGES = ("read", "preprocess", "postprocess")  # host stages that do work (queue waits are their symptom)
 
@@ -365,12 +366,8 @@ def _confirm_and_what_if(inv: Investigation, measure: Any, base: Any, ladder: La
     bar, _, status = progress_bar(progress, total=2 if rate else 1, desc="confirm")
     if rate:
         status(f"recommended configuration at {rate:.1f} req/s (recorder off)")
-
-        def fresh(knobs: Any, *, rate: float | None = None, seed: int | None = None) -> Trial:
-            # new arrivals: the probe's own seeds would replay the windows its capacity search already passed
-            return served(knobs, rate=rate, seed=None if seed is None else seed + 7_777)
-        served, _ = as_measure(measure)
-        inv.confirm = probe(fresh, ladder.recommended, rate, ladder.target_p99_ms, ladder.settings.capacity)
+        inv.confirm = fresh_probe(measure, ladder.recommended, rate, ladder.target_p99_ms, ladder.settings.capacity,
+                                  salt=CONFIRM_SALT)
         bar.update(1)
         say(f"confirm (recorder off): {inv.confirm.sentence()}")
     status("recommended configuration under the recorder" + (f" at {rate:.1f} req/s" if rate else ""))

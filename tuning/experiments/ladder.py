@@ -76,8 +76,8 @@ from tuning.experiments.capacity import (
     Race,
     capacity_at_target,
     compare_at,
+    fresh_probe,
     pooled_figures,
-    probe,
     race_at,
 )
 from tuning.experiments.measure import LoadMeasure
@@ -92,6 +92,7 @@ __all__ = ["LadderSettings", "LadderResult", "LadderError", "Step", "Experiment"
 MIN_COSINE = 0.999  # worst-case cosine of half-precision vs fp32 embeddings under which a dtype is not recommended
 BUCKET_WASTE_TARGET = 0.15  # planned buckets: the fewest (up to MAX_BUCKETS) whose padding waste is at most 15%
 MAX_BUCKETS = 8  # shapes to compile or capture at most
+REPLICATE_SALT = 104_729  # a race's pass probed again: arrivals apart from the search's and the confirm's
 # a capacity searched under this much hypervisor steal, then pairs under half of it: the machine recovered
 # (66.7% steal was seen here mid-run; 0.07% on a quiet run)
 RECOVERED_STEAL = 0.10
@@ -696,7 +697,7 @@ class Ladder:
                 cut += (f"; at {cmp.pair_sd:.0%} SD per pair, an interval as narrow as the {s.min_effect:.0%} bar "
                         f"needs about {cmp.pairs_needed:,.0f} pairs")
             status, reason = "not kept", f"not distinguishable: {interval}{at} ({cut}) straddles {bar}"
-        race = None
+        race, race_known = None, None
         if (self.target_mode and status == "not kept" and meets and cap.met
                 and cmp.verdict in ("not distinguishable", "not better")):
             # below the knee a change that raises the capacity (batching above all) can leave the latency as it
@@ -705,8 +706,14 @@ class Ladder:
             ids += race_ids
             figures.update(race_figures)
             if race.verdict == "candidate":
-                status, reason = "kept", f"{reason}; but {told}: it meets the target where the reference does not"
-                meets = figures["meets_target"] = True
+                figures["meets_target"] = True
+                race_known, held, again_ids = self.race_pass_holds(name, change, knobs, race, figures)
+                ids += again_ids
+                if race_known is not None:
+                    status, meets = "kept", True
+                    reason = f"{reason}; but {told}: {held}"
+                else:
+                    reason += f"; {told}: {held}, not kept there either"
             elif race.verdict == "candidate faster":  # kept only if its own capacity then beats the reference's
                 status, reason = "kept", (f"{reason}; but {told}: neither meets the target there by its count, the "
                                           f"candidate clearly faster (clears +{100 * s.min_effect:.0f}%)")
@@ -720,7 +727,7 @@ class Ladder:
         new_cap, saturation = None, None
         if status == "kept" and self.target_mode:
             if race is not None and race.verdict == "candidate":
-                known = _probe_from(race.rate, race.candidate, self.target)
+                known = race_known
             elif meets:
                 known = _probe_from(rate, cmp.candidate, self.target)
             else:  # closer to the target but not there: search from its own closed-loop rate
@@ -770,16 +777,27 @@ class Ladder:
         """The race's pass of ``knobs`` at ``rate``, probed once more on fresh arrivals (the capacity search's
         rule) before it stands as the lower end of the candidate's capacity. Near the knee 3-4 s windows let a
         no-op through: a window a little past the capacity still meets the target within it, and in the stubs'
-        Monte-Carlo (a queue that grows past the knee) 14 of 100 quick no-op ladders shipped a knob without it, 8 with; and
-        on this CPU the confirm at a capacity set by such a pass failed by the knee twice. Returns the probe and
+        Monte-Carlo (a queue that grows past the knee) 14 of 100 quick no-op ladders shipped a knob without it, 8
+        with, and 10 of 100 full ones, 4 with (the full settings race a step their light-load pairs could not tell
+        apart); and on this CPU the confirm at a capacity set by such a pass failed by the knee twice. Returns the probe and
         its experiment's id."""
-        measure, _ = as_measure(self.measure)
-
-        def fresh(k: Knobs, *, rate: float | None = None, seed: int | None = None) -> Trial:
-            return measure(k, rate=rate, seed=None if seed is None else seed + 104_729)
         self.status(f"{name}: {change}: the race's pass again at {rate:.1f} req/s")
-        p = probe(fresh, knobs, rate, self.target, self.settings.capacity)
+        p = fresh_probe(self.measure, knobs, rate, self.target, self.settings.capacity, salt=REPLICATE_SALT)
         return p, [self.experiment(name, "probe", f"{change} (the race's pass, again)", knobs, p.trials, rate).id]
+
+    def race_pass_holds(self, name: str, change: str, knobs: Knobs, race: Race,
+                        figures: dict[str, Any]) -> tuple[Probe | None, str, list[int]]:
+        """A race the candidate passed (``candidate``), checked by :meth:`replicate`: (the probe that stands as
+        the lower end of its capacity, or None when the pass did not hold; the sentence; the experiments' ids).
+        Sets ``figures['race_again']`` and, when it did not hold, ``figures['meets_target']`` to False."""
+        again, ids = self.replicate(name, change, knobs, race.rate)
+        figures["race_again"] = f"{again.exceed} of {again.n} ({again.verdict} by {again.by})"
+        over = f"({figures['race_again']} over {self.target:.0f} ms)"
+        if again.passed:
+            return again, f"it meets the target where the reference does not, and again on fresh arrivals {over}", ids
+        figures["meets_target"] = False
+        return None, (f"it met the target where the reference did not, but not again on fresh arrivals {over}: "
+                      "a pass at the knee that did not replicate"), ids
 
     def kept_capacity(self, name: str, knobs: Knobs, status: str, reason: str, figures: dict[str, Any], *,
                       known: Probe | None, saturation: float | None,
@@ -832,19 +850,9 @@ class Ladder:
             return self.judge_past_capacity(name, title, change, knobs, f"{note}; {why}" if note else why,
                                             again=True, carried=ids + probe_ids)
         if race.verdict == "candidate":
-            again_probe, again_ids = self.replicate(name, change, knobs, race.rate)
+            known, held, again_ids = self.race_pass_holds(name, change, knobs, race, figures)
             ids += again_ids
-            figures["race_again"] = f"{again_probe.exceed} of {again_probe.n} ({again_probe.verdict} by {again_probe.by})"
-            if again_probe.passed:
-                status, reason = "kept", (f"{told}: it meets the target where the reference does not, and again on "
-                                          f"fresh arrivals ({figures['race_again']} over {self.target:.0f} ms)")
-                known = again_probe
-            else:
-                status, reason, known = "not kept", (
-                    f"{told}: it met the target where the reference did not, but not again on fresh arrivals "
-                    f"({figures['race_again']} over {self.target:.0f} ms): a pass at the knee that did not "
-                    "replicate"), None
-                figures["meets_target"] = False
+            status, reason = ("kept" if known is not None else "not kept"), f"{told}: {held}"
         elif race.verdict == "candidate faster":
             status, reason = "kept", (f"{told}: neither meets the target there by its count, the candidate clearly "
                                       f"faster (clears +{100 * s.min_effect:.0f}%)")

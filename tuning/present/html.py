@@ -269,7 +269,7 @@ def _confirm(inv: Any) -> dict[str, Any] | None:
     ``recorder`` (on or off), and ``recorder_p99_ms`` (the run under the recorder's p99) beside a probe."""
     from tuning.experiments.capacity import pooled_figures
 
-    c = getattr(inv, "confirm", None)
+    c = inv.confirm
     trials = c.trials if c is not None and c.trials else [inv.after] if inv.after is not None else []
     if not trials:
         return None
@@ -370,7 +370,8 @@ def render_report(inv: Any) -> str:
         body.append(charts.block(lambda: viz.threads_chart(p), lambda: threads_sentence(p)))
     if inv.after is not None and inv.after.profile is not None:
         pa = inv.after.profile
-        body.append(charts.block(lambda: viz.trend_chart(pa), lambda: trend_sentence(pa, "Recommended (confirm run)")))
+        body.append(charts.block(lambda: viz.trend_chart(pa),
+                                 lambda: trend_sentence(pa, "Recommended (its run under the recorder)")))
     sections.append(_section("trends", "Where the time went: trends under load", "".join(body)))
 
     # ledger before / after
@@ -381,7 +382,8 @@ def render_report(inv: Any) -> str:
     confirm_mode = (f"open loop at {inv.confirm_rate:.1f} req/s" if inv.confirm_rate else "closed loop")
     body = ["<p>Per-request time by stage (ok requests), p50 next to p99: where a request spends its time. "
             f"Baseline: closed loop at concurrency {settings.concurrency}, recorder on"
-            + (f"; recommended: the confirm run, {_esc(confirm_mode)}, recorder on" if "recommended" in loads else "")
+            + (f"; recommended: its run under the recorder, {_esc(confirm_mode)} (the confirm probe above ran with the recorder "
+               "off)" if "recommended" in loads else "")
             + ".</p>"]
     if loads:
         body.append(charts.block(lambda: viz.ledger_chart(loads, device=dev), lambda: ledger_sentence(loads)))
