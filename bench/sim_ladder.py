@@ -40,7 +40,10 @@ def main() -> None:
     inputs = load_inputs(None, settings.limit)
     load = LoadMeasure(inputs, settings.concurrency, settings.duration_s, settings.warmup_s)
     ladder = run_ladder(None, device="sim", sim_profile=args.profile, settings=settings,
-                        measure=lambda knobs, *, rate=None, record=False: load(knobs, rate=rate, record=True),
+                        # every run under the recorder (its diagnosis per rung); the seed passed on, so that each pair and probe
+                        # draws its own arrivals (a measure without ``seed`` replays one draw everywhere)
+                        measure=lambda knobs, *, rate=None, record=False, seed=None: load(knobs, rate=rate, record=True,
+                                                                                          seed=seed),
                         progress=True)
 
     rungs = []

@@ -5,6 +5,7 @@ mode on a tiny slice (with malformed lines) checks the files, their agreement an
 """
 
 import csv
+import dataclasses
 import json
 import math
 import re
@@ -100,7 +101,7 @@ def test_half_precision_under_the_cosine_threshold_is_not_recommended():
 def test_max_wait_steps_are_judged_one_by_one_at_the_target():
     measure = _stub([(lambda k: k.batch_size > 1, 1.5), (lambda k: k.max_wait_ms == 5.0, 1.2)],
                     floor=lambda k: 400.0 if k.max_wait_ms == 20.0 else 0.0)
-    ladder = _ladder(measure, ("batch", "batching"), settings=_LIGHT)
+    ladder = _ladder(measure, ("batch", "batching"), settings=dataclasses.replace(_LIGHT, waits_ms=(5.0, 20.0)))
     waits = ladder.waits.set_index("max_wait_ms")
     assert waits.loc[5.0, "status"] == "kept" and waits.loc[20.0, "status"] == "not kept"
     assert "misses the 200 ms target" in ladder.steps[-1].reason

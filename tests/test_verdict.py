@@ -1050,3 +1050,38 @@ def test_a_race_pass_that_does_not_replicate_on_fresh_arrivals_is_not_kept(monke
     assert ladder.recommended.tokenizer == "naive" and step.figures["meets_target"] is False
     rows = ladder.experiments_frame()
     assert "tokenizer=fast (the race's pass, again)" in set(rows[rows.step == "tokenizer"].change)
+
+
+def test_a_confirm_that_fails_steps_down_the_bracket_until_a_rate_holds():
+    """Quick investigate on this CPU, 3 runs of 4: the confirm failed by the knee at the capacity found (one 4 s
+    window of the search had passed 79.0 req/s at 99.5% model busy, the queue still building), and the headline
+    could only call that capacity an upper bound. Below a failed confirm, fresh probes step down the capacity
+    bracket (at most CONFIRM_DESCENT) until one holds; the headline and summary.json carry that rate."""
+    from types import SimpleNamespace
+
+    from tuning.experiments.investigate import CONFIRM_DESCENT, Investigation, _confirm_and_what_if, headline
+    from tuning.present.html import _headline
+
+    stub = QueueStub(base_rate=40.0, noise=0.0, seed=3)
+    ladder = _ladder(stub, steps=("tokenizer",), target_p99_ms=800.0, settings=LadderSettings.quick(**_PAST_ONLY))
+    found = ladder.capacity.capacity
+    inv = Investigation(out="x", quick=True, device={}, environment={}, data={}, before=None, ladder=ladder)
+    stub.base_rate = 0.9 * found  # the machine slowed after the search: the capacity found now overloads it
+    lines = []
+    _confirm_and_what_if(inv, stub, ladder.recommended, ladder, SimpleNamespace(knob="cpu"), None, False, lines.append)
+    assert not inv.confirm.passed and inv.confirm.rate == found
+    step = 1 + ladder.settings.capacity.tolerance
+    assert 1 <= len(inv.descent) <= CONFIRM_DESCENT
+    assert [p.rate for p in inv.descent] == pytest.approx([found / step ** (i + 1) for i in range(len(inv.descent))])
+    held = inv.held
+    assert held is inv.descent[-1] and held.passed and held.rate < 0.9 * found  # below the slowed machine's knee
+    text = headline(inv)
+    assert f"{held.rate:.1f} req/s held" in text and "this machine's capacity now" in text, text
+    assert inv.summary()["held_rate"] == pytest.approx(held.rate, rel=1e-3)
+    assert len(inv.summary()["confirm_descent"]) == len(inv.descent)
+    assert f"{held.rate:.1f} req/s held" in _headline(inv)
+    assert sum(line.startswith("confirm, a step down") for line in lines) == len(inv.descent)
+    stub.base_rate = 0.5 * found  # slowed far more: no step down holds, and the headline says the lowest tried
+    _confirm_and_what_if(inv, stub, ladder.recommended, ladder, SimpleNamespace(knob="cpu"), None, False, lines.append)
+    assert inv.held is None and len(inv.descent) == CONFIRM_DESCENT
+    assert f"nor at {inv.descent[-1].rate:.1f} req/s" in headline(inv) and "none held" in _headline(inv)

@@ -8,8 +8,10 @@ Phases (a progress bar each, a line per finished ladder step):
    pairs against the step before and kept only if it helps beyond the noise (the files are rewritten after
    every step);
 3. **confirm**: the recommended configuration at its capacity as a capacity probe, recorder off (the headline:
-   capacity, and the probe's verdict and p99 with its interval, against the baseline's), then once more under
-   the recorder for its profile (the recorder's own cost shows as the difference);
+   capacity, and the probe's verdict and p99 with its interval, against the baseline's; when it fails, fresh
+   probes a capacity-bracket step lower each, at most :data:`CONFIRM_DESCENT`, until one holds:
+   :attr:`Investigation.held`), then once more under the recorder for its profile (the recorder's own cost
+   shows as the difference);
 4. **what-if** (unless on a GPU): baseline and recommended on the simulated accelerator
    (``--what-if PROFILE``): would this host pipeline feed that device, and what starves it first;
 5. **report**: ``report.html`` (self-contained, offline), ``experiments.csv`` (one row per measured
@@ -50,6 +52,10 @@ from tuning.sim.device import device_for
 
 DEFAULT_OUT = "investigation"
 CONFIRM_SALT = 7_777  # the confirm probe's arrivals: apart from the capacity search's and the replication's
+# below a confirm that failed, at most this many fresh probes, each one capacity-bracket step (tolerance) lower:
+# quick investigate here passed 79.0 req/s in one 4 s window of its search (model busy 99.5%, the queue still
+# building) and the confirm there failed by the knee (61 of 81 req/s answered); 3 of 4 quick runs ended so
+CONFIRM_DESCENT = 2
 FED_DEVICE_BUSY = 0.70  # the what-if calls a device "fed" at or above this busy share (diagnose.SATURATED_BUSY)
 WORK_STAGES = ("read", "preprocess", "postprocess")  # host stages that do work (queue waits are their symptom)
 
@@ -67,6 +73,7 @@ class Investigation:
     ladder: LadderResult | None
     after: Trial | None = None  # recommended under the recorder (open loop at its capacity: its profile)
     confirm: Probe | None = None  # recommended at its capacity as a probe, recorder off (the headline)
+    descent: list[Probe] = field(default_factory=list)  # below a failed confirm, a bracket step down each
     what_if: dict[str, Any] = field(default_factory=dict)
     wall_s: float = math.nan
     files: dict[str, str] = field(default_factory=dict)
@@ -77,6 +84,14 @@ class Investigation:
     @property
     def target_met(self) -> bool:
         return bool(self.ladder is not None and self.ladder.target_met)
+
+    @property
+    def held(self) -> Probe | None:
+        """The highest rate at which the recommended configuration met the target on fresh arrivals, recorder
+        off: the confirm when it passed, else the first passing probe of the descent below it (None: neither)."""
+        if self.confirm is not None and self.confirm.passed:
+            return self.confirm
+        return next((p for p in self.descent if p.passed), None)
 
     def summary(self) -> dict[str, Any]:
         ladder = self.ladder.summary()
@@ -93,6 +108,8 @@ class Investigation:
             "before": _trial_summary(self.before), "after": _trial_summary(self.after),
             "confirm_rate": rounded(self.confirm_rate),
             "confirm": self.confirm.row() if self.confirm is not None else None,
+            "confirm_descent": [p.row() for p in self.descent],
+            "held_rate": rounded(self.held.rate) if self.held is not None else None,
             **ladder,
             "what_if": {k: (v if k != "runs" else {n: _trial_summary(t) for n, t in v.items()})
                         for k, v in self.what_if.items()},
@@ -370,6 +387,16 @@ def _confirm_and_what_if(inv: Investigation, measure: Any, base: Any, ladder: La
                                   salt=CONFIRM_SALT)
         bar.update(1)
         say(f"confirm (recorder off): {inv.confirm.sentence()}")
+        inv.descent = []
+        down = rate
+        while not inv.confirm.passed and len(inv.descent) < CONFIRM_DESCENT and inv.held is None:
+            # the search passed a rate at the knee (a short window can, while the queue still builds): step down
+            # the bracket until one holds, so that the headline carries a rate this machine met on new arrivals
+            down /= 1 + ladder.settings.capacity.tolerance
+            status(f"recommended configuration one bracket step lower, at {down:.1f} req/s (recorder off)")
+            inv.descent.append(fresh_probe(measure, ladder.recommended, down, ladder.target_p99_ms,
+                                           ladder.settings.capacity, salt=CONFIRM_SALT))
+            say(f"confirm, a step down (recorder off): {inv.descent[-1].sentence()}")
     status("recommended configuration under the recorder" + (f" at {rate:.1f} req/s" if rate else ""))
     inv.after = measure(ladder.recommended, rate=rate, record=True)
     inv.confirm_rate = rate
@@ -421,8 +448,16 @@ def headline(inv: Investigation) -> str:
         over = c.exceed if c.exceed >= 0 else "?"  # -1: not counted (a summary-only trial)
         p99 = (f"; confirm at {c.rate:.1f} req/s: {c.verdict} by {c.by} ({over} of {c.n} over {t:.0f} ms "
                f"or failed), p99 {fixed(c.p99_ms, '.0f')}{span} ms")
-        if not c.passed:  # the search's passing probe and this one disagree: the capacity sits at the knee
-            p99 += " (the confirm did not hold at the capacity found: read it as an upper bound on this machine now)"
+        held = inv.held
+        if not c.passed and held is not None:  # the search's passing probe and this one disagree: at the knee
+            p99 += (f" (the confirm did not hold at the capacity found; {len(inv.descent)} bracket step"
+                    f"{'s' if len(inv.descent) > 1 else ''} down, {held.rate:.1f} req/s held: {held.verdict} by "
+                    f"{held.by}, {held.exceed} of {held.n} over, p99 {fixed(held.p99_ms, '.0f')} ms; read "
+                    f"{held.rate:.1f} req/s as this machine's capacity now)")
+        elif not c.passed:
+            lowest = f", nor at {inv.descent[-1].rate:.1f} req/s" if inv.descent else ""
+            p99 += (f" (the confirm did not hold at the capacity found{lowest}: read it as an upper bound on this "
+                    "machine now)")
     elif after is not None:
         f = pooled_figures([after], t)
         lo, hi = f.get("p99_low_ms"), f.get("p99_high_ms")

@@ -172,7 +172,8 @@ class LadderSettings:
         at most 6 pairs per step, stopped after 3 once 6 could not decide (futility: in the stubs' Monte-Carlo it
         cut a no-op ladder's load tests 30%, 4,567 to 3,217 over 40 runs, and kept as many true +10% steps, 58 of
         60; with the full settings it kept 33 of 45 against 40, so it is quick mode's only), a 12% capacity
-        bracket, three batch sizes and two waits, one joint move; and no light-load pairs: a step is judged past
+        bracket, three batch sizes and one wait (5 ms: in 4 quick runs here neither 5 nor 20 ms was kept, and
+        the second wait cost 6-8 load tests, 50-60 s), one joint move; and no light-load pairs: a step is judged past
         the reference's capacity alone (:meth:`Ladder.judge_past_capacity`; 3 pairs, up to 6 while a race in
         which both arms fail, or the candidate is undecided by its count, could still decide). Measured on a
         quiet 2-core AMD EPYC (avx512_bf16), capacity at p99 <= 800 ms: 520 s with two joint moves (24.4 ->
@@ -183,7 +184,7 @@ class LadderSettings:
         base = dict(concurrency=16, duration_s=3.0, warmup_s=0.5, min_outcomes=300, max_window_s=4.0,
                     warmup_requests=10, min_effect=0.05, max_pairs=6,
                     capacity=CapacitySettings.quick(), sweep_sizes=(1, 4, 16), sweep_repeats=1, sweep_rounds=2,
-                    waits_ms=(5.0, 20.0), joint_rounds=1, joint_moves=1, precision_texts=32, compile_on_cpu=False,
+                    waits_ms=(5.0,), joint_rounds=1, joint_moves=1, precision_texts=32, compile_on_cpu=False,
                     futility=True, light_load=False, race_pairs=3)
         base.update(changes)
         return cls(**base)

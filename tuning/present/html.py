@@ -289,6 +289,17 @@ def _confirm_text(conf: dict[str, Any], mode: str) -> str:
             f"{fixed(conf['p50_ms'], '.0f')} ms, {conf['failed']} of {conf['submitted']} failed{_esc(under)}.")
 
 
+def _descent_text(inv: Any) -> str:
+    """The probes below a confirm that failed (one capacity-bracket step each), and the rate that held."""
+    if not inv.descent:
+        return ""
+    steps = "; ".join(f"{p.rate:.1f} req/s {p.verdict} by {p.by} ({p.exceed} of {p.n} over)" for p in inv.descent)
+    held = inv.held
+    verdict = (f"<b>{held.rate:.1f} req/s held</b>: read it as this machine's capacity now" if held is not None else
+               "none held: read the capacity found as an upper bound on this machine now")
+    return f" The confirm did not hold; a capacity-bracket step down at a time, on fresh arrivals: {_esc(steps)}; {verdict}."
+
+
 def _headline(inv: Any) -> str:
     """The confirm run against the baseline: capacity (with its bracket) and p99 (with its interval)."""
     ladder = inv.ladder
@@ -310,7 +321,7 @@ def _headline(inv: Any) -> str:
                 f"{_esc(_p99_span(b.get('p99_ms'), b.get('p99_low_ms'), b.get('p99_high_ms')))} ms.")
     if conf is not None:
         at = f"open loop at {inv.confirm_rate:.1f} req/s" if inv.confirm_rate else "closed loop"
-        text += " " + _confirm_text(conf, at)
+        text += " " + _confirm_text(conf, at) + _descent_text(inv)
     else:
         text += " No confirm run (the investigation was cut short)."
     if "-?]" in text or "[?-" in text:
