@@ -1085,3 +1085,27 @@ def test_a_confirm_that_fails_steps_down_the_bracket_until_a_rate_holds():
     _confirm_and_what_if(inv, stub, ladder.recommended, ladder, SimpleNamespace(knob="cpu"), None, False, lines.append)
     assert inv.held is None and len(inv.descent) == CONFIRM_DESCENT
     assert f"nor at {inv.descent[-1].rate:.1f} req/s" in headline(inv) and "none held" in _headline(inv)
+
+
+def test_a_race_too_thin_for_any_count_to_pass_goes_on_until_the_count_can_look():
+    """Quick investigate here on a slow spell: baseline capacity 15.7 req/s, every race at 20.5 req/s in 4 s windows
+    had 245 outcomes per arm after its 3 pairs, under the 299 a count needs to pass at all: both arms "undecided"
+    in every step, and nothing was kept. Such a race goes on (up to ``extend_to``) until a count could pass, and
+    the count then decides as at the race's own cap."""
+    from tuning.experiments.capacity import CompareSettings, race_at
+
+    over_ref = [2, 2, 1, 3, 0, 0]  # the reference: 5 of 240 over after 3 pairs (undecided), 8 of 320 after 4 (fails)
+
+    def latencies(arm, i):
+        k = over_ref[i] if arm == "ref" else 0
+        return np.r_[np.full(k, 1500.0), np.full(80 - k, 100.0)], 4.0
+    reference, candidate = preset("baseline", device="cpu"), preset("baseline", device="cpu").replace(tokenizer="fast")
+    compare = CompareSettings(min_effect=0.05, min_pairs=3, max_pairs=6, level=0.998, futility=True)
+    race = race_at(_race_stub(latencies, rate=20.0), reference, candidate, rate=20.0, target_p99_ms=1000.0,
+                   compare=compare, gate_level=0.99, max_pairs=3, extend_to=6)
+    assert race.pairs == 4 and race.verdict == "candidate", race
+    assert race.candidate_by == ("pass", "count") and race.reference_by == ("fail", "count")
+    # without the extension the race stops blind at its cap, as before
+    capped = race_at(_race_stub(latencies, rate=20.0), reference, candidate, rate=20.0, target_p99_ms=1000.0,
+                     compare=compare, gate_level=0.99, max_pairs=3)
+    assert capped.pairs == 3 and capped.verdict == "undecided", capped
