@@ -408,12 +408,18 @@ def race_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: float
         rv, cv = window_verdict(rf, len(ref), settings), window_verdict(cf, len(cand), settings)
         if i + 1 < min_pairs:
             continue
-        if (extending and i + 1 >= count_cap and cv[0] == "undecided" and rv[0] == "undecided"
-                and pass_limits(min(rf["n"], cf["n"]))[0] is None):
+        # the outcomes a count needs: the candidate's against a failing reference (a reference past its knee
+        # answers fewer within its windows), else both arms'
+        thin_n = cf["n"] if rv[0] == "fail" else min(rf["n"], cf["n"])
+        if (extending and i + 1 >= count_cap and cv[0] == "undecided" and rv[0] != "pass"
+                and pass_limits(thin_n)[0] is None):
             # too few outcomes for any count to pass yet (under 299): quick investigate here at 20.5 req/s had 245
             # per arm after 3 pairs of 4 s windows, every step "undecided" for both arms and nothing kept; the
-            # count has not had its look, so it gets it at the next pair (up to extend_to)
+            # count has not had its look, so it gets it at the next pair (up to extend_to). Against a failing
+            # reference too (the usual case): there the gate alone judged a candidate whose count could not yet
+            # pass
             count_cap = i + 2
+            gated = False  # the gate did not judge this look (its interval is not the race's)
             continue
         both_fail = cv[0] == "fail" and rv[0] == "fail"
         # a candidate still undecided by its count at the race's cap, against a reference that fails, goes on too
@@ -428,9 +434,9 @@ def race_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: float
                        "not distinguishable": "candidate fails"}.get(told, "undecided")
             if verdict == "undecided" and i + 1 >= min(max_pairs, faster_cap) and extend == faster_cap:
                 verdict = "candidate fails"
-            if verdict == "candidate fails" and cv[0] == "pass":
+            if verdict == "candidate fails" and cv[0] == "pass" and told != "not better":
                 # the candidate met the target by its count (late in an extension), the gate could not tell it
-                # faster: it failed nothing, it was not told apart
+                # faster: it failed nothing, it was not told apart (a gate that told it slower did tell it apart)
                 verdict = "not distinguishable"
         elif cv[0] == "fail":
             verdict = "candidate fails"

@@ -77,7 +77,8 @@ class Investigation:
     what_if: dict[str, Any] = field(default_factory=dict)
     wall_s: float = math.nan
     files: dict[str, str] = field(default_factory=dict)
-    confirm_rate: float | None = None
+    confirm_rate: float | None = None  # the confirm probe's rate (the capacity found)
+    recorder_rate: float | None = None  # the run under the recorder's (``after``): the rate that held, if one did
     interrupted: bool = False
     partial: bool = False  # the files of a run still going (or cut short): what was done so far
 
@@ -93,6 +94,26 @@ class Investigation:
             return self.confirm
         return next((p for p in self.descent if p.passed), None)
 
+    def descent_sentence(self) -> str:
+        """What the probes below a failed confirm found, said once for the headline and the report ("" when the
+        confirm passed or did not run). One probe at each rate brackets the capacity; it does not pin it: with
+        a rate that held, the capacity now lies between it and the lowest rate that failed."""
+        c = self.confirm
+        if c is None or c.passed:
+            return ""
+        held = self.held
+        if held is None:
+            lowest = f", nor at {self.descent[-1].rate:.1f} req/s" if self.descent else ""
+            tried = ("; a capacity-bracket step down at a time, on fresh arrivals: " + _probes_text(self.descent)
+                     + "; none held") if self.descent else ""
+            return (f"the confirm did not hold at the capacity found ({c.rate:.1f} req/s){lowest}{tried}: read the "
+                    "capacity found as an upper bound on this machine now")
+        above = min(p.rate for p in [c, *self.descent] if not p.passed)
+        return (f"the confirm did not hold at the capacity found ({c.rate:.1f} req/s); a capacity-bracket step down at "
+                f"a time, on fresh arrivals: {_probes_text(self.descent)}; {held.rate:.1f} req/s held: this machine's "
+                f"capacity now lies between {held.rate:.1f} and {above:.1f} req/s (one probe each way; plan on "
+                f"{held.rate:.1f})")
+
     def summary(self) -> dict[str, Any]:
         ladder = self.ladder.summary()
         ladder.pop("data", None)  # self.data says the same, with the path
@@ -106,7 +127,7 @@ class Investigation:
             "headline": headline(self), "interrupted": self.interrupted, "partial": self.partial,
             "diagnosis": _diagnosis(self.before),
             "before": _trial_summary(self.before), "after": _trial_summary(self.after),
-            "confirm_rate": rounded(self.confirm_rate),
+            "confirm_rate": rounded(self.confirm_rate), "recorder_rate": rounded(self.recorder_rate),
             "confirm": self.confirm.row() if self.confirm is not None else None,
             "confirm_descent": [p.row() for p in self.descent],
             "held_rate": rounded(self.held.rate) if self.held is not None else None,
@@ -114,6 +135,12 @@ class Investigation:
             "what_if": {k: (v if k != "runs" else {n: _trial_summary(t) for n, t in v.items()})
                         for k, v in self.what_if.items()},
         }
+
+
+def _probes_text(probes: list[Probe]) -> str:
+    """'39.4 req/s fail by knee (40 of 310 over); ...' ('?': a probe whose outcomes were not counted)."""
+    return "; ".join(f"{p.rate:.1f} req/s {p.verdict} by {p.by} ({p.exceed if p.exceed >= 0 else '?'} of {p.n} over)"
+                     for p in probes)
 
 
 def _diagnosis(trial: Trial | None) -> dict[str, Any] | None:
@@ -381,13 +408,13 @@ def _confirm_and_what_if(inv: Investigation, measure: Any, base: Any, ladder: La
     target = ladder.objective == "target" and ladder.capacity is not None and ladder.capacity.met
     rate = ladder.capacity.capacity if target else None
     bar, _, status = progress_bar(progress, total=2 if rate else 1, desc="confirm")
+    inv.confirm, inv.descent = None, []
     if rate:
         status(f"recommended configuration at {rate:.1f} req/s (recorder off)")
         inv.confirm = fresh_probe(measure, ladder.recommended, rate, ladder.target_p99_ms, ladder.settings.capacity,
                                   salt=CONFIRM_SALT)
         bar.update(1)
         say(f"confirm (recorder off): {inv.confirm.sentence()}")
-        inv.descent = []
         down = rate
         while not inv.confirm.passed and len(inv.descent) < CONFIRM_DESCENT and inv.held is None:
             # the search passed a rate at the knee (a short window can, while the queue still builds): step down
@@ -397,9 +424,12 @@ def _confirm_and_what_if(inv: Investigation, measure: Any, base: Any, ladder: La
             inv.descent.append(fresh_probe(measure, ladder.recommended, down, ladder.target_p99_ms,
                                            ladder.settings.capacity, salt=CONFIRM_SALT))
             say(f"confirm, a step down (recorder off): {inv.descent[-1].sentence()}")
-    status("recommended configuration under the recorder" + (f" at {rate:.1f} req/s" if rate else ""))
-    inv.after = measure(ladder.recommended, rate=rate, record=True)
-    inv.confirm_rate = rate
+    # the recorder's run where the configuration held (its profile then describes a machine that copes), else
+    # at the capacity found
+    on = inv.held.rate if rate and inv.held is not None else rate
+    status("recommended configuration under the recorder" + (f" at {on:.1f} req/s" if on else ""))
+    inv.after = measure(ladder.recommended, rate=on, record=True)
+    inv.confirm_rate, inv.recorder_rate = rate, on
     bar.update(1)
     bar.close()
     say(_line("recommended", inv.after) + (" (under the recorder)" if rate else ""))
@@ -448,16 +478,10 @@ def headline(inv: Investigation) -> str:
         over = c.exceed if c.exceed >= 0 else "?"  # -1: not counted (a summary-only trial)
         p99 = (f"; confirm at {c.rate:.1f} req/s: {c.verdict} by {c.by} ({over} of {c.n} over {t:.0f} ms "
                f"or failed), p99 {fixed(c.p99_ms, '.0f')}{span} ms")
-        held = inv.held
-        if not c.passed and held is not None:  # the search's passing probe and this one disagree: at the knee
-            p99 += (f" (the confirm did not hold at the capacity found; {len(inv.descent)} bracket step"
-                    f"{'s' if len(inv.descent) > 1 else ''} down, {held.rate:.1f} req/s held: {held.verdict} by "
-                    f"{held.by}, {held.exceed} of {held.n} over, p99 {fixed(held.p99_ms, '.0f')} ms; read "
-                    f"{held.rate:.1f} req/s as this machine's capacity now)")
-        elif not c.passed:
-            lowest = f", nor at {inv.descent[-1].rate:.1f} req/s" if inv.descent else ""
-            p99 += (f" (the confirm did not hold at the capacity found{lowest}: read it as an upper bound on this "
-                    "machine now)")
+        if not c.passed:  # the search's passing probe and this one disagree: at the knee
+            held = inv.held
+            at_held = f"; p99 {fixed(held.p99_ms, '.0f')} ms at {held.rate:.1f} req/s" if held is not None else ""
+            p99 += f" ({inv.descent_sentence()}{at_held})"
     elif after is not None:
         f = pooled_figures([after], t)
         lo, hi = f.get("p99_low_ms"), f.get("p99_high_ms")

@@ -92,7 +92,7 @@ __all__ = ["LadderSettings", "LadderResult", "LadderError", "Step", "Experiment"
 MIN_COSINE = 0.999  # worst-case cosine of half-precision vs fp32 embeddings under which a dtype is not recommended
 BUCKET_WASTE_TARGET = 0.15  # planned buckets: the fewest (up to MAX_BUCKETS) whose padding waste is at most 15%
 MAX_BUCKETS = 8  # shapes to compile or capture at most
-REPLICATE_SALT = 104_729  # a race's pass probed again: arrivals apart from the search's and the confirm's
+REPLICATE_SALT = 1_000_033  # a race's pass probed again: arrivals apart from the search's and the confirm's
 # a capacity searched under this much hypervisor steal, then pairs under half of it: the machine recovered
 # (66.7% steal was seen here mid-run; 0.07% on a quiet run)
 RECOVERED_STEAL = 0.10
@@ -790,13 +790,13 @@ class Ladder:
                         figures: dict[str, Any]) -> tuple[Probe | None, str, list[int]]:
         """A race the candidate passed (``candidate``), checked by :meth:`replicate`: (the probe that stands as
         the lower end of its capacity, or None when the pass did not hold; the sentence; the experiments' ids).
-        Sets ``figures['race_again']`` and, when it did not hold, ``figures['meets_target']`` to False."""
+        Sets ``figures['race_again']`` (whether the row's own figures meet the target is the caller's to say:
+        quick mode's row holds the race's figures, the full settings' the light-load pairs')."""
         again, ids = self.replicate(name, change, knobs, race.rate)
         figures["race_again"] = f"{again.exceed} of {again.n} ({again.verdict} by {again.by})"
         over = f"({figures['race_again']} over {self.target:.0f} ms)"
         if again.passed:
             return again, f"it meets the target where the reference does not, and again on fresh arrivals {over}", ids
-        figures["meets_target"] = False
         return None, (f"it met the target where the reference did not, but not again on fresh arrivals {over}: "
                       "a pass at the knee that did not replicate"), ids
 
@@ -853,6 +853,7 @@ class Ladder:
         if race.verdict == "candidate":
             known, held, again_ids = self.race_pass_holds(name, change, knobs, race, figures)
             ids += again_ids
+            figures["meets_target"] = known is not None  # this row's figures are the race's: the pass did not hold
             status, reason = ("kept" if known is not None else "not kept"), f"{told}: {held}"
         elif race.verdict == "candidate faster":
             status, reason = "kept", (f"{told}: neither meets the target there by its count, the candidate clearly "

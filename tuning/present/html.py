@@ -278,11 +278,14 @@ def _confirm(inv: Any) -> dict[str, Any] | None:
     f["recorder"] = "recorder off" if c is not None else "recorder on"
     f["verdict"] = f" ({c.verdict} by {c.by}, {len(trials)} windows)" if c is not None else ""
     f["recorder_p99_ms"] = inv.after.p99_ms if c is not None and inv.after is not None else None
+    recorder_rate = getattr(inv, "recorder_rate", None)
+    f["recorder_at"] = ("same rate" if recorder_rate is None or recorder_rate == inv.confirm_rate else
+                        f"at {recorder_rate:.1f} req/s, the rate that held")
     return f
 
 
 def _confirm_text(conf: dict[str, Any], mode: str) -> str:
-    under = (f"; under the recorder, same rate: p99 {fixed(conf['recorder_p99_ms'], '.0f')} ms"
+    under = (f"; under the recorder, {conf['recorder_at']}: p99 {fixed(conf['recorder_p99_ms'], '.0f')} ms"
              if conf["recorder_p99_ms"] is not None else "")
     return (f"Confirm run of the recommended ({_esc(mode)}, {conf['recorder']}){_esc(conf['verdict'])}: p99 "
             f"<b>{_esc(_p99_span(conf['p99_ms'], conf['p99_low_ms'], conf['p99_high_ms']))} ms</b> (95% interval), p50 "
@@ -291,13 +294,15 @@ def _confirm_text(conf: dict[str, Any], mode: str) -> str:
 
 def _descent_text(inv: Any) -> str:
     """The probes below a confirm that failed (one capacity-bracket step each), and the rate that held."""
-    if not inv.descent:
+    text = inv.descent_sentence()
+    if not text:
         return ""
-    steps = "; ".join(f"{p.rate:.1f} req/s {p.verdict} by {p.by} ({p.exceed} of {p.n} over)" for p in inv.descent)
     held = inv.held
-    verdict = (f"<b>{held.rate:.1f} req/s held</b>: read it as this machine's capacity now" if held is not None else
-               "none held: read the capacity found as an upper bound on this machine now")
-    return f" The confirm did not hold; a capacity-bracket step down at a time, on fresh arrivals: {_esc(steps)}; {verdict}."
+    text = _esc(text[0].upper() + text[1:])
+    if held is not None:  # the rate to plan on, in bold
+        said = _esc(f"{held.rate:.1f} req/s held")
+        text = text.replace(said, f"<b>{said}</b>", 1)
+    return f" {text}."
 
 
 def _headline(inv: Any) -> str:
@@ -390,7 +395,8 @@ def render_report(inv: Any) -> str:
     if inv.after is not None and inv.after.load is not None:
         loads["recommended"] = inv.after.load
     loads = {k: v for k, v in loads.items() if v is not None}
-    confirm_mode = (f"open loop at {inv.confirm_rate:.1f} req/s" if inv.confirm_rate else "closed loop")
+    recorder_rate = getattr(inv, "recorder_rate", None) or inv.confirm_rate
+    confirm_mode = (f"open loop at {recorder_rate:.1f} req/s" if recorder_rate else "closed loop")
     body = ["<p>Per-request time by stage (ok requests), p50 next to p99: where a request spends its time. "
             f"Baseline: closed loop at concurrency {settings.concurrency}, recorder on"
             + (f"; recommended: its run under the recorder, {_esc(confirm_mode)} (the confirm probe above ran with the recorder "
