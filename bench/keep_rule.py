@@ -49,7 +49,8 @@ def _ladder(measure, settings: LadderSettings, steps=STEPS):
 
 def kept_by(step) -> str:
     """Which rule kept ``step``: the race's count (``race pass``), the race's latency gate (``latency gate``),
-    the light-load pairs' interval (``light-load pairs``), or the target met where the reference missed it."""
+    the target met where the reference missed it (``target met``, judged before the pairs' interval), the
+    light-load pairs' interval (``light-load pairs``), or ``other``. Read from the step's reason and figures."""
     race = step.figures.get("race_verdict")
     if race == "candidate":
         return "race pass"

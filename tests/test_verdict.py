@@ -1085,7 +1085,7 @@ def test_a_confirm_that_fails_steps_down_the_bracket_until_a_rate_holds():
     assert sum(line.startswith("confirm, a step down") for line in lines) == len(inv.descent)
     # one probe each way says where the capacity lies, not that it is the held rate: between it and the lowest
     # failed rate; the recorder's run is at the rate that held, where its profile describes a machine that copes
-    above = min(p.rate for p in [inv.confirm, *inv.descent] if not p.passed)
+    above = min(p.rate for p in [inv.confirm, *inv.descent] if p.verdict == "fail")
     between = f"between {held.rate:.1f} and {above:.1f} req/s"
     assert between in text and between in _headline(inv), text
     assert inv.recorder_rate == pytest.approx(held.rate) and inv.summary()["recorder_rate"] == pytest.approx(held.rate, rel=1e-3)
@@ -1095,6 +1095,12 @@ def test_a_confirm_that_fails_steps_down_the_bracket_until_a_rate_holds():
     assert inv.held is None and len(inv.descent) == CONFIRM_DESCENT
     assert f"nor at {inv.descent[-1].rate:.1f} req/s" in headline(inv) and "none held" in _headline(inv)
     assert inv.recorder_rate == pytest.approx(found)  # nothing held: the recorder runs where the search ended
+    assert f"lies below {min(p.rate for p in inv.descent if p.verdict == 'fail'):.1f} req/s" in headline(inv)
+    # a confirm undecided (its windows disagreed: a busy machine) bounds nothing
+    from dataclasses import replace as _replace
+    undecided = _replace(inv.confirm, verdict="undecided", by="windows disagree")
+    inv.confirm, inv.descent = undecided, [_replace(inv.descent[0], verdict="pass", passed=True)]
+    assert "at least" in headline(inv) and "between" not in headline(inv), headline(inv)
     from dataclasses import replace
     inv.descent = [replace(p, exceed=-1) for p in inv.descent]  # a summary-only trial: not counted
     assert "-1 of" not in headline(inv) and "-1 of" not in _headline(inv) and "? of" in _headline(inv)
@@ -1164,13 +1170,14 @@ def test_a_thin_race_against_a_failing_reference_gives_the_count_its_look():
     assert math.isnan(race.ratio)  # the count decided, not the gate: no gate interval is shown
 
 
-def test_a_thin_look_after_a_gated_one_shows_no_stale_gate_interval():
+def test_a_thin_race_s_last_pair_is_the_gate_s():
     """A race whose gate judged one look (both arms failing by then) and whose later looks were too thin for the
-    count: the race's interval is the gate's only when the gate judged the last look."""
+    count: the thin looks skip the gate (no stale interval is kept from the earlier look), and the last pair,
+    after which no count can look, is the gate's to judge."""
     from tuning.experiments.capacity import CompareSettings, race_at
 
-    over_cand = [0, 4, 0, 0]  # 4 of 120 over after 2 pairs (fails by the count), 4 of 180 and 240 (undecided)
-    ref_scale, cand_scale = [1.0, 1.5, 1.0, 1.5], [1.3, 0.8, 1.25, 0.85]  # a latency ratio the gate cannot tell
+    over_cand = [0, 4, 0, 0, 0]  # 4 of 120 over after 2 pairs (fails by the count), 4 of 180-300 (undecided)
+    ref_scale, cand_scale = [1.0, 1.5, 1.0, 1.5, 1.0], [1.3, 0.8, 1.25, 0.85, 1.2]  # a ratio the gate cannot tell
 
     def latencies(arm, i):
         if arm == "ref":
@@ -1179,10 +1186,30 @@ def test_a_thin_look_after_a_gated_one_shows_no_stale_gate_interval():
         return np.r_[np.full(k, 1500.0), np.full(60 - k, 700.0 * cand_scale[i])], 3.0
     reference, candidate = preset("baseline", device="cpu"), preset("baseline", device="cpu").replace(tokenizer="fast")
     compare = CompareSettings(min_effect=0.05, min_pairs=2, max_pairs=3, level=0.998, futility=True)
+    statuses = []
     race = race_at(_race_stub(latencies, rate=20.0), reference, candidate, rate=20.0, target_p99_ms=1000.0,
-                   compare=compare, gate_level=0.99, min_pairs=2, max_pairs=3, faster_pairs=3, extend_to=4)
-    assert race.pairs == 4 and race.verdict == "undecided" and race.candidate_by[0] == "undecided", race
-    assert math.isnan(race.ratio), race
+                   compare=compare, gate_level=0.99, min_pairs=2, max_pairs=3, faster_pairs=3, extend_to=5,
+                   status=statuses.append)
+    assert race.pairs == 5 and race.candidate_by[0] == "undecided", race
+    assert math.isfinite(race.ratio) and race.verdict != "candidate", race  # the gate judged the last pair
+
+
+def test_a_race_that_can_never_reach_a_count_lets_the_gate_judge():
+    """Review: at 40 outcomes a pair, 6 pairs never reach the 299 a count needs; skipping the gate on every thin
+    look ran all 6 pairs and ended undecided, where the gate had told a candidate 3x faster at pair 3."""
+    from tuning.experiments.capacity import CompareSettings, race_at
+
+    wobble = [1.0, 1.05, 0.95, 1.02, 0.98, 1.0]
+
+    def latencies(arm, i):
+        if arm == "ref":  # 4 of 40 over the target: fails by the count
+            return np.r_[np.full(4, 1500.0), np.full(36, 900.0 * wobble[i])], 4.0
+        return np.full(40, 300.0), 4.0
+    reference, candidate = preset("baseline", device="cpu"), preset("baseline", device="cpu").replace(tokenizer="fast")
+    compare = CompareSettings(min_effect=0.05, min_pairs=3, max_pairs=6, level=0.998, futility=True)
+    race = race_at(_race_stub(latencies, rate=10.0), reference, candidate, rate=10.0, target_p99_ms=1000.0,
+                   compare=compare, gate_level=0.99, max_pairs=3, extend_to=6)
+    assert race.pairs == 3 and race.verdict == "candidate faster" and race.low > 1.05, race
 
 
 def test_the_fresh_probes_salts_never_land_on_a_window_the_search_drew():

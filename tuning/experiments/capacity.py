@@ -411,8 +411,11 @@ def race_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: float
         # the outcomes a count needs: the candidate's against a failing reference (a reference past its knee
         # answers fewer within its windows), else both arms'
         thin_n = cf["n"] if rv[0] == "fail" else min(rf["n"], cf["n"])
+        last = max(max_pairs, extend)
+        # only while a count could still look by the last pair at this pace; else the gate judges now
+        reachable = i + 1 < last and pass_limits(int(thin_n / (i + 1) * last))[0] is not None
         if (extending and i + 1 >= count_cap and cv[0] == "undecided" and rv[0] != "pass"
-                and pass_limits(thin_n)[0] is None):
+                and pass_limits(thin_n)[0] is None and reachable):
             # too few outcomes for any count to pass yet (under 299): quick investigate here at 20.5 req/s had 245
             # per arm after 3 pairs of 4 s windows, every step "undecided" for both arms and nothing kept; the
             # count has not had its look, so it gets it at the next pair (up to extend_to). Against a failing
@@ -434,9 +437,11 @@ def race_at(measure: Measure, reference: Knobs, candidate: Knobs, *, rate: float
                        "not distinguishable": "candidate fails"}.get(told, "undecided")
             if verdict == "undecided" and i + 1 >= min(max_pairs, faster_cap) and extend == faster_cap:
                 verdict = "candidate fails"
-            if verdict == "candidate fails" and cv[0] == "pass" and told != "not better":
+            slower = told == "not better" and faster.interval()[2] < 1
+            if verdict == "candidate fails" and cv[0] == "pass" and not slower:
                 # the candidate met the target by its count (late in an extension), the gate could not tell it
-                # faster: it failed nothing, it was not told apart (a gate that told it slower did tell it apart)
+                # faster: it failed nothing, it was not told apart (a gate whose whole interval is below 1 told it
+                # slower: that is a failure)
                 verdict = "not distinguishable"
         elif cv[0] == "fail":
             verdict = "candidate fails"

@@ -102,17 +102,20 @@ class Investigation:
         if c is None or c.passed:
             return ""
         held = self.held
+        # a probe that did not pass is not always a failure ("undecided": the windows disagreed, a busy machine)
+        failed = [p.rate for p in [c, *self.descent] if p.verdict == "fail"]
         if held is None:
             lowest = f", nor at {self.descent[-1].rate:.1f} req/s" if self.descent else ""
             tried = ("; a capacity-bracket step down at a time, on fresh arrivals: " + _probes_text(self.descent)
                      + "; none held") if self.descent else ""
-            return (f"the confirm did not hold at the capacity found ({c.rate:.1f} req/s){lowest}{tried}: read the "
-                    "capacity found as an upper bound on this machine now")
-        above = min(p.rate for p in [c, *self.descent] if not p.passed)
+            bound = (f"this machine's capacity now lies below {min(failed):.1f} req/s" if failed else
+                     "read the capacity found as an upper bound on this machine now")
+            return f"the confirm did not hold at the capacity found ({c.rate:.1f} req/s){lowest}{tried}: {bound}"
+        where = (f"this machine's capacity now lies between {held.rate:.1f} and {min(failed):.1f} req/s (one probe "
+                 f"each way; plan on {held.rate:.1f})" if failed else
+                 f"this machine's capacity now is at least {held.rate:.1f} req/s (no probe above it failed)")
         return (f"the confirm did not hold at the capacity found ({c.rate:.1f} req/s); a capacity-bracket step down at "
-                f"a time, on fresh arrivals: {_probes_text(self.descent)}; {held.rate:.1f} req/s held: this machine's "
-                f"capacity now lies between {held.rate:.1f} and {above:.1f} req/s (one probe each way; plan on "
-                f"{held.rate:.1f})")
+                f"a time, on fresh arrivals: {_probes_text(self.descent)}; {held.rate:.1f} req/s held: {where}")
 
     def summary(self) -> dict[str, Any]:
         ladder = self.ladder.summary()
