@@ -7,7 +7,9 @@ carries 5% run-to-run noise, 400 outcomes a window, past its knee a queue that g
 
 - **no-op**: no knob changes anything; the share of ladders that ship any knob, and false keeps per decision;
 - **+10%, +20%, +30%, +50%**: every step's knob raises the capacity by that much; the share of decided steps
-  kept.
+  kept;
+- **thin**: the no-op and +20% cases with 80 outcomes a window (a slow machine's short windows: too few for any
+  count to pass after quick mode's 3 pairs).
 
     python bench/keep_rule.py [--runs 100] [--quick]
 
@@ -28,6 +30,7 @@ from tuning.experiments.ladder import LadderSettings, run_ladder
 TARGET_P99_MS = 800.0
 NOISE = 0.05
 FACTORS = (1.10, 1.20, 1.30, 1.50)
+THIN = 80  # outcomes a window in the thin cases
 # past the knee the stub's queue grows at rate - mu, so the race's latency gate sees each arm's capacity (the
 # stub's default gives every overloaded run the same latencies: the gate would never fire)
 OVERLOAD = "queue"  # every step's knob raises the capacity by this much
@@ -61,11 +64,11 @@ def kept_by(step) -> str:
     return "light-load pairs" if step.figures.get("verdict") == "better" else "other"
 
 
-def no_op(settings: LadderSettings, runs: int) -> dict:
+def no_op(settings: LadderSettings, runs: int, window: int = 400) -> dict:
     shipped = decisions = kept = gated = 0
     by: dict[str, int] = {}
     for seed in range(runs):
-        ladder = _ladder(QueueStub(base_rate=40.0, noise=NOISE, seed=seed, overload=OVERLOAD), settings)
+        ladder = _ladder(QueueStub(base_rate=40.0, noise=NOISE, seed=seed, overload=OVERLOAD, window=window), settings)
         decided = [s for s in ladder.steps if s.status in ("kept", "not kept")]
         decisions += len(decided)
         kept += sum(s.status == "kept" for s in decided)
@@ -75,22 +78,22 @@ def no_op(settings: LadderSettings, runs: int) -> dict:
             if s.status == "kept":
                 rule = kept_by(s)
                 by[rule] = by.get(rule, 0) + 1
-    return {"runs": runs, "runs_shipping_a_knob": shipped, "false_keeps_by_the_latency_gate": gated,
+    return {"runs": runs, "window": window, "runs_shipping_a_knob": shipped, "false_keeps_by_the_latency_gate": gated,
             "false_keeps_by_rule": dict(sorted(by.items())),
             "share_of_runs": shipped / runs, "decisions": decisions,
             "false_keeps": kept, "false_keeps_per_decision": kept / decisions if decisions else None}
 
 
-def effect(settings: LadderSettings, runs: int, factor: float) -> dict:
+def effect(settings: LadderSettings, runs: int, factor: float, window: int = 400) -> dict:
     kept = decided = gated = 0
     for seed in range(runs):
         stub = QueueStub([(test, factor) for test in KNOBS], base_rate=40.0, noise=NOISE, seed=seed,
-                         overload=OVERLOAD)
+                         overload=OVERLOAD, window=window)
         steps = [s for s in _ladder(stub, settings, EFFECT_STEPS).steps if s.status in ("kept", "not kept")]
         decided += len(steps)
         kept += sum(s.status == "kept" for s in steps)
         gated += sum(s.status == "kept" and s.figures.get("race_verdict") == "candidate faster" for s in steps)
-    return {"runs": runs, "factor": factor, "steps_decided": decided, "steps_kept": kept,
+    return {"runs": runs, "window": window, "factor": factor, "steps_decided": decided, "steps_kept": kept,
             "kept_by_the_latency_gate": gated,
             "share_kept": kept / decided if decided else None}
 
@@ -108,6 +111,9 @@ def main() -> None:
         t0 = time.perf_counter()
         res = {"no_op": no_op(settings, runs),
                **{f"plus_{round(100 * (f - 1))}": effect(settings, runs, f) for f in FACTORS}}
+        # thin races: 80 outcomes a window, under the 299 a count needs after quick mode's 3 pairs (the thin
+        # race's extension; at 400 a window no race is thin)
+        res["no_op_thin"], res["plus_20_thin"] = no_op(settings, runs, THIN), effect(settings, runs, 1.20, THIN)
         res["seconds"] = round(time.perf_counter() - t0, 1)
         out["settings"][name] = res
         n = res["no_op"]
@@ -115,8 +121,9 @@ def main() -> None:
                          f"{res[f'plus_{round(100 * (f - 1))}']['steps_decided']}" for f in FACTORS)
         print(f"{name}: no-op: {n['runs_shipping_a_knob']} of {runs} runs shipped a knob "
               f"({n['false_keeps']} false keeps in {n['decisions']} decisions, by rule {n['false_keeps_by_rule']}); "
-              f"steps kept: {kept} "
-              f"({res['seconds']:.0f} s)", flush=True)
+              f"steps kept: {kept}; thin ({THIN} a window): no-op {res['no_op_thin']['runs_shipping_a_knob']} of {runs} "
+              f"runs shipped a knob, +20% {res['plus_20_thin']['steps_kept']} of {res['plus_20_thin']['steps_decided']} "
+              f"kept ({res['seconds']:.0f} s)", flush=True)
     write("keep_rule", out, quick=args.quick)
 
 
