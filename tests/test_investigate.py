@@ -99,7 +99,9 @@ def test_half_precision_under_the_cosine_threshold_is_not_recommended():
 
 
 def test_max_wait_steps_are_judged_one_by_one_at_the_target():
-    measure = _stub([(lambda k: k.batch_size > 1, 1.5), (lambda k: k.max_wait_ms == 5.0, 1.2)],
+    # 5 ms: +40% capacity (at +20% its capacity, 144 req/s at 200 ms, sits on the race's rate, 1.2 x the
+    # reference's failing 120.8: undecided there, rightly)
+    measure = _stub([(lambda k: k.batch_size > 1, 1.5), (lambda k: k.max_wait_ms == 5.0, 1.4)],
                     floor=lambda k: 400.0 if k.max_wait_ms == 20.0 else 0.0)
     ladder = _ladder(measure, ("batch", "batching"), settings=dataclasses.replace(_LIGHT, waits_ms=(5.0, 20.0)))
     waits = ladder.waits.set_index("max_wait_ms")
@@ -248,3 +250,17 @@ def test_report_is_offline_with_a_chart_per_section(run):
     cores = summary["what_if"]["host_cores"]["baseline"]  # the cores needed, in the JSON and on the page
     assert cores["simulated"] and cores["cores"] > 0 and cores["processes"] >= 1
     assert "Host cores needed" in sections["what-if"] and "would keep it 70% busy" in sections["what-if"]
+
+
+def test_the_headline_names_what_changed_under_the_ladder_by_its_kind():
+    """Quick investigate on this CPU: the bf16 reference passed at 200.4 req/s past the 167.0 its search had failed
+    (no steal either time), and the headline said 'then the machine slowed'. It says what happened."""
+    from tuning.experiments.investigate import drift_clause
+
+    passed = {"step": "batching", "kind": "passed past its capacity", "capacity_before": 153.18,
+              "capacity_after": 200.45, "baseline_searched_again": False}
+    text = drift_clause(passed)
+    assert "slowed" not in text and "passed past the capacity its search had found" in text
+    assert "153.2" in text and "200.4" in text and "batching" in text
+    assert "slowed" in drift_clause({**passed, "kind": "slowed"})
+    assert "recovered" in drift_clause({**passed, "kind": "recovered"})

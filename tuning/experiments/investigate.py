@@ -462,6 +462,20 @@ def _confirm_and_what_if(inv: Investigation, measure: Any, base: Any, ladder: La
         inv.what_if = {"skipped": "no what-if profile given"}
 
 
+def drift_clause(drift: dict[str, Any]) -> str:
+    """What changed under the ladder, by the drift's kind (``Ladder.drifts``): the machine slowed, it recovered,
+    or a reference passed past the capacity its search had found (the search, not the machine, may have been
+    low: its figure and the baseline's were searched before that)."""
+    step = drift.get("step")
+    if drift.get("kind") == "slowed":
+        return f"then the machine slowed, at the {step} step"
+    if drift.get("kind") == "recovered":
+        return f"then the machine recovered, at the {step} step"
+    before, after = drift.get("capacity_before"), drift.get("capacity_after")
+    return (f"then, at the {step} step, the reference passed past the capacity its search had found "
+            f"({fixed(before, '.1f')} req/s; searched again: {fixed(after, '.1f')})")
+
+
 def headline(inv: Investigation) -> str:
     """The last line: capacity at the target before and after (the confirm run's p99 with its interval), or
     that no configuration met the target, or that the run was cut short."""
@@ -500,9 +514,9 @@ def headline(inv: Investigation) -> str:
             return f"TARGET NOT MET: no configuration kept p99 <= {t:.0f} ms at any rate tried{closest}{p99}"
         was = (f"{b.capacity:.1f} [{fixed(b.low, '.1f')}-{fixed(b.high, '.1f')}]" if b is not None and b.met
                else "none (the baseline missed the target)")
-        changed = [d["step"] for d in lad.state.get("drifts") or [] if not d["baseline_searched_again"]]
-        if changed:  # the capacities before and after were measured on two different machines
-            was += f" (then the machine slowed, at the {changed[0]} step: not comparable)"
+        changed = [d for d in lad.state.get("drifts") or [] if not d["baseline_searched_again"]]
+        if changed:  # the capacities before and after were not searched on one footing
+            was += f" ({drift_clause(changed[0])}: not comparable)"
         why = lad.why_unchanged()
         return (f"capacity at p99 <= {t:.0f} ms: {was} -> {r.capacity:.1f} [{fixed(r.low, '.1f')}-{fixed(r.high, '.1f')}]"
                 f" req/s{p99}; ship: {lad.set_line()}" + (f" ({why})" if why else ""))
