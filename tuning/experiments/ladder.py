@@ -191,7 +191,23 @@ class LadderSettings:
 
     @classmethod
     def full(cls, **changes: Any) -> "LadderSettings":
-        return cls(**changes)
+        """``investigate`` without ``--quick``: sized to finish within 30 minutes on a 2-core CPU. What it keeps of
+        the defaults: the light-load pairs before the race, up to 16 pairs at a 2% minimum effect (in the stubs'
+        Monte-Carlo they are what keeps true +10% steps: 158 of 180 with 16 pairs, 32 with 6). What it trades
+        for time: 5-6 s windows (500 arrivals where the rate allows) after 50 warm-up arrivals; futility, which
+        stops pairs that 16 could not decide once the per-pair SD's lower bound says so (on this VM their SD
+        was 14-113% a pair: the default settings ran 16 pairs undecided in 9 of 12 steps of
+        ``bench/sim_ladder.py``, and a full investigate had not finished the baseline and one step in 19
+        minutes); races of 4 pairs; a 4% capacity bracket (a 6% one kept 95 of 120 true +10% steps, 4% and 3% 105: a
+        coarser bracket sets the race's rate higher) in at most 10 probes; three batching waits (2, 5, 20 ms) and
+        at most 4 joint moves. The Monte-Carlo (``bench/keep_rule.py``) has its false keeps and true keeps."""
+        base = dict(duration_s=5.0, warmup_s=1.0, min_outcomes=500, max_window_s=6.0, warmup_requests=50,
+                    futility=True, race_pairs=4, waits_ms=(2.0, 5.0, 20.0), joint_moves=4, sweep_repeats=2,
+                    sweep_rounds=3, precision_texts=128,
+                    capacity=CapacitySettings(max_windows=3, min_windows=2, tolerance=0.04, max_probes=10,
+                                              halvings=3, doublings=3))
+        base.update(changes)
+        return cls(**base)
 
     @property
     def look_level(self) -> float:
