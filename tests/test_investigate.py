@@ -264,3 +264,5 @@ def test_the_headline_names_what_changed_under_the_ladder_by_its_kind():
     assert "153.2" in text and "200.4" in text and "batching" in text
     assert "slowed" in drift_clause({**passed, "kind": "slowed"})
     assert "recovered" in drift_clause({**passed, "kind": "recovered"})
+    other = drift_clause({**passed, "kind": "something new"})
+    assert "passed past" not in other and "slowed" not in other and "something new" in other

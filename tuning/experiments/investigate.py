@@ -472,8 +472,11 @@ def drift_clause(drift: dict[str, Any]) -> str:
     if drift.get("kind") == "recovered":
         return f"then the machine recovered, at the {step} step"
     before, after = drift.get("capacity_before"), drift.get("capacity_after")
-    return (f"then, at the {step} step, the reference passed past the capacity its search had found "
-            f"({fixed(before, '.1f')} req/s; searched again: {fixed(after, '.1f')})")
+    if drift.get("kind") == "passed past its capacity":
+        return (f"then, at the {step} step, the reference passed past the capacity its search had found "
+                f"({fixed(before, '.1f')} req/s; searched again: {fixed(after, '.1f')})")
+    return (f"then the reference's capacity was searched again at the {step} step ({drift.get('kind')}: "
+            f"{fixed(before, '.1f')} -> {fixed(after, '.1f')} req/s)")
 
 
 def headline(inv: Investigation) -> str:
