@@ -180,11 +180,11 @@ class LadderSettings:
         which both arms fail, or the candidate is undecided by its count, could still decide). Measured on a
         quiet 2-core AMD EPYC (avx512_bf16), capacity at p99 <= 800 ms: 520 s with two joint moves (24.4 ->
         54.6 req/s), 481 s and 579 s with one (25.7 -> 33.6, 31.8 -> 45.8); with the light-load pairs the same
-        command took 1,429 s on another 2-core VM; on a quiet 2-core Xeon (AMX) 472 s, 54.2 -> 185.5 req/s. The
-        stubs' Monte-Carlo (``bench/keep_rule.py``, a queue that grows past the knee): 2 of 100 no-op ladders
-        ship a knob (14 before a race's pass was probed again, :meth:`Ladder.replicate`), 5 of 100, and 13 of 100
-        with 80 outcomes a window (a slow machine's thin races: over the 10% target); +10% steps kept 107 of 300
-        times, +30% 289."""
+        command took 1,429 s on another 2-core VM; on a quiet 2-core Xeon (AMX) 577 s, 57.2 -> 195.9 req/s (the
+        baseline searched twice: its closed loop's top read 47.7). The stubs' Monte-Carlo (``bench/keep_rule.py``,
+        a queue that grows past the knee): 5 of 100 no-op ladders ship a knob (14 before a race's pass was
+        probed again, :meth:`Ladder.replicate`), 13 of 100 with 80 outcomes a window (a slow machine's thin
+        races: over the 10% target); +10% steps kept 107 of 300 times, +30% 289."""
         base = dict(concurrency=16, duration_s=3.0, warmup_s=0.5, min_outcomes=300, max_window_s=4.0,
                     warmup_requests=10, min_effect=0.05, max_pairs=6,
                     capacity=CapacitySettings.quick(), sweep_sizes=(1, 4, 16), sweep_repeats=1, sweep_rounds=2,
@@ -195,7 +195,8 @@ class LadderSettings:
 
     @classmethod
     def full(cls, **changes: Any) -> "LadderSettings":
-        """``investigate`` without ``--quick``: sized to finish within 30 minutes on a 2-core CPU. What it keeps of
+        """``investigate`` without ``--quick``: cut toward 30 minutes on a 2-core CPU, not there yet (README: about
+        40 at the pace of a quiet 2-core Xeon, stopped after 10 with the baseline and two steps done). What it keeps of
         the defaults: the light-load pairs before the race, up to 16 pairs at a 2% minimum effect (in the stubs'
         Monte-Carlo they are what keeps true +10% steps: 158 of 180 with 16 pairs, 32 with 6). What it trades
         for time: 4-5 s windows (500 arrivals where the rate allows) after a warm-up of at least 1 s and 50
@@ -838,7 +839,8 @@ class Ladder:
         figures["race_again"] = f"{again.exceed} of {again.n} ({again.verdict} by {again.by})"
         over = f"({figures['race_again']} over {self.target:.0f} ms)"
         # a count's pass, not a p99 estimate's: in thin windows (80 outcomes) a 'pass' by the estimate let no-op
-        # knobs through the stubs' Monte-Carlo, 17 of 100 quick ladders by a race pass
+        # knobs through the stubs' Monte-Carlo: 21 of 100 quick ladders shipped one, 19 by a race's pass (by the
+        # count: 13 and 11)
         if again.verdict == "pass":
             return again, f"it meets the target where the reference does not, and again on fresh arrivals {over}", ids
         return None, (f"it met the target where the reference did not, but not again on fresh arrivals {over}: "
