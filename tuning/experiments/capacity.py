@@ -490,9 +490,9 @@ def capacity_at_target(measure: Measure, knobs: Knobs, target_p99_ms: float, *, 
     """The highest Poisson rate at which ``knobs`` meets ``target_p99_ms`` within the error budget.
 
     Start from ``saturation`` (a closed-loop completion rate: the bracket's top, assumed failing; it is never
-    probed, so the capacity found is below it: here a closed loop of 32 clients completed about 15% below the
-    rate open-loop races later passed, a little more under the recorder, and the ladder takes the higher of a
-    recorded and a plain one) or from ``known_pass`` (a probe that passed: doubled until a rate fails).
+    probed, so the capacity found is below it: here a closed loop of 32 clients completed 10-15% below the rate
+    open-loop probes passed, a little more under the recorder, and the ladder takes the higher of a recorded and
+    a plain one) or from ``known_pass`` (a probe that passed: doubled until a rate fails).
     """
     if not target_p99_ms > 0:
         raise ValueError(f"target_p99_ms={target_p99_ms!r} must be > 0 (milliseconds)")
