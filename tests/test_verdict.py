@@ -1350,3 +1350,9 @@ def test_a_thin_race_pass_holds_only_by_a_count_in_windows_enough_for_one(monkey
     again = step.figures["race_again"]
     assert again.startswith("1 of 320 (undecided"), again  # 4 windows of 80, and not a pass by the estimate
     assert step.status == "not kept" and "did not replicate" in step.reason, step.reason
+
+
+def test_count_pass_min_is_where_the_binomial_rule_first_passes():
+    from tuning.base.decide import COUNT_PASS_MIN, pass_limits
+
+    assert COUNT_PASS_MIN == 299 and pass_limits(COUNT_PASS_MIN)[0] == 0 and pass_limits(COUNT_PASS_MIN - 1)[0] is None

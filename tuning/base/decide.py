@@ -33,6 +33,8 @@ from scipy import stats
 
 EXCEED_SHARE = 0.01  # a p99 target: at most 1% of outcomes may exceed it
 PROBE_ALPHA = 0.05  # one-sided error of each probe's pass/fail call
+# the fewest outcomes a count can pass at (none over the target: 0.99 ** n <= 0.05): 299
+COUNT_PASS_MIN = math.ceil(math.log(PROBE_ALPHA) / math.log(1 - EXCEED_SHARE))
 # futility judges the cap's interval at the per-pair SD's one-sided 98% lower bound, not at the SD of 3 pairs
 # itself (at 2 degrees of freedom that estimate swings from a fifth to twice and more the true SD): in the stubs'
 # Monte-Carlo (bench/keep_rule.py's queue, 60 ladders, true +10% steps, light-load pairs up to 16) the plain SD

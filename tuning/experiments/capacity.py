@@ -220,7 +220,7 @@ def pooled_figures(trials: list[Trial], target_p99_ms: float) -> dict[str, Any]:
     return out
 
 
-def knee_reached(f: dict[str, Any], windows: int) -> bool:
+def knee_reached(f: dict[str, Any]) -> bool:
     """Completions fell short of arrivals by more than chance: ok answers below :data:`KNEE_COMPLETION` of the
     offered rate *and* a deficit over 3 sigma of what a queue that keeps up leaves at its windows' edges. The
     warm-up runs at least ``warmup_s`` and its answers inside a window count, so a window's two edges largely
@@ -284,7 +284,7 @@ def window_verdict(f: dict[str, Any], windows: int, settings: CapacitySettings) 
     count decides)."""
     n, errors = f["n"], f["errors"]
     over_budget = errors > 0 and n > 0 and stats.binom.sf(errors - 1, n, settings.error_budget) <= PROBE_ALPHA
-    knee = knee_reached(f, windows)
+    knee = knee_reached(f)
     late = n > 0 and f["late"] > max(LATE_SHARE * n, LATE_MIN)
     verdict = count_verdict(min(f["exceed"], n), n, EXCEED_SHARE) if f["counted"] and n else "undecided"
     by = "count"
@@ -510,8 +510,8 @@ def capacity_at_target(measure: Measure, knobs: Knobs, target_p99_ms: float, *, 
 
     lo: float | None = None
     hi: float | None = None
-    note = ""
     hi_probed = True
+    note = ""
     if known_pass is not None and known_pass.passed:
         lo = known_pass.rate
         for _ in range(settings.doublings):

@@ -62,7 +62,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from tuning.base.decide import count_verdict, pass_limits
+from tuning.base.decide import COUNT_PASS_MIN, count_verdict
 from tuning.base.format import fixed, rounded
 from tuning.base.progress import progress_bar
 from tuning.base.stats import known_median
@@ -102,9 +102,6 @@ OBJECTIVES = ("target", "qps")
 # knobs that describe the test or the machine, or that the served path does not read (prefetch_factor is the
 # offline DataLoader's), never part of the line to ship
 _NOT_RECOMMENDED = ("concurrency", "device", "sim_profile", "prefetch_factor")
-
-
-COUNT_PASS_MIN = next(n for n in range(1, 2000) if pass_limits(n)[0] is not None)  # 299: no count passes below
 
 
 class LadderError(RuntimeError):
