@@ -512,6 +512,8 @@ def run_check(out: Path, budget_s: float, device_name: str | None = None, dtype_
     device = torch.device(device_name or ("cuda" if torch.cuda.is_available() else "cpu"))
     cuda = device.type == "cuda"
     if cuda:
+        if device.index is None:  # set_device refuses a bare "cuda" on torch 2.11
+            device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
         torch.cuda.init()
     reduced = quick if quick is not None else not cuda
