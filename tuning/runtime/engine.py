@@ -189,12 +189,16 @@ class Engine:
         self.clock = clock or _clock.now
         self.compile_s = 0.0
         self.sim = None
+        self.dispatch_source: str | None = None  # where the simulated device's host cost per launch comes from
         if self.knobs.device == "sim":
             # the simulated accelerator: tensors stay on the CPU, the forward is a timed stand-in
             from tuning.sim import SimulatedDevice, load_profile, model_profile_for
 
             self.device = torch.device("cpu")
-            self.sim = SimulatedDevice(load_profile(self.knobs.sim_profile), model_profile_for(model), self.clock)
+            profile = model_profile_for(model)
+            dispatch, self.dispatch_source = sim_host_dispatch(model, profile)
+            self.sim = SimulatedDevice(load_profile(self.knobs.sim_profile), profile, self.clock, host_dispatch_s=dispatch,
+                                       dispatch_source=self.dispatch_source)
             self.model = model
         else:
             self.device = torch.device(self.knobs.device)
@@ -374,6 +378,19 @@ class Engine:
             if is_out_of_memory(exc):
                 reason = f"out of memory at batch {len(batch.ok_items)} x {batch.padded_length}: lower batch_size or max_length"
             return BatchOutput(None, 0.0, t - t0, 0.0, t0, t, reason)
+
+
+def sim_host_dispatch(model: Any, profile: Any) -> tuple[float, str]:
+    """The host seconds per launched kernel the simulated device charges for ``model``'s eager forward on this
+    host, and their source: its own code at a miniature size (:func:`tuning.runtime.model.miniature`,
+    :func:`tuning.sim.dispatch.model_dispatch_s`) over the kernels its ``profile`` launches at that shape;
+    the tiny op's dispatch for a module that cannot be rebuilt small."""
+    from tuning.runtime.model import miniature
+    from tuning.sim.dispatch import MINIATURE_TOKENS, model_dispatch_s
+
+    small = miniature(model)
+    launches = int(np.sum(profile.per_op(1, MINIATURE_TOKENS, "fp32")[2])) if small is not None else 0
+    return model_dispatch_s(small, launches)
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

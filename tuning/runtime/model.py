@@ -9,6 +9,7 @@ normalisation. Its outputs match ``SentenceTransformer.encode`` (see tests).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -226,3 +227,20 @@ def prepare_model(model: nn.Module, device: torch.device, dtype: str) -> nn.Modu
     return model.to(device=device, dtype=check_dtype(dtype, device)).eval()
 
 
+def miniature(model: nn.Module | None = None) -> MiniLM | None:
+    """The same module code as ``model`` at a size where no op computes anything worth timing: this package's
+    BERT encoder (``tuning.runtime.model.MiniLM``, also what ``--model`` folders load; None: the embedded
+    model's configuration) rebuilt with its layers kept and one attention head of 2 features, an FFN of 4,
+    32 vocabulary and position rows, random weights. The op sequence does not depend on these sizes. None
+    for any other module (its code cannot be resized from outside)."""
+    if model is None:
+        config = BertConfig.from_file(CONFIG_IN_REPO)
+    elif isinstance(model, MiniLM) and dataclasses.is_dataclass(model.config):
+        config = model.config
+    else:
+        return None
+    small = dataclasses.replace(config, num_attention_heads=1, hidden_size=2, intermediate_size=4, vocab_size=32,
+                                max_position_embeddings=32)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return MiniLM(small).eval()

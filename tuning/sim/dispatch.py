@@ -26,12 +26,13 @@ pool.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import math
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -378,3 +379,53 @@ class HostPart:
             while time.thread_time() < end:
                 for _ in range(8):
                     held(small)
+
+
+# per model structure (its configuration less the sizes the miniature replaces): seconds per launched kernel
+_MODEL_DISPATCH: dict[tuple, float] = {}
+MINIATURE_TOKENS = 2  # the miniature forward's length (batch 1): no op's compute is more than a few hundred flops
+
+
+def model_dispatch_s(small: Any, launches: int, refresh: bool = False) -> tuple[float, str]:
+    """This host's eager host cost per launched kernel of a model's own forward (seconds), and its source.
+
+    A real eager forward on an accelerator costs the host, per launched kernel, more than one tiny op's
+    dispatch (:func:`host_dispatch_s`): its modules' Python, every op the forward dispatches (views and
+    allocations too, which launch nothing), and each op's arguments. ``small`` is the model's own code at a
+    miniature size (``tuning.runtime.model.miniature``), called here with batch 1 and :data:`MINIATURE_TOKENS`
+    tokens on the CPU, where its ops compute next to nothing; this divides the forward's thread CPU time
+    (the fastest of 7 tries of 10 forwards after 10 warm-up ones, at one intra-op thread) by ``launches``,
+    the kernels the full forward launches (its model profile at that shape). The driver's part of each
+    launch (``launch_s``) is the device profile's.
+    Measured once per model structure and process. ``small`` None (a module this package cannot rebuild
+    small, such as a ``module:factory`` model) gets :func:`host_dispatch_s`, the tiny op: a lower bound, said
+    in the source.
+
+    On the lent H200's host (``bench/results/gpu_check_h200*``) the eager MiniLM forward at batch 1 cost
+    28-44 us of host time per launched kernel; the tiny op there took 2.0 us."""
+    if small is None or launches <= 0:
+        return host_dispatch_s(refresh), "tiny op (tuning.sim.dispatch.host_dispatch_s): a lower bound; " \
+            "this model's own code could not be rebuilt small to time"
+    config = getattr(small, "config", None)
+    key = (tuple(sorted(dataclasses.asdict(config).items())) if dataclasses.is_dataclass(config) else id(small),
+           launches)
+    with _MEASURE:
+        if key not in _MODEL_DISPATCH or refresh:
+            ids = torch.zeros(1, MINIATURE_TOKENS, dtype=torch.long)
+            mask = torch.ones(1, MINIATURE_TOKENS, dtype=torch.long)
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)  # a CUDA launch wakes no intra-op pool; the CPU kernels' pool checks are not its
+            try:
+                with torch.inference_mode():
+                    for _ in range(10):
+                        small(ids, mask)
+
+                    def forwards() -> None:
+                        for _ in range(10):
+                            small(ids, mask)
+                    per_forward = _fastest(forwards, tries=7, per=10)
+            finally:
+                torch.set_num_threads(threads)
+            _MODEL_DISPATCH[key] = per_forward / launches
+    return _MODEL_DISPATCH[key], (f"this host: the model's own eager code at a miniature size, "
+                                  f"per launched kernel ({launches} a forward; tuning.sim.dispatch.model_dispatch_s)")

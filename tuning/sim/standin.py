@@ -142,13 +142,16 @@ def host_part(cost: CallCost) -> HostPart:
 class SimulatedDevice:
     """A device profile, a model profile, a timeline of calls and the clock they share.
 
-    ``host_dispatch_s``: the host's eager dispatch cost per op the predictions assume (None: this host's,
-    measured once per process; a fixed value makes them deterministic, and the host part still runs real
-    tiny ops for as much of it as they cover)."""
+    ``host_dispatch_s``: the host's eager cost per launched kernel the predictions assume, beside the driver's
+    ``launch_s`` (None: this host's tiny-op dispatch, measured once per process; the engine passes the model's
+    own, :func:`tuning.runtime.engine.sim_host_dispatch`; a fixed value makes them deterministic, and the host
+    part still runs real tiny ops for as much of it as they cover); ``dispatch_source``: where it comes from."""
 
     def __init__(self, device: DeviceProfile, model: ModelProfile, clock: Callable[[], float] = time.perf_counter,
-                 host_dispatch_s: float | None = None):
+                 host_dispatch_s: float | None = None, dispatch_source: str | None = None):
         self.profile = device
+        self.dispatch_source = dispatch_source or ("given" if host_dispatch_s is not None else
+                                                  "tiny op on this host (tuning.sim.dispatch.host_dispatch_s)")
         self.model = model
         self.clock = clock
         self.host_dispatch_s = host_dispatch_s
@@ -171,7 +174,10 @@ class SimulatedDevice:
             self._plans = {}
 
     def info(self) -> dict:
-        return self.profile.info()
+        """The profile's ``device`` block, with the host cost per launch the predictions charge and its source."""
+        dispatch = self.host_dispatch_s if self.host_dispatch_s is not None else host_dispatch_s()
+        return {**self.profile.info(), "host_dispatch_us": round(dispatch * 1e6, 3),
+                "host_dispatch_source": self.dispatch_source}
 
     def label(self) -> str:
         return self.profile.label()
