@@ -58,7 +58,7 @@ from tuning.profile.gpu import GpuSampler  # noqa: E402
 from tuning.profile.ops import op_stats  # noqa: E402
 from tuning.runtime.engine import Engine, Item, PreparedBatch
 from tuning.runtime.graphs import CompiledRunner, CudaGraphRunner
-from tuning.runtime.model import check_dtype, random_minilm
+from tuning.runtime.model import DTYPES, check_dtype, random_minilm
 
 FULL = {"batches": (1, 8, 32), "lengths": (64, 128), "repeats": 20, "sweep_sizes": (1, 4, 16, 64),
         "sweep_length": 128, "compile_shapes": ((1, 64), (8, 128)), "fidelity_limits": {"baseline": 600, "tuned": 2400}}
@@ -295,6 +295,78 @@ class Check:
                   f"{median_ms:.3f} ms measured", flush=True)
         self.report.step("host_cost", status="ok", rows=_clean(rows), source=source,
                          note="measured_ms is measured on this device; predicted_* are the cost model's host part")
+
+    def op_host_costs(self) -> None:
+        """Host wall per op, unprofiled, for the op kinds of an eager BERT forward: on this device at the forward's
+        shapes (batch 1, 64 tokens, width 384, the half dtype) and on this host's CPU at 2 tokens of width 2 in fp32
+        (where they compute next to nothing), each the median of 5 loops of 200 calls after 50, synchronised at
+        each loop's end; then the eager forward's own ops by host (self CPU) time under the profiler. What the CUDA
+        path adds per op beyond the CPU's dispatch is the what-if's driver part."""
+        import torch.nn.functional as F
+        from torch.profiler import ProfilerActivity, profile
+
+        def tensors(device: torch.device, dtype: torch.dtype, tokens: int, d: int) -> dict[str, torch.Tensor]:
+            g = torch.Generator(device="cpu").manual_seed(0)
+
+            def r(*shape: int) -> torch.Tensor:
+                return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
+            return {"a": r(1, tokens, d), "b": r(1, tokens, d), "c": r(1, tokens, d), "w": r(d, d), "w_up": r(4 * d, d),
+                    "bias": r(d), "g": r(d), "q": r(1, 1, tokens, d), "k": r(1, 1, tokens, d), "v": r(1, 1, tokens, d),
+                    "h": r(1, tokens, 4 * d)}
+        cases = {
+            "add_out": lambda t: torch.add(t["a"], t["b"], out=t["c"]),
+            "add": lambda t: t["a"] + t["b"],
+            "linear": lambda t: F.linear(t["a"], t["w"], t["bias"]),
+            "linear_up": lambda t: F.linear(t["a"], t["w_up"]),
+            "layer_norm": lambda t: F.layer_norm(t["a"], (t["g"].shape[0],), t["g"], t["bias"]),
+            "gelu": lambda t: F.gelu(t["h"]),
+            "sdpa": lambda t: F.scaled_dot_product_attention(t["q"], t["k"], t["v"]),
+            "view_transpose": lambda t: t["a"].view(1, t["a"].shape[1], 1, -1).transpose(1, 2),
+        }
+        places = [("cpu", torch.device("cpu"), torch.float32, 2, 2)]
+        if self.cuda:
+            places.insert(0, ("device", self.device, DTYPES[self.dtype_name], 64, 384))
+        rows = []
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            with torch.inference_mode():
+                for place, device, dtype, tokens, width in places:
+                    t = tensors(device, dtype, tokens, width)
+                    for name, op in cases.items():
+                        self.report.check(f"op host cost {place} {name}")
+                        for _ in range(50):
+                            op(t)
+                        loops = []
+                        for _ in range(5):
+                            _sync(device)
+                            t0 = time.perf_counter()
+                            for _ in range(200):
+                                op(t)
+                            _sync(device)
+                            loops.append((time.perf_counter() - t0) / 200 * 1e6)
+                        rows.append({"place": place, "op": name, "tokens": tokens, "width": width,
+                                     "us_per_op": sorted(loops)[2]})
+        finally:
+            torch.set_num_threads(threads)
+        ids, mask = self.batch(1, 64, ragged=False)
+        with torch.inference_mode():
+            for _ in range(3):
+                self.model(ids, mask)
+            _sync(self.device)
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                for _ in range(5):
+                    self.model(ids, mask)
+                _sync(self.device)
+        forward_ops = [{"name": e.key, "calls_per_forward": e.count / 5,
+                        "self_cpu_us_per_call": e.self_cpu_time_total / max(e.count, 1),
+                        "self_cpu_us_per_forward": e.self_cpu_time_total / 5}
+                       for e in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:20]]
+        self.report.step("op_host_costs", status="ok", rows=_clean(rows), forward_ops=_clean(forward_ops),
+                         note="measured; device rows at batch 1 x 64 tokens in the half dtype, cpu rows at 2 tokens fp32")
+        print(table(rows, ["place", "op", "tokens", "width", "us_per_op"]), flush=True)
+        print(table(forward_ops[:12], ["name", "calls_per_forward", "self_cpu_us_per_call", "self_cpu_us_per_forward"]),
+              flush=True)
 
     def published_shapes(self) -> None:
         """MiniLM eager at the (batch, length) shapes of bench/published.csv's A100 rows, fp32 (TF32 off) and the
@@ -553,10 +625,9 @@ class Check:
 
 # the (batch, length) shapes of bench/published.csv's A100 PyTorch rows (P01-P09, P27-P31)
 PUBLISHED_SHAPES = ((1, 16), (1, 128), (1, 256), (1, 512), (8, 256), (32, 128), (32, 256), (32, 384), (128, 256))
-STEPS = ("points", "launch_budget", "host_cost", "tf32", "published_shapes", "engine_run_pinned", "graph_runner_padded",
-         "sweep_eager",
-         "sweep_cuda_graph", "device_profile", "sim_fidelity", "compile_default", "compile_reduce-overhead",
-         "sweep_compile")
+STEPS = ("points", "launch_budget", "host_cost", "op_host_costs", "tf32", "published_shapes", "engine_run_pinned",
+         "graph_runner_padded", "sweep_eager", "sweep_cuda_graph", "device_profile", "sim_fidelity", "compile_default",
+         "compile_reduce-overhead", "sweep_compile")
 
 
 def run_check(out: Path, budget_s: float, device_name: str | None = None, dtype_name: str | None = None,
@@ -595,6 +666,7 @@ def run_check(out: Path, budget_s: float, device_name: str | None = None, dtype_
               flush=True)
         check = Check(report, device, dtype_name, sizes)
         plan = [("points", check.points), ("launch_budget", check.launch_budget), ("host_cost", check.host_cost),
+                ("op_host_costs", check.op_host_costs),
                 ("tf32", check.tf32),
                  ("published_shapes", check.published_shapes),
                  ("engine_run_pinned", check.engine_run_pinned), ("graph_runner_padded", check.graph_runner_padded),
