@@ -79,6 +79,7 @@ from tuning.experiments.capacity import (
     fresh_probe,
     pooled_figures,
     race_at,
+    saturation_rate,
 )
 from tuning.experiments.measure import LoadMeasure
 from tuning.experiments.trial import Measure, Trial, as_measure
@@ -631,9 +632,19 @@ class Ladder:
                                p.rate).id for p in cap.probes if p is not known_pass]
         return cap, ids
 
+    def saturation(self, name: str, role: str, knobs: Knobs, closed_qps: float) -> tuple[float, list[int]]:
+        """The top of a capacity search for ``knobs`` whose closed loop completed ``closed_qps``: the server's pace in
+        an open-loop window past it (:func:`tuning.experiments.capacity.saturation_rate`; the closed loop, recorded
+        or not, reads low). Returns the rate and the windows' experiment ids."""
+        self.status(f"{name}: open loop past saturation")
+        rate, trials = saturation_rate(self.measure, knobs, closed_qps)
+        ids = [self.experiment(name, role, f"open loop at {t.rate or math.nan:.1f} req/s, past saturation: "
+                                           f"{t.qps:.1f} answered a second", knobs, [t], t.rate).id for t in trials]
+        return rate, ids
+
     def start(self, knobs: Knobs, first: Trial | None) -> Step:
-        """The baseline: a closed-loop run (its completion rate brackets the capacity search; when ``first`` ran under
-        the recorder, one without it brackets it), then its capacity."""
+        """The baseline: a closed-loop run, then an open-loop window past its completion rate (the server's pace tops
+        the capacity search: :meth:`saturation`), then its capacity."""
         self.status("baseline: closed loop")
         trial = first if first is not None else self.measure(knobs)
         if trial.ok == 0:
@@ -644,16 +655,8 @@ class Ladder:
         figures = _trial_figures(trial, self.target)
         cap = None
         if self.target_mode:
-            saturation = trial.qps
-            if first is not None and first.profile is not None:
-                # the recorder's own CPU slows a closed loop it records (a full investigate here: 47.8 req/s
-                # under it, 48.8 without): the search, which never probes its top, takes the higher
-                self.status("baseline: closed loop without the recorder")
-                plain = self.measure(knobs)
-                ids.append(self.experiment("baseline", "baseline", "closed loop without the recorder", knobs,
-                                           [plain]).id)
-                known = [q for q in (saturation, plain.qps) if math.isfinite(q) and q > 0]
-                saturation = max(known) if known else saturation
+            saturation, over_ids = self.saturation("baseline", "baseline", knobs, trial.qps)
+            ids += over_ids
             cap, probe_ids = self.search("baseline", knobs, saturation=saturation)
             ids += probe_ids
             best = cap.best
@@ -767,7 +770,9 @@ class Ladder:
             else:  # closer to the target but not there: search from its own closed-loop rate
                 closed = self.measure(knobs)
                 ids.append(self.experiment(name, "candidate", f"{change} (closed loop)", knobs, [closed]).id)
-                known, saturation = None, closed.qps
+                saturation, over_ids = self.saturation(name, "candidate", knobs, closed.qps)
+                known = None
+                ids += over_ids
             status, reason, new_cap, probe_ids = self.kept_capacity(
                 name, knobs, status, reason, figures, known=known, saturation=saturation,
                 faster=race is not None and race.verdict == "candidate faster")
@@ -954,16 +959,19 @@ class Ladder:
 
     def search_again(self, name: str, ref: Knobs, kind: str, rate: float, steal_now: float = math.nan,
                      steal_then: float = math.nan, known_pass: Probe | None = None) -> tuple[Capacity, list[int]]:
-        """The reference's capacity searched again (from ``known_pass``, else from a closed loop's completion
-        rate, as the baseline's was); it becomes the reference's, and the baseline's too when the reference is the
-        baseline's configuration (the headline then compares one machine). Recorded in ``drifts``."""
+        """The reference's capacity searched again (from ``known_pass``, else from a closed loop and a window past
+        it, :meth:`saturation`, as the baseline's was); it becomes the reference's, and the baseline's too when the
+        reference is the baseline's configuration (the headline then compares one machine). Recorded in ``drifts``."""
         old = self.capacity
         ids: list[int] = []
-        if known_pass is None:
-            closed = self.measure(ref)  # its completion rate now brackets the search, as the baseline's did
+        saturation = None
+        if known_pass is None:  # a closed loop and a window past it bracket the search, as the baseline's did
+            closed = self.measure(ref)
             ids.append(self.experiment(name, "reference", "the reference again (closed loop)", ref, [closed]).id)
-        new, probe_ids = self.search(name, ref, saturation=None if known_pass is not None else closed.qps,
-                                     known_pass=known_pass, label="the reference again: ")
+            saturation, over_ids = self.saturation(name, "reference", ref, closed.qps)
+            ids += over_ids
+        new, probe_ids = self.search(name, ref, saturation=saturation, known_pass=known_pass,
+                                     label="the reference again: ")
         ids += probe_ids
         self.capacity = new
         baseline = next((st.knobs for st in self.steps if st.status == "baseline"), None)

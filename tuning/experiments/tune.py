@@ -43,7 +43,14 @@ from typing import Any, Callable, Sequence
 
 from tuning.base.format import rounded
 from tuning.base.net import free_port
-from tuning.experiments.capacity import Capacity, CapacitySettings, capacity_at_target, pooled_figures, race_at
+from tuning.experiments.capacity import (
+    Capacity,
+    CapacitySettings,
+    capacity_at_target,
+    pooled_figures,
+    race_at,
+    saturation_rate,
+)
 from tuning.experiments.trial import Trial
 
 EXHAUSTIVE_MAX = 16
@@ -614,7 +621,9 @@ def measure_config(cmd: str, values: dict[str, str], url: str, bodies: Sequence[
         if closed.ok == 0:
             row.error = f"no ok answer under load (first reason: {closed.first_error}); its output ends: {group.tail()}"
             return row
-        row.capacity = capacity_at_target(measure, values, target_p99_ms, saturation=closed.qps,
+        say("open loop past saturation")
+        saturation, _ = saturation_rate(measure, values, closed.qps)  # the closed loop reads low: the top is past it
+        row.capacity = capacity_at_target(measure, values, target_p99_ms, saturation=saturation,
                                           settings=settings.capacity, status=say)
         if not group.alive():
             row.error = f"the server exited with {group.proc.returncode} while measured; its output ends: {group.tail()}"
