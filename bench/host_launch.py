@@ -72,7 +72,7 @@ def main() -> None:
     published = json.loads((RESULTS / "sim_published.json").read_text())["summary"]["fitted_on_calibration_rows"]
     from tuning.runtime.model import random_minilm
 
-    here_s, here_source = sim_host_dispatch(random_minilm(), minilm)
+    here_s, here_source = sim_host_dispatch(random_minilm())
     summary = {
         "what": "predicted (SIMULATED, h200-sxm-estimate, each run's own host's miniature) over measured (lent H200 runs)",
         "launch_s_us": profile.launch_s * 1e6, "launch_s_source": profile.sources["launch_s"],

@@ -239,8 +239,10 @@ def test_the_host_part_releases_the_gil_once_per_segment_of_host_time(monkeypatc
     from tuning.sim.standin import host_part
 
     assert 0.5e-3 <= SEGMENT_S <= 10e-3
-    # the simulated H200's eager 1x16 call: a host part far shorter than a segment releases once every few calls
-    device = SimulatedDevice(load_profile("h200-sxm-estimate"), embedded_model_profile())
+    # an eager 1x16 call on a fast host (1 us a launch beside a 2.65 us driver part): a host part far shorter than
+    # a segment releases once every few calls
+    device = SimulatedDevice(load_profile("h200-sxm-estimate").replace(launch_s=2.65e-6), embedded_model_profile(),
+                             host_dispatch_s=1e-6)
     short = host_part(device.cost(1, 16, "bf16", "eager"))
     assert short.target_s() < SEGMENT_S and short.segments_per_call == pytest.approx(short.target_s() / SEGMENT_S)
     releases = _releases_per_call(monkeypatch, short, 60)

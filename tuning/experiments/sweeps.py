@@ -210,10 +210,13 @@ def run_batch_sweep(knobs, sizes: Sequence[int], length: int = 64, repeats: int 
     result.setup = {"compile_mode": k.compile_mode, "tf32": k.tf32, "device_name": engine.device_info.get("name")}
     if engine.device.type == "cuda" and not engine.simulated:
         result.setup["device_memory_bytes"] = torch.cuda.get_device_properties(engine.device).total_memory
-    if not engine.simulated:  # the sweeping host's dispatch per op: a calibration subtracts it from its launch cost
-        from tuning.sim.dispatch import host_dispatch_s
+    if not engine.simulated:  # the sweeping host's cost per launch: a calibration subtracts it from its launch cost
+        from tuning.runtime.engine import sim_host_dispatch
 
-        result.setup["host_dispatch_s"] = host_dispatch_s()
+        model = engine.model if isinstance(engine.model, torch.nn.Module) else None
+        seconds, source = sim_host_dispatch(model)
+        result.setup.update(host_dispatch_s=seconds, host_dispatch_source=source,
+                            host_dispatch_kind="model" if "miniature" in source else "tiny op")
     if engine.simulated:  # never a CPU label on the stand-in's figures
         result.device = f"simulated {k.sim_profile}"
         result.setup["device_name"] = f"simulated {k.sim_profile}"

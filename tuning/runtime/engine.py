@@ -195,9 +195,9 @@ class Engine:
             from tuning.sim import SimulatedDevice, load_profile, model_profile_for
 
             self.device = torch.device("cpu")
-            profile = model_profile_for(model)
-            dispatch, self.dispatch_source = sim_host_dispatch(model, profile)
-            self.sim = SimulatedDevice(load_profile(self.knobs.sim_profile), profile, self.clock, host_dispatch_s=dispatch,
+            profile, device = model_profile_for(model), load_profile(self.knobs.sim_profile)
+            dispatch, self.dispatch_source = sim_host_dispatch(model, device)
+            self.sim = SimulatedDevice(device, profile, self.clock, host_dispatch_s=dispatch,
                                        dispatch_source=self.dispatch_source)
             self.model = model
         else:
@@ -380,17 +380,19 @@ class Engine:
             return BatchOutput(None, 0.0, t - t0, 0.0, t0, t, reason)
 
 
-def sim_host_dispatch(model: Any, profile: Any) -> tuple[float, str]:
+def sim_host_dispatch(model: Any, device: Any = None) -> tuple[float, str]:
     """The host seconds per launched kernel the simulated device charges for ``model``'s eager forward on this
-    host, and their source: its own code at a miniature size (:func:`tuning.runtime.model.miniature`,
-    :func:`tuning.sim.dispatch.model_dispatch_s`) over the kernels its ``profile`` launches at that shape;
-    the tiny op's dispatch for a module that cannot be rebuilt small."""
+    host (None: the embedded model), and their source: its own code at a miniature size
+    (:func:`tuning.runtime.model.miniature`, :func:`tuning.sim.dispatch.model_dispatch_s`); the tiny op's
+    dispatch for a module that cannot be rebuilt small, or for a ``device`` profile fitted beyond a tiny op
+    (``host_dispatch == "tiny op"``: what a calibration subtracted is what is added back)."""
     from tuning.runtime.model import miniature
-    from tuning.sim.dispatch import MINIATURE_TOKENS, model_dispatch_s
+    from tuning.sim.dispatch import host_dispatch_s, model_dispatch_s
 
-    small = miniature(model)
-    launches = int(np.sum(profile.per_op(1, MINIATURE_TOKENS, "fp32")[2])) if small is not None else 0
-    return model_dispatch_s(small, launches)
+    if device is not None and getattr(device, "host_dispatch", "model") == "tiny op":
+        return host_dispatch_s(), ("tiny op on this host (tuning.sim.dispatch.host_dispatch_s): the profile's launch_s "
+                                   "was fitted beyond one tiny op")
+    return model_dispatch_s(miniature(model))
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

@@ -241,6 +241,6 @@ def miniature(model: nn.Module | None = None) -> MiniLM | None:
         return None
     small = dataclasses.replace(config, num_attention_heads=1, hidden_size=2, intermediate_size=4, vocab_size=32,
                                 max_position_embeddings=32)
-    with torch.random.fork_rng():
+    with torch.random.fork_rng(devices=[]):  # no CUDA context: it would start one on every visible GPU
         torch.manual_seed(0)
         return MiniLM(small).eval()

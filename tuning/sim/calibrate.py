@@ -22,11 +22,12 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from tuning.sim.costmodel import ModelProfile, async_call_seconds, fused_groups, graph_call_copies
-from tuning.sim.profiles import DEFAULT_PROFILE, DeviceProfile, load_profile
+from tuning.sim.profiles import DEFAULT_PROFILE, HOST_DISPATCH_KINDS, DeviceProfile, load_profile
 
 LAST_DEVICE_MEMORY: float | None = None  # total memory of the device the last sweeps read were measured on
 LAST_DEVICE_NAME: str | None = None  # the card's name (as the driver reports it) the last sweeps read were measured on
 LAST_HOST_DISPATCH: float | None = None  # the sweeping host's dispatch per op (seconds), where the sweeps recorded it
+LAST_HOST_DISPATCH_KIND: str | None = None  # what that dispatch is: "model" (the model's miniature) or "tiny op"
 UNKNOWN = "unknown"  # the start of a source that says no shipped profile of this card gives the figure
 # a card without a shipped profile: copies at PCIe Gen4 x16 rates (most inference cards), marked unknown
 GENERIC_COPIES = {"h2d_pinned_bps": 25e9, "h2d_pageable_bps": 8e9, "copy_latency_s": 10e-6}
@@ -50,8 +51,8 @@ def read_sweeps(paths: Sequence[str | Path]) -> tuple[list[Point], str]:
     as one graph) and one with ``tf32`` on as dtype ``tf32``; the device's memory, where a sweep on CUDA
     recorded it, is kept in :data:`LAST_DEVICE_MEMORY`, the card's name in :data:`LAST_DEVICE_NAME` and the sweeping
     host's dispatch per op in :data:`LAST_HOST_DISPATCH`."""
-    global LAST_DEVICE_MEMORY, LAST_DEVICE_NAME, LAST_HOST_DISPATCH
-    LAST_DEVICE_MEMORY = LAST_DEVICE_NAME = LAST_HOST_DISPATCH = None
+    global LAST_DEVICE_MEMORY, LAST_DEVICE_NAME, LAST_HOST_DISPATCH, LAST_HOST_DISPATCH_KIND
+    LAST_DEVICE_MEMORY = LAST_DEVICE_NAME = LAST_HOST_DISPATCH = LAST_HOST_DISPATCH_KIND = None
     points: list[Point] = []
     devices: set[str] = set()
     for path in paths:
@@ -86,6 +87,8 @@ def read_sweeps(paths: Sequence[str | Path]) -> tuple[list[Point], str]:
                 LAST_DEVICE_MEMORY = float(sweep["device_memory_bytes"])
             if sweep.get("host_dispatch_s"):
                 LAST_HOST_DISPATCH = float(sweep["host_dispatch_s"])
+                # a sweep written before 2026-12-04 recorded one tiny op's dispatch
+                LAST_HOST_DISPATCH_KIND = str(sweep.get("host_dispatch_kind") or "tiny op")
             for p in sweep["points"]:
                 if p.get("status", "ok") != "ok" or p.get("per_batch_ms") is None:
                     continue
@@ -190,11 +193,14 @@ def fit_parameters(model: ModelProfile, points: Sequence[Point], synchronous: bo
     return params, worst
 
 
-def prediction_error(model: ModelProfile, profile: DeviceProfile, points: Sequence[Point]) -> float:
-    """Worst relative error of a profile's predictions on measured points (e.g. shapes left out of the fit)."""
+def prediction_error(model: ModelProfile, profile: DeviceProfile, points: Sequence[Point],
+                     host_dispatch_s: float | None = None) -> float:
+    """Worst relative error of a profile's predictions on measured points (e.g. shapes left out of the fit);
+    ``host_dispatch_s``: the host's cost per launch the fit subtracted (None: a tiny op's, measured here)."""
     from tuning.sim.costmodel import predict
 
-    errors = [abs(predict(model, profile, p.batch, p.length, p.dtype, p.graph).call_s / (p.ms / 1000) - 1) for p in points]
+    errors = [abs(predict(model, profile, p.batch, p.length, p.dtype, p.graph, host_dispatch_s=host_dispatch_s).call_s
+                  / (p.ms / 1000) - 1) for p in points]
     return float(max(errors)) if errors else math.nan
 
 
@@ -222,14 +228,18 @@ def _fallback_base(device_name: str | None) -> tuple[DeviceProfile, dict[str, st
 
 def calibrate(points: Sequence[Point], model: ModelProfile, device_kind: str, name: str,
               base: str | DeviceProfile | None = None, memory_bytes: float | None = None,
-              device_name: str | None = None, host_dispatch_s: float | None = None) -> tuple[DeviceProfile, float]:
+              device_name: str | None = None, host_dispatch_s: float | None = None,
+              host_dispatch_kind: str = "tiny op") -> tuple[DeviceProfile, float]:
     """A measured device profile fitted to ``points``, and the fit's worst relative error on them.
 
     The fitted host time per launch (and per replay) includes the calibrating host's own dispatch per op;
     the profile keeps the driver's part only, the fitted value minus that dispatch (clamped at 0), so a
     what-if on another host adds its own (:mod:`tuning.sim.costmodel`). ``host_dispatch_s``: the calibrating
-    host's dispatch per op; None: the one the sweeps recorded (:data:`LAST_HOST_DISPATCH`), else this host's,
-    measured now (calibration runs where the sweeps ran); ``sources['host_dispatch_s']`` says which.
+    host's cost per launch beside the driver's, of kind ``host_dispatch_kind`` (``model``: the model's own code at
+    a miniature size; ``tiny op``: one tiny op's dispatch); None: the one the sweeps recorded
+    (:data:`LAST_HOST_DISPATCH`, of its kind), else this host's tiny op, measured now (calibration runs where the
+    sweeps ran); ``sources['host_dispatch_s']`` says which, and the profile's ``host_dispatch`` the kind, so a
+    what-if adds back the same kind measured on its own host.
 
     Fields the sweep cannot see (copy bandwidths, power; memory unless ``memory_bytes`` or the sweeps give
     it) come from ``base`` when given; on CUDA otherwise from the shipped profile of the same card
@@ -242,14 +252,18 @@ def calibrate(points: Sequence[Point], model: ModelProfile, device_kind: str, na
     """
     synchronous = device_kind == "cpu"
     params, worst = fit_parameters(model, points, synchronous)
+    if host_dispatch_kind not in HOST_DISPATCH_KINDS:
+        raise ValueError(f"host_dispatch_kind={host_dispatch_kind!r}; allowed: {' | '.join(HOST_DISPATCH_KINDS)}")
+    kind = host_dispatch_kind
     if host_dispatch_s is not None:
         dispatch, dispatch_from = float(host_dispatch_s), "given"
     elif LAST_HOST_DISPATCH is not None:
         dispatch, dispatch_from = LAST_HOST_DISPATCH, "recorded by the sweeps on the sweeping host"
+        kind = LAST_HOST_DISPATCH_KIND or "tiny op"
     else:
         from tuning.sim.dispatch import host_dispatch_s as measured
 
-        dispatch, dispatch_from = measured(), "measured on the calibrating host (the sweeps recorded none)"
+        dispatch, dispatch_from, kind = measured(), "measured on the calibrating host (the sweeps recorded none)", "tiny op"
     fallback_sources: dict[str, str] = {}
     if base is None and synchronous:
         import psutil
@@ -291,8 +305,10 @@ def calibrate(points: Sequence[Point], model: ModelProfile, device_kind: str, na
         "mem_bandwidth": "fitted: achieved bandwidth of operators without FLOPs" if synchronous or graph_points else hidden,
         "launch_s": (f"fitted: host time per launched operator, {params['launch_s'] * 1e6:.2f} us, less the calibrating "
                      f"host's dispatch ({dispatch * 1e6:.2f} us, clamped at 0): the driver's part"),
-        "host_dispatch_s": (f"{dispatch * 1e6:.3f} us per op on the calibrating host ({dispatch_from}; "
-                            "tuning.sim.dispatch.host_dispatch_s)"),
+        "host_dispatch_s": (f"{dispatch * 1e6:.3f} us per launch on the calibrating host ({dispatch_from}; "
+                            + ("the model's own code at a miniature size, tuning.sim.dispatch.model_dispatch_s)"
+                               if kind == "model" else "one tiny op, tuning.sim.dispatch.host_dispatch_s)")),
+        "host_dispatch": f"{kind}: what the fit subtracted, so what a what-if adds back measured on its own host",
         "min_kernel_s": "fitted: floor of one operator's time" if synchronous or graph_points else hidden,
         "graph_replay_s": ("fitted from graph points, less one dispatch of the calibrating host" if graph_points else
                            f"{UNIDENTIFIED}: no graph points; {base_profile.graph_replay_s * 1e6:g} us kept from "
@@ -312,7 +328,7 @@ def calibrate(points: Sequence[Point], model: ModelProfile, device_kind: str, na
         launch_s=max(float(params["launch_s"]) - dispatch, 0.0), min_kernel_s=float(params["min_kernel_s"]),
         graph_replay_s=(max(float(params["graph_replay_s"]) - dispatch, 0.0) if graph_points
                         else kept_replay),
-        synchronous=synchronous, sources=sources, host_dispatch_separate=True,
+        synchronous=synchronous, sources=sources, host_dispatch_separate=True, host_dispatch=kind,
         # the fit's rates are flat (one per dtype, one floor): the shape model of the base profile stays off so that
         # the profile predicts what was fitted
         sm_count=0, gemm_efficiency={}, bandwidth_half_bytes=0.0, graph_min_kernel_s=None)

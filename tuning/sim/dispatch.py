@@ -382,11 +382,11 @@ class HostPart:
 
 
 # per model structure (its configuration less the sizes the miniature replaces): seconds per launched kernel
-_MODEL_DISPATCH: dict[tuple, float] = {}
+_MODEL_DISPATCH: dict[tuple, tuple[float, int]] = {}
 MINIATURE_TOKENS = 2  # the miniature forward's length (batch 1): no op's compute is more than a few hundred flops
 
 
-def model_dispatch_s(small: Any, launches: int, refresh: bool = False) -> tuple[float, str]:
+def model_dispatch_s(small: Any, refresh: bool = False) -> tuple[float, str]:
     """This host's eager host cost per launched kernel of a model's own forward (seconds), and its source.
 
     A real eager forward on an accelerator costs the host, per launched kernel, more than one tiny op's
@@ -394,23 +394,26 @@ def model_dispatch_s(small: Any, launches: int, refresh: bool = False) -> tuple[
     allocations too, which launch nothing), and each op's arguments. ``small`` is the model's own code at a
     miniature size (``tuning.runtime.model.miniature``), called here with batch 1 and :data:`MINIATURE_TOKENS`
     tokens on the CPU, where its ops compute next to nothing; this divides the forward's thread CPU time
-    (the fastest of 7 tries of 10 forwards after 10 warm-up ones, at one intra-op thread) by ``launches``,
-    the kernels the full forward launches (its model profile at that shape). The driver's part of each
-    launch (``launch_s``) is the device profile's.
-    Measured once per model structure and process. ``small`` None (a module this package cannot rebuild
-    small, such as a ``module:factory`` model) gets :func:`host_dispatch_s`, the tiny op: a lower bound, said
-    in the source.
+    (the fastest of 7 tries of 10 forwards after 10 warm-up ones, at one intra-op thread) by the kernels that
+    forward launches (the cost model's classification, :func:`tuning.sim.costmodel.record_ops`: the op
+    sequence does not depend on the sizes). The driver's part of each launch (``launch_s``) is the device
+    profile's. Measured once per model structure and process. ``small`` None (a module this package cannot
+    rebuild small, such as a ``module:factory`` model) gets :func:`host_dispatch_s`, the tiny op: a lower
+    bound, said in the source.
 
-    On the lent H200's host (``bench/results/gpu_check_h200*``) the eager MiniLM forward at batch 1 cost
-    28-44 us of host time per launched kernel; the tiny op there took 2.0 us."""
-    if small is None or launches <= 0:
+    On the lent H200 hosts (``bench/results/gpu_check_h200_run3``, ``_run4``) the eager MiniLM forward at batch 1
+    cost 23.4-45.9 us of host time per launched kernel, the miniature there 6.8-9.5 us, a tiny op 1.0-2.2 us."""
+    if small is None:
         return host_dispatch_s(refresh), "tiny op (tuning.sim.dispatch.host_dispatch_s): a lower bound; " \
             "this model's own code could not be rebuilt small to time"
+    from tuning.sim.costmodel import record_ops
+
     config = getattr(small, "config", None)
-    key = (tuple(sorted(dataclasses.asdict(config).items())) if dataclasses.is_dataclass(config) else id(small),
-           launches)
+    key = tuple(sorted(dataclasses.asdict(config).items())) if dataclasses.is_dataclass(config) else None
     with _MEASURE:
-        if key not in _MODEL_DISPATCH or refresh:
+        if key is None or key not in _MODEL_DISPATCH or refresh:
+            tables = [m.num_embeddings for m in small.modules() if isinstance(m, torch.nn.Embedding)]
+            launches = sum(op[1] for op in record_ops(small, 1, MINIATURE_TOKENS, min(tables) if tables else 1001))
             ids = torch.zeros(1, MINIATURE_TOKENS, dtype=torch.long)
             mask = torch.ones(1, MINIATURE_TOKENS, dtype=torch.long)
             threads = torch.get_num_threads()
@@ -426,6 +429,14 @@ def model_dispatch_s(small: Any, launches: int, refresh: bool = False) -> tuple[
                     per_forward = _fastest(forwards, tries=7, per=10)
             finally:
                 torch.set_num_threads(threads)
-            _MODEL_DISPATCH[key] = per_forward / launches
-    return _MODEL_DISPATCH[key], (f"this host: the model's own eager code at a miniature size, "
-                                  f"per launched kernel ({launches} a forward; tuning.sim.dispatch.model_dispatch_s)")
+            value = (per_forward / max(launches, 1), launches)
+            if key is None:
+                return value[0], _model_source(launches)
+            _MODEL_DISPATCH[key] = value
+        seconds, launches = _MODEL_DISPATCH[key]
+    return seconds, _model_source(launches)
+
+
+def _model_source(launches: int) -> str:
+    return (f"this host: the model's own eager code at a miniature size, per launched kernel ({launches} a forward; "
+            "tuning.sim.dispatch.model_dispatch_s)")

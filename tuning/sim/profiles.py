@@ -19,6 +19,8 @@ from tuning.base.contract import device_object
 DEFAULT_PROFILE = "h200-sxm-estimate"
 
 
+HOST_DISPATCH_KINDS = ("model", "tiny op")  # DeviceProfile.host_dispatch
+
 @dataclass(frozen=True)
 class DeviceProfile:
     """What the cost model needs to know about one accelerator (SI units: FLOP/s, bytes/s, bytes, s)."""
@@ -58,8 +60,15 @@ class DeviceProfile:
     # False: a profile written before the split (no such key in its JSON), whose launch_s and graph_replay_s
     # are whole host costs per launch measured or estimated on some host: used as they are
     host_dispatch_separate: bool = True
+    # what the what-if adds to launch_s per launch on its own host, and what a calibration subtracted: "model" (the
+    # model's own code at a miniature size, tuning.sim.dispatch.model_dispatch_s) or "tiny op" (one tiny op's
+    # dispatch: a profile fitted before 2026-12-04, or beside a model that cannot be rebuilt small)
+    host_dispatch: str = "model"
 
     def __post_init__(self) -> None:
+        if self.host_dispatch not in HOST_DISPATCH_KINDS:
+            raise ValueError(f"device profile {self.name!r}: host_dispatch={self.host_dispatch!r}; allowed: "
+                             f"{' | '.join(HOST_DISPATCH_KINDS)}")
         if self.kind not in ("estimate", "measured"):
             raise ValueError(f"device profile {self.name!r}: kind={self.kind!r}; allowed: estimate | measured")
         missing = [d for d in ("fp32", "bf16", "fp16") if d not in self.peak_flops]
@@ -165,6 +174,7 @@ def load_profile(name_or_path: str | Path | DeviceProfile = DEFAULT_PROFILE) -> 
     known = {f.name for f in fields(DeviceProfile)}
     if isinstance(raw, dict):
         raw.setdefault("host_dispatch_separate", False)  # written before the split: whole host costs
+        raw.setdefault("host_dispatch", "tiny op")  # fitted beyond one tiny op's dispatch (before 2026-12-04)
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ValueError(f"sim_profile={text!r}: unknown field(s) {unknown}; known: {', '.join(sorted(known))}")

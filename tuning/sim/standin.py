@@ -175,6 +175,9 @@ class SimulatedDevice:
 
     def info(self) -> dict:
         """The profile's ``device`` block, with the host cost per launch the predictions charge and its source."""
+        if not self.profile.host_dispatch_separate:  # a profile written before the split: whole host costs
+            return {**self.profile.info(), "host_dispatch_us": 0.0,
+                    "host_dispatch_source": "none added: the profile's launch_s is a whole host cost"}
         dispatch = self.host_dispatch_s if self.host_dispatch_s is not None else host_dispatch_s()
         return {**self.profile.info(), "host_dispatch_us": round(dispatch * 1e6, 3),
                 "host_dispatch_source": self.dispatch_source}
