@@ -223,7 +223,9 @@ def test_the_joint_pass_tries_batching_again_after_the_host_stopped_limiting():
     starts from batch 1 at the knee and doubles while each move is kept."""
     rules = [(lambda k: k.tokenizer == "fast", 1.5),
              (lambda k: k.tokenizer == "fast" and k.batch_size >= 8, 2.0),
-             (lambda k: k.tokenizer == "fast" and k.batch_size >= 16, 1.3)]
+             # +50%: quick mode races 1.2x past a bracket top that can sit 9% over the reference's capacity, so a +30%
+             # move is raced at its own knee and kept in 289 of 300 Monte-Carlo ladders, not every seed
+             (lambda k: k.tokenizer == "fast" and k.batch_size >= 16, 1.5)]
     ladder = _ladder(QueueStub(rules, base_rate=40.0, noise=0.02, seed=1), steps=("batch", "tokenizer", "joint"),
                      target_p99_ms=800.0, settings=LadderSettings.quick(joint_moves=4))
     assert ladder.step("batch").status == "not kept"
