@@ -48,7 +48,9 @@ def test_the_models_own_code_costs_more_per_launch_than_one_tiny_op():
     forward costs 7-12 us per launch (modules, views, argument parsing); on the lent H200 hosts the real eager
     forward cost 23-46 us per launch. A module that cannot be rebuilt small gets the tiny op, said to be a bound."""
     threads = torch.get_num_threads()
-    seconds, source = model_dispatch_s(miniature(None), refresh=True)
+    small = miniature(None)
+    launches = sum(op[1] for op in record_ops(small, 1, MINIATURE_TOKENS, 32))
+    seconds, source = model_dispatch_s(small, launches, refresh=True)
     assert torch.get_num_threads() == threads  # the measurement's one thread is given back
     assert seconds >= 2 * host_dispatch_s() and "miniature" in source and "launched kernel" in source
     fallback, why = model_dispatch_s(None)

@@ -387,12 +387,17 @@ def sim_host_dispatch(model: Any, device: Any = None) -> tuple[float, str]:
     dispatch for a module that cannot be rebuilt small, or for a ``device`` profile fitted beyond a tiny op
     (``host_dispatch == "tiny op"``: what a calibration subtracted is what is added back)."""
     from tuning.runtime.model import miniature
-    from tuning.sim.dispatch import host_dispatch_s, model_dispatch_s
+    from tuning.sim.costmodel import record_ops
+    from tuning.sim.dispatch import MINIATURE_TOKENS, host_dispatch_s, model_dispatch_s
 
     if device is not None and getattr(device, "host_dispatch", "model") == "tiny op":
         return host_dispatch_s(), ("tiny op on this host (tuning.sim.dispatch.host_dispatch_s): the profile's launch_s "
                                    "was fitted beyond one tiny op")
-    return model_dispatch_s(miniature(model))
+    small = miniature(model)
+    if small is None:
+        return model_dispatch_s(None)
+    vocab = small.config.vocab_size
+    return model_dispatch_s(small, sum(op[1] for op in record_ops(small, 1, MINIATURE_TOKENS, vocab)))
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

@@ -386,7 +386,7 @@ _MODEL_DISPATCH: dict[tuple, tuple[float, int]] = {}
 MINIATURE_TOKENS = 2  # the miniature forward's length (batch 1): no op's compute is more than a few hundred flops
 
 
-def model_dispatch_s(small: Any, refresh: bool = False) -> tuple[float, str]:
+def model_dispatch_s(small: Any, launches: int = 0, refresh: bool = False) -> tuple[float, str]:
     """This host's eager host cost per launched kernel of a model's own forward (seconds), and its source.
 
     A real eager forward on an accelerator costs the host, per launched kernel, more than one tiny op's
@@ -394,8 +394,8 @@ def model_dispatch_s(small: Any, refresh: bool = False) -> tuple[float, str]:
     allocations too, which launch nothing), and each op's arguments. ``small`` is the model's own code at a
     miniature size (``tuning.runtime.model.miniature``), called here with batch 1 and :data:`MINIATURE_TOKENS`
     tokens on the CPU, where its ops compute next to nothing; this divides the forward's thread CPU time
-    (the fastest of 7 tries of 10 forwards after 10 warm-up ones, at one intra-op thread) by the kernels that
-    forward launches (the cost model's classification, :func:`tuning.sim.costmodel.record_ops`: the op
+    (the fastest of 7 tries of 10 forwards after 10 warm-up ones, at one intra-op thread) by ``launches``, the
+    kernels that forward launches (the caller counts them with :func:`tuning.sim.costmodel.record_ops`: the op
     sequence does not depend on the sizes). The driver's part of each launch (``launch_s``) is the device
     profile's. Measured once per model structure and process. ``small`` None (a module this package cannot
     rebuild small, such as a ``module:factory`` model) gets :func:`host_dispatch_s`, the tiny op: a lower
@@ -403,17 +403,13 @@ def model_dispatch_s(small: Any, refresh: bool = False) -> tuple[float, str]:
 
     On the lent H200 hosts (``bench/results/gpu_check_h200_run3``, ``_run4``) the eager MiniLM forward at batch 1
     cost 23.4-45.9 us of host time per launched kernel, the miniature there 6.8-9.5 us, a tiny op 1.0-2.2 us."""
-    if small is None:
+    if small is None or launches <= 0:
         return host_dispatch_s(refresh), "tiny op (tuning.sim.dispatch.host_dispatch_s): a lower bound; " \
             "this model's own code could not be rebuilt small to time"
-    from tuning.sim.costmodel import record_ops
-
     config = getattr(small, "config", None)
     key = tuple(sorted(dataclasses.asdict(config).items())) if dataclasses.is_dataclass(config) else None
     with _MEASURE:
         if key is None or key not in _MODEL_DISPATCH or refresh:
-            tables = [m.num_embeddings for m in small.modules() if isinstance(m, torch.nn.Embedding)]
-            launches = sum(op[1] for op in record_ops(small, 1, MINIATURE_TOKENS, min(tables) if tables else 1001))
             ids = torch.zeros(1, MINIATURE_TOKENS, dtype=torch.long)
             mask = torch.ones(1, MINIATURE_TOKENS, dtype=torch.long)
             threads = torch.get_num_threads()
