@@ -34,7 +34,7 @@ THIN = 80  # outcomes a window in the thin cases
 # past the knee the stub's queue grows at rate - mu, so the race's latency gate sees each arm's capacity (the
 # stub's default gives every overloaded run the same latencies: the gate would never fire)
 OVERLOAD = "queue"  # every step's knob raises the capacity by this much
-STEPS = ("workers", "batch", "tokenizer", "buckets", "precision", "batching", "joint")
+STEPS = ("workers", "batch", "tokenizer", "buckets", "precision", "batching", "joint", "again")
 EFFECT_STEPS = ("workers", "tokenizer", "precision")  # one knob each, no knee or plan involved
 KNOBS = [lambda k: k.num_workers > 2, lambda k: k.batch_size > 1, lambda k: k.tokenizer == "fast",
          lambda k: k.padding == "bucket", lambda k: k.dtype == "bf16"]
