@@ -199,3 +199,50 @@ def test_pipe_target_round_trip(lines):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert np.isfinite(s["p99_ms"])
+
+
+def test_abandoned_cool_down_fails_only_unmeasured_requests_and_each_gets_one_outcome(lines):
+    """A server this test owns, overloaded (20 ms a request at 200 req/s): once every measured request has its
+    outcome the cool-down queue is failed at once instead of drained, and not one measured request is among the
+    failures."""
+    import multiprocessing
+
+    from tuning.load.generator import PipeTarget, serve_pipe
+
+    here, there = multiprocessing.Pipe()
+    calls = []
+    server = Server(KNOBS, engine=Engine(KNOBS, TinyModel(delay_s=0.02)))
+    with server:
+        done = serve_pipe(server, there)
+        with PipeTarget(here) as target:
+            def abandon():
+                calls.append(server.counts["ok"])
+                target.abandon()
+            result = run_load(target, lines, concurrency=256, requests=40, rate=200.0, abandon=abandon)
+        done()
+        queued_at_the_end = sum(server.counts.values()) - calls[0]
+    s = result.summary()
+    assert len(calls) == 1
+    assert s["submitted"] == s["ok"] == 40 and s["error_rate"] == 0  # every measured request answered, ok
+    assert server.counts["error"] > 0  # the cool-down's queue, failed, not served
+    assert sum(server.counts.values()) == 40 + result.warmup_requests + result.cooldown_requests  # one outcome each
+    assert queued_at_the_end > 0
+
+
+def test_abandon_is_not_called_when_a_measured_request_is_still_owed_its_outcome(monkeypatch):
+    clock = FakeClock()
+    _fake_time(monkeypatch, clock)
+    run = loadgen._Run(["x"], clock, 0, 0.0, 2, None, None, abandon=lambda: calls.append(1))
+    calls = []
+    assert run.ticket(clock())[1] == "measured"
+    run.stop()  # Ctrl-C with that request in flight
+    run.over()
+    assert calls == []
+    run = loadgen._Run(["x"], clock, 0, 0.0, 1, None, None, abandon=lambda: calls.append(1))
+    run.ticket(clock())
+    assert run.ticket(clock())[1] == "cool"  # the measured request has no answer yet: the cool-down goes on
+    run.end(Response(0, "ok"), "measured", clock(), clock())
+    assert run.ticket(clock()) is None
+    run.over()
+    run.over()
+    assert calls == [1]  # once

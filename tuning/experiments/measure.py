@@ -35,8 +35,8 @@ def _load_client(address: str, authkey: bytes) -> None:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # a probe past the knee is expected to fall behind
-                with PipeTarget(data) as target:
-                    result = run_load(target, inputs, busy_probe=target.busy, **kw)
+                with PipeTarget(data) as target:  # each server lives for one load test: its cool-down is abandoned
+                    result = run_load(target, inputs, busy_probe=target.busy, abandon=target.abandon, **kw)
             control.send(("ok", result))
         except Exception as exc:  # the parent reports it as the step's error
             control.send(("error", f"{type(exc).__name__}: {exc}"))
@@ -171,7 +171,7 @@ class LoadMeasure:
         if not self.separate_process:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
-                return run_load(server, self.inputs, **kw)
+                return run_load(server, self.inputs, abandon=lambda: server.close(drain=False), **kw)
         if self._process is None or not self._process.alive():
             self._process = LoadProcess(self.inputs)
         try:
