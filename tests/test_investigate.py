@@ -39,11 +39,11 @@ def _stub(rules, floor=None):
 
 
 # quick mode with the light-load pairs before the race (LadderSettings.light_load): what those pairs print and decide
-_LIGHT = LadderSettings.quick(light_load=True, race_pairs=None)
+_LIGHT = LadderSettings.quick(light_load=True, race_pairs=None, workers_min_cores=0)
 
 
 def _ladder(measure, steps, **kw):
-    settings = kw.pop("settings", LadderSettings.quick())
+    settings = kw.pop("settings", LadderSettings.quick(workers_min_cores=0))  # the step on any host
     kw.setdefault("target_p99_ms", 200.0)
     return run_ladder(device=kw.pop("device", "cpu"), measure=measure, progress=False, settings=settings, steps=steps,
                       sweep=lambda knobs: Sweep(), accuracy=kw.pop("accuracy", lambda dtypes: {"bf16": 0.99999}),

@@ -28,7 +28,7 @@ class Sweep:
 
 
 def _ladder(measure, steps=("workers", "batch", "tokenizer", "buckets", "precision", "batching", "joint"), **kw):
-    settings = kw.pop("settings", LadderSettings.quick())
+    settings = kw.pop("settings", LadderSettings.quick(workers_min_cores=0))  # the step on any host
     return run_ladder(device=kw.pop("device", "cpu"), measure=measure, progress=False, settings=settings, steps=steps,
                       sweep=lambda knobs: Sweep(), accuracy=lambda dtypes: {"bf16": 0.99999},
                       lengths=[12, 20, 31, 40, 64, 90], **kw)
@@ -36,7 +36,7 @@ def _ladder(measure, steps=("workers", "batch", "tokenizer", "buckets", "precisi
 
 # the light-load pairs before the race (LadderSettings.light_load, the full settings' way; quick mode judges past the
 # capacity only): the tests of what those pairs do (drift, frozen figures, the spread they report)
-_LIGHT = LadderSettings.quick(light_load=True, race_pairs=None)
+_LIGHT = LadderSettings.quick(light_load=True, race_pairs=None, workers_min_cores=0)
 
 
 def _ladder_light(measure, *args, **kw):
@@ -301,7 +301,7 @@ def test_a_host_step_that_lost_while_the_model_limited_is_judged_again_after_bat
     rules = [(lambda k: k.batch_size >= 2, 2.0),
              (lambda k: k.tokenizer == "fast" and k.batch_size >= 2, 1.6)]
     ladder = _ladder(QueueStub(rules, base_rate=40.0, noise=0.02, seed=1), steps=("tokenizer", "batch", "again"),
-                     target_p99_ms=800.0, settings=LadderSettings.quick())
+                     target_p99_ms=800.0, settings=LadderSettings.quick(workers_min_cores=0))
     assert ladder.step("tokenizer").status == "not kept"
     assert ladder.step("batch").status == "kept"
     again = [s for s in ladder.steps if s.name == "again"]
@@ -315,7 +315,7 @@ def test_a_host_step_is_not_judged_again_when_the_model_side_did_not_change():
     stub = QueueStub([(lambda k: k.tokenizer == "fast" and k.batch_size >= 2, 1.6)], base_rate=40.0, noise=0.02,
                      seed=1)
     ladder = _ladder(stub, steps=("workers", "tokenizer", "again"), target_p99_ms=800.0,
-                     settings=LadderSettings.quick())
+                     settings=LadderSettings.quick(workers_min_cores=0))
     assert ladder.step("tokenizer").status == "not kept" and ladder.step("workers").status == "not kept"
     assert not [s for s in ladder.steps if s.name == "again"]
 
@@ -1412,3 +1412,19 @@ def test_count_pass_min_is_where_the_binomial_rule_first_passes():
     from tuning.base.decide import COUNT_PASS_MIN, pass_limits
 
     assert COUNT_PASS_MIN == 299 and pass_limits(COUNT_PASS_MIN)[0] == 0 and pass_limits(COUNT_PASS_MIN - 1)[0] is None
+
+
+def test_quick_mode_skips_the_workers_step_on_a_two_core_host_and_says_why(monkeypatch):
+    import tuning.experiments.ladder as ladder_mod
+
+    stub = QueueStub([(lambda k: k.num_workers > 2, 1.5)], base_rate=40.0, noise=0.01)
+    monkeypatch.setattr(ladder_mod, "usable_cores", lambda: 2)
+    ladder = _ladder(stub, steps=("workers",), target_p99_ms=800.0, settings=LadderSettings.quick())
+    step = ladder.step("workers")
+    assert step.status == "skipped" and "2 usable cores" in step.reason and "without --quick" in step.reason
+    monkeypatch.setattr(ladder_mod, "usable_cores", lambda: 4)
+    assert _ladder(stub, steps=("workers",), target_p99_ms=800.0,
+                   settings=LadderSettings.quick()).step("workers").status == "kept"
+    monkeypatch.setattr(ladder_mod, "usable_cores", lambda: 2)
+    assert _ladder(stub, steps=("workers",), target_p99_ms=800.0,
+                   settings=LadderSettings.full(light_load=False)).step("workers").status == "kept"

@@ -64,6 +64,7 @@ import pandas as pd
 
 from tuning.base.decide import COUNT_PASS_MIN, count_verdict
 from tuning.base.format import fixed, rounded
+from tuning.base.machine import usable_cores
 from tuning.base.progress import progress_bar
 from tuning.base.stats import known_median
 from tuning.experiments.capacity import (
@@ -149,6 +150,8 @@ class LadderSettings:
     joint_moves: int | None = None  # the joint pass tries at most this many moves (None: until a round keeps none)
     precision_texts: int = 256
     workers: int = field(default_factory=lambda: max(4, min(8, os.cpu_count() or 1)))
+    # the workers step is skipped on a host with fewer usable cores (0: never skipped); see LadderSettings.quick
+    workers_min_cores: int = 0
     compile_on_cpu: bool = True  # torch.compile costs seconds per shape on a CPU
     limit: int | None = None  # read at most this many input lines
     seed: int = 0  # the open loop's arrivals
@@ -189,7 +192,7 @@ class LadderSettings:
                     warmup_requests=10, min_effect=0.05, max_pairs=6,
                     capacity=CapacitySettings.quick(), sweep_sizes=(1, 4, 16), sweep_repeats=1, sweep_rounds=2,
                     waits_ms=(5.0,), joint_rounds=1, joint_moves=1, precision_texts=32, compile_on_cpu=False,
-                    futility=True, light_load=False, race_pairs=3)
+                    futility=True, light_load=False, race_pairs=3, workers_min_cores=3)
         base.update(changes)
         return cls(**base)
 
@@ -1237,7 +1240,13 @@ def run_ladder(data: Any = None, device: Any = "auto", quick: bool = False,
                 bar.update(1)
                 continue
             k = ladder.current
-            if name == "workers":
+            if name == "workers" and usable_cores() < settings.workers_min_cores:
+                ladder.skip(name, "more preprocessing workers", f"num_workers={settings.workers}",
+                            f"skipped in quick mode on {usable_cores()} usable cores: the served path's preprocess "
+                            "workers are threads of one process, and torch's intra-op threads already use every "
+                            "core (kept in 1 of 11 quick runs on two 2-core VMs, its race and its second judgment cost "
+                            "60-70 s of the 8 minutes; run without --quick to measure it)")
+            elif name == "workers":
                 changes: dict[str, Any] = {"num_workers": settings.workers}
                 if dev.knob in ("cuda", "sim"):
                     changes["pin_memory"] = True
