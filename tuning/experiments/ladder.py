@@ -10,7 +10,8 @@ configuration before it in interleaved pairs and kept only when it helps beyond 
 
 Steps, in the investigation's order (INVESTIGATION.md, step 4), then a joint pass:
 
-1. ``workers``: more preprocessing workers (``pin_memory`` on a device);
+1. ``workers``: more preprocessing workers (``pin_memory`` on a device; quick mode skips it on fewer than 3
+   usable cores, :attr:`LadderSettings.workers_min_cores`);
 2. ``batch``: ``batch_size`` = the knee of the batch sweep at the data's median length;
 3. ``tokenizer``: the batched Rust tokenizer instead of per-record Python;
 4. ``buckets``: ``padding='bucket'`` with lengths planned from the token-length histogram;
@@ -24,7 +25,9 @@ Steps, in the investigation's order (INVESTIGATION.md, step 4), then a joint pas
    while kept, else down), with the knee re-measured under the final dtype and graph mode, until a round
    keeps nothing (coordinate descent and not a Bayesian search: two or three knobs with a handful of values
    each, where every trial is a paired comparison that costs seconds; a search model would need more trials
-   than the whole grid).
+   than the whole grid);
+9. ``again``: a host-side step that was not kept (:data:`HOST_STEPS`) judged once more when a model-side
+   knob (:data:`MODEL_KNOBS`) changed since (:func:`_host_steps_again`).
 
 **The objective is the target** (``objective="target"``, the default): a configuration's figure is its
 capacity, the highest Poisson rate at which its open-loop p99 (from the scheduled arrival, every outcome)
