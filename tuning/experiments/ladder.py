@@ -183,14 +183,12 @@ class LadderSettings:
         bracket, three batch sizes and one wait (5 ms: in 4 quick runs here neither 5 nor 20 ms was kept, and
         the second wait cost 6-8 load tests, 50-60 s), one joint move; and no light-load pairs: a step is judged past
         the reference's capacity alone (:meth:`Ladder.judge_past_capacity`; 3 pairs, up to 6 while a race in
-        which both arms fail, or the candidate is undecided by its count, could still decide). Measured on a
-        quiet 2-core AMD EPYC (avx512_bf16), capacity at p99 <= 800 ms: 520 s with two joint moves (24.4 ->
-        54.6 req/s), 481 s and 579 s with one (25.7 -> 33.6, 31.8 -> 45.8); with the light-load pairs the same
-        command took 1,429 s on another 2-core VM; on a quiet 2-core Xeon (AMX) 577 s, 57.2 -> 195.9 req/s (the
-        baseline searched twice: its closed loop's top read 47.7). The stubs' Monte-Carlo (``bench/keep_rule.py``,
-        a queue that grows past the knee): 5 of 100 no-op ladders ship a knob (14 before a race's pass was
-        probed again, :meth:`Ladder.replicate`), 13 of 100 with 80 outcomes a window (a slow machine's thin
-        races: over the 10% target); +10% steps kept 107 of 300 times, +30% 289."""
+        which both arms fail, or the candidate is undecided by its count, could still decide), and on fewer than 3
+        usable cores no workers step (:attr:`workers_min_cores`). Measured on a quiet 2-core Xeon (AMX), capacity at
+        p99 <= 800 ms: 478 s, 59.2 -> 202.8 req/s; 592 s and 583 s with the workers step judged twice (README has
+        what each kept). The stubs' Monte-Carlo (``bench/keep_rule.py``, a queue that grows past the knee): 5 of 100
+        no-op ladders ship a knob, 7 of 100 with 80 outcomes a window (a slow machine's thin races); +10% steps kept
+        100 of 300 times, +30% 282."""
         base = dict(concurrency=16, duration_s=3.0, warmup_s=0.5, min_outcomes=300, max_window_s=4.0,
                     warmup_requests=10, min_effect=0.05, max_pairs=6,
                     capacity=CapacitySettings.quick(), sweep_sizes=(1, 4, 16), sweep_repeats=1, sweep_rounds=2,
