@@ -246,3 +246,19 @@ def test_abandon_is_not_called_when_a_measured_request_is_still_owed_its_outcome
     run.over()
     run.over()
     assert calls == [1]  # once
+
+
+def test_a_failing_abandon_keeps_the_measured_result_and_warns(monkeypatch):
+    clock = FakeClock()
+    _fake_time(monkeypatch, clock)
+
+    def broken():
+        raise BrokenPipeError("the server's side has gone")
+
+    run = loadgen._Run(["x"], clock, 0, 0.0, 1, None, None, abandon=broken)
+    run.ticket(clock())
+    run.end(Response(0, "ok"), "measured", clock(), clock())
+    assert run.ticket(clock()) is None
+    with pytest.warns(RuntimeWarning, match="BrokenPipeError.*waiting for it to drain"):
+        run.over()
+    assert [r[1] for r in run.records] == ["measured"]  # the measured outcome is still there

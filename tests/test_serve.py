@@ -114,6 +114,31 @@ def test_shutdown_under_load_leaves_nothing_pending(lines):
     assert late.outcome == "rejected" and "not running" in late.reason
 
 
+def test_a_draining_close_does_not_undo_an_abandoning_one(lines):
+    """A load test abandons its server's queue (close(drain=False), on the client's thread) while the owner's own
+    close() (drain=True) runs: the queue stays abandoned, each request one outcome."""
+    knobs = KNOBS.replace(num_workers=1, batch_size=1, max_wait_ms=0.0)
+    model = _Held()
+    server = Server(knobs, engine=Engine(knobs, model)).start()
+    model.hold = True
+    futures = [server.submit(raw) for raw in lines[:6]]
+    while server.waiting_for_batch or server._incoming.qsize():  # all past preprocessing: one held, five queued
+        time.sleep(0.001)
+    time.sleep(0.05)
+    abandoning = threading.Thread(target=server.close, kwargs={"drain": False})
+    abandoning.start()
+    while server._accepting:  # the abandoning close has begun and waits on the held model call
+        time.sleep(0.001)
+    owner = threading.Thread(target=server.close, kwargs={"drain": True, "timeout": 30})
+    owner.start()
+    time.sleep(0.05)
+    model.release.set()
+    abandoning.join(30), owner.join(30)
+    results = [f.result(timeout=5) for f in futures]
+    assert len(results) == 6
+    assert sum("shut down" in (r.reason or "") for r in results) >= 4  # the held batch answers, the queue does not
+
+
 def test_drain_finishes_everything(lines):
     server = make_server(delay_s=0.005).start()
     futures = [server.submit(raw) for raw in lines[:50]]

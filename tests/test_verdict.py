@@ -1428,3 +1428,6 @@ def test_quick_mode_skips_the_workers_step_on_a_two_core_host_and_says_why(monke
     monkeypatch.setattr(ladder_mod, "usable_cores", lambda: 2)
     assert _ladder(stub, steps=("workers",), target_p99_ms=800.0,
                    settings=LadderSettings.full(light_load=False)).step("workers").status == "kept"
+    # on the simulated device (and CUDA) the step also pins memory: judged in quick mode on two cores too
+    sim = _ladder(stub, steps=("workers",), target_p99_ms=800.0, device="sim", settings=LadderSettings.quick())
+    assert sim.step("workers").status == "kept" and sim.recommended.pin_memory

@@ -1241,9 +1241,10 @@ def run_ladder(data: Any = None, device: Any = "auto", quick: bool = False,
                 bar.update(1)
                 continue
             k = ladder.current
-            if name == "workers" and usable_cores() < settings.workers_min_cores:
+            # on CUDA and the simulated device the step also pins memory, so it is judged there on any host
+            if name == "workers" and dev.knob == "cpu" and (cores := usable_cores()) < settings.workers_min_cores:
                 ladder.skip(name, "more preprocessing workers", f"num_workers={settings.workers}",
-                            f"skipped in quick mode on {usable_cores()} usable cores: the served path's preprocess "
+                            f"skipped in quick mode on {cores} usable cores: the served path's preprocess "
                             "workers are threads of one process, and torch's intra-op threads already use every "
                             "core (kept in 1 of 11 quick runs on two 2-core VMs, its race and its second judgment cost "
                             "60-70 s of the 8 minutes; run without --quick to measure it)")

@@ -194,7 +194,8 @@ class Server:
             if not self._accepting and not self._threads:
                 return
             self._accepting = False
-            self._abort = not drain or self.failure is not None
+            # a close that drains never undoes one that abandons the queue (a load test's, on another thread)
+            self._abort = self._abort or not drain or self.failure is not None
         for _ in range(self.workers):
             self._incoming.put(_STOP)
         deadline = _clock.now() + timeout
