@@ -59,6 +59,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -199,23 +200,22 @@ class LadderSettings:
 
     @classmethod
     def full(cls, **changes: Any) -> "LadderSettings":
-        """``investigate`` without ``--quick``: cut toward 30 minutes on a 2-core CPU, not there yet (README: about
-        40 at the pace of a quiet 2-core Xeon, stopped after 10 with the baseline and two steps done). What it keeps of
-        the defaults: the light-load pairs before the race, up to 16 pairs at a 2% minimum effect (in the stubs'
-        Monte-Carlo they are what keeps true +10% steps: 158 of 180 with 16 pairs, 32 with 6). What it trades
-        for time: 4-5 s windows (500 arrivals where the rate allows) after a warm-up of at least 1 s and 50
-        arrivals; futility, which stops pairs that 16 could not decide once the per-pair SD's lower bound says so
-        (on this VM their SD was 14-113% a pair: the default settings ran 16 pairs undecided in 9 of 12 steps of
-        ``bench/sim_ladder.py``, and a full investigate had not finished the baseline and one step in 19
-        minutes); races of 3 pairs (no extension: that is race-only judging's, quick mode's; so the race's
-        latency gate looks once, at 3 pairs, and rarely keeps); a 4% capacity bracket (a 6% one kept 95 of 120
-        true +10% steps, 4% and 3% 105: a coarser bracket sets the race's rate higher) in at most 10 probes; two
-        batching waits (5, 20 ms) and at most 3 joint moves. With 6 s windows, races of 4 pairs and three waits
-        the baseline and the workers step took 7 minutes here (at 53 req/s), about 45 in all at that pace. The
-        stubs' Monte-Carlo (``bench/keep_rule.py``): 1 of 100 no-op ladders ship a knob (3 with 80 outcomes a
-        window), +10% steps kept 254 of 300 times, +20% 300."""
+        """``investigate`` without ``--quick``: cut toward 30 minutes on a 2-core CPU. What it keeps of the defaults:
+        the light-load pairs before the race, up to 16 pairs at a 2% minimum effect (in the stubs' Monte-Carlo they
+        are what keeps true +10% steps: 158 of 180 with 16 pairs, 32 with 6). What it trades for time: 4-5 s windows
+        (500 arrivals where the rate allows) after a warm-up of at least 1 s and 50 arrivals; futility, which stops
+        pairs that 16 could not decide once the per-pair SD's lower bound says so (on a shared VM their SD was
+        14-113% a pair: the default settings ran 16 pairs undecided in 9 of 12 steps of ``bench/sim_ladder.py``);
+        races of 3 pairs (no extension: that is race-only judging's, quick mode's; so the race's latency gate looks
+        once, at 3 pairs, and rarely keeps); a 4% capacity bracket (a 6% one kept 95 of 120 true +10% steps, 4% and
+        3% 105: a coarser bracket sets the race's rate higher) in at most 10 probes; one batching wait (5 ms; the
+        joint pass's line search along ``max_wait_ms`` goes on from it) and at most 3 joint moves. A full run on a
+        quiet 2-core Xeon (AMX), 2026-12-05, with waits of 5 and 20 ms took 2,049 s (34 minutes): the 20 ms wait
+        ran 15 light-load pairs to "not better" (0.97 [0.93-1.02]), about 3.5 minutes, and was not kept, as no
+        wait was in any run here. The stubs' Monte-Carlo (``bench/keep_rule.py``): 3 of 100 no-op ladders ship a
+        knob (1 with 80 outcomes a window), +10% steps kept 249 of 300 times, +20% 300."""
         base = dict(duration_s=4.0, warmup_s=1.0, min_outcomes=500, max_window_s=5.0, warmup_requests=50,
-                    futility=True, race_pairs=3, waits_ms=(5.0, 20.0), joint_moves=3, sweep_repeats=2,
+                    futility=True, race_pairs=3, waits_ms=(5.0,), joint_moves=3, sweep_repeats=2,
                     sweep_rounds=3, precision_texts=128,
                     capacity=CapacitySettings(max_windows=3, min_windows=2, tolerance=0.04, max_probes=10,
                                               halvings=3, doublings=3))
@@ -320,6 +320,10 @@ class Step:
     comparison: Comparison | None = field(default=None, repr=False)
     capacity: Capacity | None = field(default=None, repr=False)  # the candidate's, when kept (the baseline's)
     error: str | None = None
+    # what the rung cost: wall seconds and load tests since the previous rung was decided (a sweep's, a capacity
+    # search's and every pair's included); None for a row restored from a resumed run that predates them
+    seconds: float | None = None
+    load_tests: int | None = None
 
     @property
     def kept(self) -> bool:
@@ -329,7 +333,8 @@ class Step:
         f = self.figures
         return {"step": self.name, "title": self.title, "change": self.change, "status": self.status,
                 "kept": self.kept, **{k: f.get(k) for k in _STEP_FIGURES}, "experiments": list(self.experiments),
-                "reason": self.reason, "error": self.error}
+                "reason": self.reason, "error": self.error, "seconds": rounded(self.seconds),
+                "load_tests": self.load_tests}
 
 
 _STEP_FIGURES = ("metric", "rate", "ratio", "low", "high", "median_ratio", "pairs", "order", "min_effect", "level",
@@ -414,7 +419,15 @@ class LadderResult:
             if s.knobs is None or not s.figures:
                 continue
             value = s.figures.get(key) if key == "qps" or s.status in ("kept", "baseline") else None
-            rows.append({"step": s.name, "change": s.change or "(baseline)", "status": s.status, key: value,
+            status = s.status
+            # a capacity searched again later (the machine drifted, a reference passed past its top) stands for its
+            # configuration here; the step's own row keeps the figure it was judged on
+            latest = {"baseline": self.baseline_capacity}.get(s.status) or (
+                self.capacity if s.status == "kept" and s.knobs == self.recommended else None)
+            if key == "capacity" and latest is not None and value is not None and latest.capacity is not None \
+                    and abs(latest.capacity - value) > 1e-9:
+                status, value = f"{s.status} (searched again; first {value:.1f})", latest.capacity
+            rows.append({"step": s.name, "change": s.change or "(baseline)", "status": status, key: value,
                          "p99_ms": s.figures.get("p99_ms"), "ratio": s.figures.get("ratio"),
                          "knobs": change_text(_changes(s.knobs))})
         frame = pd.DataFrame(rows)
@@ -601,6 +614,7 @@ class Ladder:
         self.done: list[str] = []
         self.drifts: list[dict[str, Any]] = []  # the machine changed under the ladder (see drifted)
         self.on_step: Callable[[Step], None] | None = None
+        self._mark = (time.monotonic(), 0)  # when and after how many load tests the last rung was decided
 
     @property
     def target_mode(self) -> bool:
@@ -613,7 +627,15 @@ class Ladder:
         self.experiments.append(e)
         return e
 
+    def load_tests(self) -> int:
+        """Load tests run so far (a resumed run's earlier ones included)."""
+        return sum(e.runs for e in self.experiments)
+
     def finish(self, step: Step) -> Step:
+        now, tests = time.monotonic(), self.load_tests()
+        if step.seconds is None:
+            step.seconds, step.load_tests = now - self._mark[0], tests - self._mark[1]
+        self._mark = (now, tests)
         self.steps.append(step)
         if step.status in ("baseline", "kept") and step.knobs is not None:
             self.current = step.knobs
@@ -1069,10 +1091,12 @@ class Ladder:
         for row in summary.get("steps") or []:  # every row was decided before it was written: all stay
             figures = {k: row.get(k) for k in _STEP_FIGURES if row.get(k) is not None}
             self.steps.append(Step(row["step"], row["title"], row["change"], row["status"], row["reason"],
-                                   None, None, figures, list(row.get("experiments") or []), error=row.get("error")))
+                                   None, None, figures, list(row.get("experiments") or []), error=row.get("error"),
+                                   seconds=row.get("seconds"), load_tests=row.get("load_tests")))
         self.experiments = [Experiment(int(r["experiment"]), r["step"], r["role"], r["change"], None, r["device"],
                                        bool(r["simulated"]), r.get("rate"), [], self.target, frozen=r)
                             for r in summary.get("experiments") or []]
+        self._mark = (time.monotonic(), self.load_tests())
         self.current = Knobs(**{k: tuple(v) if isinstance(v, list) else v for k, v in state["current"].items()})
         self.capacity = Capacity.from_summary(state["capacity"]) if state.get("capacity") else None
         self.baseline_capacity = (Capacity.from_summary(state["baseline_capacity"])

@@ -213,7 +213,10 @@ def _step_row(step: Any) -> dict[str, Any]:
             "past the capacity (over the target)": f"{race}, {f.get('race_pairs')} pairs" if race else None,
             "p50/p99 ms": f"{_ms(f.get('p50_ms'))}/{_ms(f.get('p99_ms'))}" if measured else None,
             "errors/timeouts": f"{f.get('errors', 0)}/{f.get('timeouts', 0)} of {f.get('n')}" if measured else None,
-            "capacity req/s": f"{cap:.1f}" if isinstance(cap, (int, float)) else None}
+            "capacity req/s": f"{cap:.1f}" if isinstance(cap, (int, float)) else None,
+            # what the rung cost (its sweep, pairs, races and search): where the run's minutes went
+            "cost": (f"{step.seconds:.0f} s, {step.load_tests} tests" if getattr(step, "seconds", None) is not None
+                     else None)}
 
 
 def ladder_method(ladder: Any) -> str:
@@ -268,7 +271,7 @@ def format_investigation(inv: Investigation) -> str:
     lines += [f"ladder on {inv.device.get('label', '?')} ({how})",
               table([_step_row(s) for s in ladder.steps],
                     ["step", "change", "status", "ratio [low-high]", "pairs", "past the capacity (over the target)",
-                     "p50/p99 ms", "errors/timeouts", "capacity req/s"])]
+                     "p50/p99 ms", "errors/timeouts", "capacity req/s", "cost"])]
     for s in ladder.steps:
         if s.status == "failed":
             lines.append(f"failed: {s.name} ({s.change}): {s.error or s.reason}")
