@@ -58,9 +58,9 @@ the grid's best in the runs here) as a finding, one near it as noise until repea
 
 Every figure is SIMULATED: the host side is measured here, the device time predicted by the cost model.
 
-    python bench/tuner.py             # 4 x 3 x 2 = 24 cells, retries and the full ladder: about 30 minutes on 2 cores
+    python bench/tuner.py             # 4 x 3 x 2 = 24 cells, retries, the full ladder, the head-to-head: about 55 minutes
     python bench/tuner.py --quick     # 2 x 2 x 2 = 8 cells, shorter windows, the quick ladder: under 8 minutes
-    python bench/tuner.py --grid-from bench/results/tuner_grid.json   # the ladder only, about 10 minutes
+    python bench/tuner.py --grid-from bench/results/tuner_grid.json   # the ladder and the head-to-head: 26 minutes
 
 ``--grid-from`` reuses an earlier run's grid (refused unless its profile, slowdown, target, mode and cells
 match): the ladder runs, then the head-to-head; the ratio is of this run's searches, never across runs.
