@@ -212,7 +212,9 @@ class LadderSettings:
         joint pass's line search along ``max_wait_ms`` goes on from it) and at most 3 joint moves. A full run on a
         quiet 2-core Xeon (AMX), 2026-12-05, with waits of 5 and 20 ms took 2,049 s (34 minutes): the 20 ms wait
         ran 15 light-load pairs to "not better" (0.97 [0.93-1.02]), about 3.5 minutes, and was not kept, as no
-        wait was in any run here. The stubs' Monte-Carlo (``bench/keep_rule.py``): 3 of 100 no-op ladders ship a
+        wait was in any run here; with one wait, 1,895 s (31.6 minutes; each rung's cost in ``Step.seconds``: the
+        third joint move 213 s, the baseline's capacity searched again inside the tokenizer step 272 s). The stubs'
+        Monte-Carlo (``bench/keep_rule.py``): 3 of 100 no-op ladders ship a
         knob (1 with 80 outcomes a window), +10% steps kept 249 of 300 times, +20% 300."""
         base = dict(duration_s=4.0, warmup_s=1.0, min_outcomes=500, max_window_s=5.0, warmup_requests=50,
                     futility=True, race_pairs=3, waits_ms=(5.0,), joint_moves=3, sweep_repeats=2,
