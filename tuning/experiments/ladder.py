@@ -214,7 +214,7 @@ class LadderSettings:
         ran 15 light-load pairs to "not better" (0.97 [0.93-1.02]), about 3.5 minutes, and was not kept, as no
         wait was in any run here; with one wait, 1,895 s (31.6 minutes; each rung's cost in ``Step.seconds``: the
         third joint move 213 s, the baseline's capacity searched again inside the tokenizer step 272 s). The stubs'
-        Monte-Carlo (``bench/keep_rule.py``): 3 of 100 no-op ladders ship a
+        Monte-Carlo (``bench/keep_rule.py``, run with waits of 5 and 20 ms): 3 of 100 no-op ladders ship a
         knob (1 with 80 outcomes a window), +10% steps kept 249 of 300 times, +20% 300."""
         base = dict(duration_s=4.0, warmup_s=1.0, min_outcomes=500, max_window_s=5.0, warmup_requests=50,
                     futility=True, race_pairs=3, waits_ms=(5.0,), joint_moves=3, sweep_repeats=2,
