@@ -150,6 +150,7 @@ class LadderSettings:
     sweep_repeats: int = 3
     sweep_rounds: int = 5
     waits_ms: tuple[float, ...] = (2.0, 5.0, 10.0, 20.0, 50.0)
+    joint_max_wait_ms: float | None = None  # the joint pass's highest max_wait_ms (None: the highest of waits_ms)
     joint_rounds: int = 3
     joint_moves: int | None = None  # the joint pass tries at most this many moves (None: until a round keeps none)
     precision_texts: int = 256
@@ -217,7 +218,7 @@ class LadderSettings:
         Monte-Carlo (``bench/keep_rule.py``, run with waits of 5 and 20 ms): 3 of 100 no-op ladders ship a
         knob (1 with 80 outcomes a window), +10% steps kept 249 of 300 times, +20% 300."""
         base = dict(duration_s=4.0, warmup_s=1.0, min_outcomes=500, max_window_s=5.0, warmup_requests=50,
-                    futility=True, race_pairs=3, waits_ms=(5.0,), joint_moves=3, sweep_repeats=2,
+                    futility=True, race_pairs=3, waits_ms=(5.0,), joint_max_wait_ms=20.0, joint_moves=3, sweep_repeats=2,
                     sweep_rounds=3, precision_texts=128,
                     capacity=CapacitySettings(max_windows=3, min_windows=2, tolerance=0.04, max_probes=10,
                                               halvings=3, doublings=3))
@@ -322,8 +323,10 @@ class Step:
     comparison: Comparison | None = field(default=None, repr=False)
     capacity: Capacity | None = field(default=None, repr=False)  # the candidate's, when kept (the baseline's)
     error: str | None = None
-    # what the rung cost: wall seconds and load tests since the previous rung was decided (a sweep's, a capacity
-    # search's and every pair's included); None for a row restored from a resumed run that predates them
+    # what the rung cost: wall seconds and load tests recorded since the previous rung was decided (a sweep's time,
+    # a capacity search's and every pair's tests included; a rung that failed mid-way leaves its unrecorded tests
+    # out, and investigate's first recorded run counts for the baseline without its seconds); None for a row
+    # restored from a resumed run that predates them
     seconds: float | None = None
     load_tests: int | None = None
 
@@ -426,8 +429,8 @@ class LadderResult:
             # configuration here; the step's own row keeps the figure it was judged on
             latest = {"baseline": self.baseline_capacity}.get(s.status) or (
                 self.capacity if s.status == "kept" and s.knobs == self.recommended else None)
-            if key == "capacity" and latest is not None and value is not None and latest.capacity is not None \
-                    and abs(latest.capacity - value) > 1e-9:
+            if (key == "capacity" and latest is not None and s.capacity is not None and latest is not s.capacity
+                    and value is not None and latest.capacity is not None):
                 status, value = f"{s.status} (searched again; first {value:.1f})", latest.capacity
             rows.append({"step": s.name, "change": s.change or "(baseline)", "status": status, key: value,
                          "p99_ms": s.figures.get("p99_ms"), "ratio": s.figures.get("ratio"),
@@ -1471,7 +1474,8 @@ def _joint_pass(ladder: Ladder, settings: LadderSettings, extra: dict[str, Any],
             if not up and not w:
                 return []
             nxt = (w * 2 if w else min(settings.waits_ms)) if up else (w / 2 if w / 2 >= 0.5 else 0.0)
-            nxt = float(min(nxt, max(settings.waits_ms)))
+            cap = settings.joint_max_wait_ms if settings.joint_max_wait_ms is not None else max(settings.waits_ms)
+            nxt = float(min(nxt, cap))
             return [{"max_wait_ms": nxt}] if nxt != w else []
         return moves
 
