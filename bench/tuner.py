@@ -24,9 +24,9 @@ configuration are searched again, alternately (ABBA then BAAB, the mirror for an
 N`` searches each, default 4: two blocks), and ``ladder_over_grid_best`` is the ratio of the means of those
 searches, with the ratio of each pair beside it. The verdict (``ladder_meets_target_ratio``) is None,
 undecided, with fewer than two blocks or when any of those searches' top was the client's (late sends) or
-never probed (the closed loop's rate): each is then a lower bound; the biased figure (the shipped configuration's search over the
-best cell's grid figure) is kept as ``ladder_over_grid_best_selected``. If the ladder shipped the best
-cell itself the ratio is 1 and the searches show the noise.
+never probed (the closed loop's rate): each is then a lower bound. The biased figure (the shipped
+configuration's search over the best cell's grid figure) is kept as ``ladder_over_grid_best_selected``.
+If the ladder shipped the best cell itself the ratio is 1 and the searches show the noise.
 
 **The device profile.** ``l4-estimate`` as shipped does not make the device the limit on this 2-core
 host: closed loops of the grid's corners (batch 1/8/64, buckets on/off, 32 clients, 3 s windows) kept the
@@ -517,14 +517,12 @@ def main() -> None:
                          "best_cell": best_cell + 1, "best_cell_capacities": h2h_best, "order": h2h_order,
                          "seed": args.seed, "tops_failed_by": {k: [r["top_failed_by"] for r in v] for k, v in h2h.items()},
                          "shipped_capacities": h2h_shipped, "pair_ratios": [rounded(r) for r in pair_ratios],
-                         "searches": {k: v for k, v in h2h.items()}, "load_tests": h2h_runs, "seconds": rounded(h2h_s),
+                         "searches": h2h, "load_tests": h2h_runs, "seconds": rounded(h2h_s),
                          "same_configuration": same_cell == best_cell},
         "ladder_over_grid_best_selected": rounded(selected_ratio),
-        # undecided (None) when a head-to-head search's top was the client's (late sends) or never probed (the closed
-        # loop): a lower bound each, and with one ABBA block there is no interval to decide on
         "ladder_meets_target_ratio": meets,
         "load_tests": {"grid": grid_runs, "ladder": ladder_runs, "remeasurement": shipped_row.get("load_tests"),
-                       "best_cell_remeasurement": best_now["load_tests"] if best_now is not None else None,
+                       "best_cell_remeasurement": best_now["load_tests"],
                        "head_to_head": h2h_runs},
         "seconds": {"grid": rounded(grid_s), "ladder": rounded(ladder_s), "head_to_head": rounded(h2h_s),
                     "total": rounded(time.time() - t_start)},

@@ -427,8 +427,10 @@ class LadderResult:
             status = s.status
             # a capacity searched again later (the machine drifted, a reference passed past its top) stands for its
             # configuration here; the step's own row keeps the figure it was judged on
-            latest = {"baseline": self.baseline_capacity}.get(s.status) or (
-                self.capacity if s.status == "kept" and s.knobs == self.recommended else None)
+            if s.status == "baseline":
+                latest = self.baseline_capacity
+            else:
+                latest = self.capacity if s.status == "kept" and s.knobs == self.recommended else None
             if (key == "capacity" and latest is not None and s.capacity is not None and latest is not s.capacity
                     and value is not None and latest.capacity is not None):
                 status, value = f"{s.status} (searched again; first {value:.1f})", latest.capacity
@@ -638,8 +640,7 @@ class Ladder:
 
     def finish(self, step: Step) -> Step:
         now, tests = time.monotonic(), self.load_tests()
-        if step.seconds is None:
-            step.seconds, step.load_tests = now - self._mark[0], tests - self._mark[1]
+        step.seconds, step.load_tests = now - self._mark[0], tests - self._mark[1]
         self._mark = (now, tests)
         self.steps.append(step)
         if step.status in ("baseline", "kept") and step.knobs is not None:
