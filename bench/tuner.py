@@ -468,9 +468,10 @@ def main() -> None:
           + ("UNDECIDED: " + (f"{len(bound)} of {len(h2h_order)} searches bounded by the client or the closed loop"
                                 if bound else "fewer than 2 ABBA blocks") + ")" if meets is None
              else f"{'met' if meets else 'MISSED'})"))
-    print(f"load tests: grid {grid_runs} ({grid_s:.0f} s), ladder {ladder_runs} ({ladder_s:.0f} s), "
-          f"re-measurement {shipped_row.get('load_tests')}, head-to-head {h2h_runs} ({h2h_s:.0f} s); total wall "
-          f"{time.time() - t_start:.0f} s")
+    print(f"load tests: grid {grid_runs}" + (" (the earlier run's)" if reused is not None else
+                                              f" ({grid_s:.0f} s, with the re-measurement's {shipped_row.get('load_tests')})")
+          + f", ladder {ladder_runs} ({ladder_s:.0f} s), head-to-head {h2h_runs} ({h2h_s:.0f} s); this run "
+          f"{measure.runs}, total wall {time.time() - t_start:.0f} s")
 
     summary = ladder.summary()
     payload = {
@@ -521,9 +522,11 @@ def main() -> None:
                          "same_configuration": same_cell == best_cell},
         "ladder_over_grid_best_selected": rounded(selected_ratio),
         "ladder_meets_target_ratio": meets,
-        "load_tests": {"grid": grid_runs, "ladder": ladder_runs, "remeasurement": shipped_row.get("load_tests"),
-                       "best_cell_remeasurement": best_now["load_tests"],
-                       "head_to_head": h2h_runs},
+        # each load test counted once: with --grid-from the grid's are the earlier run's, and the re-measurement and
+        # the best cell's search again are the head-to-head's first searches (counted in head_to_head)
+        "load_tests": {"grid": grid_runs, "grid_from_earlier_run": reused is not None, "ladder": ladder_runs,
+                       "remeasurement": shipped_row.get("load_tests") if reused is None else None,
+                       "head_to_head": h2h_runs, "this_run": measure.runs},
         "seconds": {"grid": rounded(grid_s), "ladder": rounded(ladder_s), "head_to_head": rounded(h2h_s),
                     "total": rounded(time.time() - t_start)},
     }

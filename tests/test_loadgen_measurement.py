@@ -262,3 +262,57 @@ def test_a_failing_abandon_keeps_the_measured_result_and_warns(monkeypatch):
     with pytest.warns(RuntimeWarning, match="BrokenPipeError.*waiting for it to drain"):
         run.over()
     assert [r[1] for r in run.records] == ["measured"]  # the measured outcome is still there
+
+
+def test_a_url_target_refuses_abandon():
+    """A URL's server is not the test's to shut down: ``abandon`` there was ignored silently (review finding)."""
+    with pytest.raises(ValueError, match="abandon.*URL"):
+        run_load("http://127.0.0.1:9/embed", ["x"], requests=1, abandon=lambda: None)
+
+
+def test_a_load_test_refuses_a_server_that_is_not_running(lines):
+    """A second load test on a server the first one abandoned (closed without draining) measured nothing but
+    rejections; it is refused, naming the fix."""
+    server = Server(KNOBS, engine=Engine(KNOBS, TinyModel(delay_s=0.001)))
+    with server:
+        run_load(server, lines, requests=5, rate=100.0, concurrency=8, abandon=lambda: server.close(drain=False))
+        with pytest.raises(ValueError, match="not running.*fresh Server"):
+            run_load(server, lines, requests=5)
+    with pytest.raises(ValueError, match="not running"):
+        run_load(Server(KNOBS, engine=Engine(KNOBS, TinyModel(delay_s=0.001))), lines, requests=5)
+
+
+def test_the_in_process_measure_lets_a_failing_abandon_warn(monkeypatch):
+    """LoadMeasure ignored every RuntimeWarning of its load tests, so a failing abandon (the cool-down then
+    waited for its queue) was never told (review finding). The expected one, a probe past the knee falling
+    behind, stays quiet."""
+    from tuning.experiments.measure import LoadMeasure
+
+    real_close = Server.close
+
+    def close(self, drain=True, timeout=60.0):
+        if not drain:
+            raise BrokenPipeError("the server's side has gone")
+        return real_close(self, drain, timeout)
+    monkeypatch.setattr(Server, "close", close)
+    measure = LoadMeasure([f"text {i}" for i in range(20)], concurrency=2, duration_s=0.3, warmup_s=0.05,
+                          model=TinyModel(delay_s=0.001), separate_process=False)
+    with pytest.warns(RuntimeWarning, match="could not abandon"):
+        trial = measure(KNOBS, rate=50.0, seed=1)
+    assert trial.ok > 0
+
+
+def test_the_load_process_passes_on_unexpected_warnings_only():
+    """The load process's filter: a probe past the knee falling behind is expected (its late sends say so); a
+    failing abandon is told."""
+    import warnings as w
+
+    from tuning.experiments.measure import quiet_expected
+
+    with w.catch_warnings(record=True) as caught:
+        w.simplefilter("always", RuntimeWarning)
+        quiet_expected()
+        w.warn("open loop offered 90.0 req/s but achieved 60.0 req/s", RuntimeWarning, stacklevel=1)
+        w.warn("the load client's loop used 95% of a core", RuntimeWarning, stacklevel=1)
+        w.warn("could not abandon the cool-down's queue (BrokenPipeError: gone)", RuntimeWarning, stacklevel=1)
+    assert [str(x.message)[:18] for x in caught] == ["could not abandon "]

@@ -1439,6 +1439,25 @@ def test_quick_mode_skips_the_workers_step_on_a_two_core_host_and_says_why(monke
     assert sim.step("workers").status == "kept" and sim.recommended.pin_memory
 
 
+def test_a_rung_that_fails_mid_way_counts_the_load_tests_it_ran():
+    """A step that raises after some of its load tests (a compile failure on the third window, say) recorded none
+    of them as experiments, so its cost left them out and the rungs no longer summed to the seam's calls (review
+    finding)."""
+    seen = {"bf16": 0}
+
+    def fail(knobs):
+        if knobs.dtype == "bf16":
+            seen["bf16"] += 1
+            if seen["bf16"] == 3:
+                raise RuntimeError("out of memory on the third window")
+    stub = QueueStub([(lambda k: k.dtype == "bf16", 1.5)], base_rate=40.0, noise=0.01, fail=fail)
+    ladder = _ladder(stub, steps=("workers", "precision"), target_p99_ms=800.0)
+    failed = ladder.step("precision")
+    assert failed.status == "failed" and "third window" in failed.reason
+    assert failed.row()["load_tests"] >= 3  # the two bf16 windows, the third that failed, and the reference's
+    assert sum(s.row()["load_tests"] for s in ladder.steps) == len(stub.calls)
+
+
 def test_each_rung_says_what_it_cost_and_the_costs_sum_to_the_ladders():
     """Where a 34-minute full run went: each rung's wall seconds and load tests since the previous rung (its
     pairs, races and capacity search), summing to the ladder's."""

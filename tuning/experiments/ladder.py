@@ -218,7 +218,7 @@ class LadderSettings:
         Monte-Carlo (``bench/keep_rule.py``, run with waits of 5 and 20 ms): 3 of 100 no-op ladders ship a
         knob (1 with 80 outcomes a window), +10% steps kept 249 of 300 times, +20% 300."""
         base = dict(duration_s=4.0, warmup_s=1.0, min_outcomes=500, max_window_s=5.0, warmup_requests=50,
-                    futility=True, race_pairs=3, waits_ms=(5.0,), joint_max_wait_ms=20.0, joint_moves=3, sweep_repeats=2,
+                    futility=True, race_pairs=3, waits_ms=(5.0,), joint_max_wait_ms=20.0, joint_moves=2, sweep_repeats=2,
                     sweep_rounds=3, precision_texts=128,
                     capacity=CapacitySettings(max_windows=3, min_windows=2, tolerance=0.04, max_probes=10,
                                               halvings=3, doublings=3))
@@ -607,7 +607,13 @@ class Ladder:
 
     def __init__(self, measure: Measure, open_loop: bool, settings: LadderSettings, device: Any, target_p99_ms: float,
                  report: Callable[[str], None] | None = None, status: Callable[[str], None] | None = None):
-        self.measure, self.open_loop, self.settings, self.device = measure, open_loop, settings, device
+        self.open_loop, self.settings, self.device = open_loop, settings, device
+        self._tests = 0  # load tests run through the seam, recorded as experiments or not (a step that failed mid-way)
+
+        def counted(knobs: Knobs, **kw: Any) -> Trial:
+            self._tests += 1
+            return measure(knobs, **kw)
+        self.measure = counted
         self.target = target_p99_ms
         self.report = report or (lambda line: None)
         self.status = status or (lambda text: None)
@@ -635,8 +641,9 @@ class Ladder:
         return e
 
     def load_tests(self) -> int:
-        """Load tests run so far (a resumed run's earlier ones included)."""
-        return sum(e.runs for e in self.experiments)
+        """Load tests run so far: through the seam, a step that failed mid-way included, and those run before it
+        (a resumed run's earlier ones, investigate's first recorded run)."""
+        return self._tests
 
     def finish(self, step: Step) -> Step:
         now, tests = time.monotonic(), self.load_tests()
@@ -680,6 +687,8 @@ class Ladder:
         """The baseline: a closed-loop run, then an open-loop window past its completion rate (the server's pace tops
         the capacity search: :meth:`saturation`), then its capacity."""
         self.status("baseline: closed loop")
+        if first is not None:
+            self._tests += 1  # investigate's recorded run, made before the ladder
         trial = first if first is not None else self.measure(knobs)
         if trial.ok == 0:
             raise LadderError(f"the baseline got no ok answer ({trial.submitted} sent, {trial.errors} errors, "
@@ -1102,7 +1111,8 @@ class Ladder:
         self.experiments = [Experiment(int(r["experiment"]), r["step"], r["role"], r["change"], None, r["device"],
                                        bool(r["simulated"]), r.get("rate"), [], self.target, frozen=r)
                             for r in summary.get("experiments") or []]
-        self._mark = (time.monotonic(), self.load_tests())
+        self._tests = sum(e.runs for e in self.experiments)
+        self._mark = (time.monotonic(), self._tests)
         self.current = Knobs(**{k: tuple(v) if isinstance(v, list) else v for k, v in state["current"].items()})
         self.capacity = Capacity.from_summary(state["capacity"]) if state.get("capacity") else None
         self.baseline_capacity = (Capacity.from_summary(state["baseline_capacity"])

@@ -33,13 +33,28 @@ def _load_client(address: str, authkey: bytes) -> None:
     inputs = control.recv()
     while (kw := control.recv()) is not None:
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)  # a probe past the knee is expected to fall behind
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", RuntimeWarning)
+                quiet_expected()
                 with PipeTarget(data) as target:  # each server lives for one load test: its cool-down is abandoned
                     result = run_load(target, inputs, busy_probe=target.busy, abandon=target.abandon, **kw)
-            control.send(("ok", result))
+            control.send(("ok", result, [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]))
         except Exception as exc:  # the parent reports it as the step's error
             control.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+# a probe past the knee is expected to fall behind, and the client's loop to work hard there: the trial's late sends
+# and the client's CPU say so. Any other warning of a load test (an abandon that failed, so the cool-down waited for
+# its queue) is passed on
+EXPECTED_LOAD_WARNINGS = ("open loop offered", "the load client's loop used")
+
+
+def quiet_expected() -> None:
+    """Inside a ``warnings.catch_warnings()``: ignore the load test's expected warnings only."""
+    import re
+
+    for text in EXPECTED_LOAD_WARNINGS:
+        warnings.filterwarnings("ignore", message=re.escape(text), category=RuntimeWarning)
 
 
 def _exit_with_parent() -> None:
@@ -101,10 +116,12 @@ class LoadProcess:
         limit = 4 * (kw.get("duration_s") or 0) + 4 * (kw.get("warmup_s") or 0) + 120
         if not self.control.poll(limit):  # a hung server or client: fail this run, not the whole session
             raise TimeoutError(f"the load test gave no result within {limit:.0f} s (the server stopped answering?)")
-        kind, payload = self.control.recv()
+        kind, payload, *notes = self.control.recv()
         done()
         if kind == "error":
             raise RuntimeError(f"load generator: {payload}")
+        for note in (notes[0] if notes else []):  # raised in the load process: told here, where the caller is
+            warnings.warn(note, RuntimeWarning, stacklevel=2)
         return attach_server(payload, server)
 
     def alive(self) -> bool:
@@ -170,7 +187,7 @@ class LoadMeasure:
 
         if not self.separate_process:
             with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
+                quiet_expected()
                 return run_load(server, self.inputs, abandon=lambda: server.close(drain=False), **kw)
         if self._process is None or not self._process.alive():
             self._process = LoadProcess(self.inputs)

@@ -565,6 +565,13 @@ def run_load(target: Target | Server | str, inputs: Sequence[Any], concurrency: 
         raise ValueError("inputs is empty: give at least one request body")
     server = target if isinstance(target, Server) else None
     url = target if isinstance(target, str) else target.url if isinstance(target, HttpTarget) else None
+    if url is not None and abandon is not None:
+        raise ValueError(f"abandon= was given for the URL target {url!r}: a URL's server is not this test's to shut "
+                         "down; drop abandon (the cool-down then waits for its queue)")
+    if server is not None and server.failure is None and not server.health()[0]:
+        raise ValueError(f"the server is not running ({server.health()[1]}): every request would be rejected. Start "
+                         "it (server.start(), or `with server:`), or load a fresh Server: a load test with abandon= "
+                         "closes its server without draining")
     if server is not None:
         send = server_target(server, keep_embeddings)
         busy_probe = busy_probe or (lambda: server.busy_total_s)
