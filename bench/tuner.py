@@ -469,7 +469,7 @@ def main() -> None:
                                 if bound else "fewer than 2 ABBA blocks") + ")" if meets is None
              else f"{'met' if meets else 'MISSED'})"))
     print(f"load tests: grid {grid_runs}" + (" (the earlier run's)" if reused is not None else
-                                              f" ({grid_s:.0f} s, with the re-measurement's {shipped_row.get('load_tests')})")
+                                              f" ({grid_s:.0f} s), re-measurement {shipped_row.get('load_tests')}")
           + f", ladder {ladder_runs} ({ladder_s:.0f} s), head-to-head {h2h_runs} ({h2h_s:.0f} s); this run "
           f"{measure.runs}, total wall {time.time() - t_start:.0f} s")
 

@@ -1454,7 +1454,7 @@ def test_a_rung_that_fails_mid_way_counts_the_load_tests_it_ran():
     ladder = _ladder(stub, steps=("workers", "precision"), target_p99_ms=800.0)
     failed = ladder.step("precision")
     assert failed.status == "failed" and "third window" in failed.reason
-    assert failed.row()["load_tests"] >= 3  # the two bf16 windows, the third that failed, and the reference's
+    assert failed.row()["load_tests"] >= 3  # at least the two bf16 windows and the third that failed
     assert sum(s.row()["load_tests"] for s in ladder.steps) == len(stub.calls)
 
 

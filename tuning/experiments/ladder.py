@@ -210,7 +210,8 @@ class LadderSettings:
         races of 3 pairs (no extension: that is race-only judging's, quick mode's; so the race's latency gate looks
         once, at 3 pairs, and rarely keeps); a 4% capacity bracket (a 6% one kept 95 of 120 true +10% steps, 4% and
         3% 105: a coarser bracket sets the race's rate higher) in at most 10 probes; one batching wait (5 ms; the
-        joint pass's line search along ``max_wait_ms`` goes on from it) and at most 3 joint moves. A full run on a
+        joint pass's line search along ``max_wait_ms`` goes on from it) and at most 2 joint moves (the third, in the
+        31.6-minute run below, was ``max_batch_tokens``: 213 s, 14 pairs, not told apart). A full run on a
         quiet 2-core Xeon (AMX), 2026-12-05, with waits of 5 and 20 ms took 2,049 s (34 minutes): the 20 ms wait
         ran 15 light-load pairs to "not better" (0.97 [0.93-1.02]), about 3.5 minutes, and was not kept, as no
         wait was in any run here; with one wait, 1,895 s (31.6 minutes; each rung's cost in ``Step.seconds``: the
@@ -323,10 +324,10 @@ class Step:
     comparison: Comparison | None = field(default=None, repr=False)
     capacity: Capacity | None = field(default=None, repr=False)  # the candidate's, when kept (the baseline's)
     error: str | None = None
-    # what the rung cost: wall seconds and load tests recorded since the previous rung was decided (a sweep's time,
-    # a capacity search's and every pair's tests included; a rung that failed mid-way leaves its unrecorded tests
-    # out, and investigate's first recorded run counts for the baseline without its seconds); None for a row
-    # restored from a resumed run that predates them
+    # what the rung cost: wall seconds and load tests run since the previous rung was decided (a sweep's time, a
+    # capacity search's and every pair's tests included, and those of a rung that failed mid-way; investigate's first
+    # recorded run counts for the baseline without its seconds); None for a row restored from a resumed run that
+    # predates them
     seconds: float | None = None
     load_tests: int | None = None
 
@@ -1111,7 +1112,8 @@ class Ladder:
         self.experiments = [Experiment(int(r["experiment"]), r["step"], r["role"], r["change"], None, r["device"],
                                        bool(r["simulated"]), r.get("rate"), [], self.target, frozen=r)
                             for r in summary.get("experiments") or []]
-        self._tests = sum(e.runs for e in self.experiments)
+        # a step that failed mid-way ran tests no experiment records: its row's cost has them
+        self._tests = max(sum(e.runs for e in self.experiments), sum(st.load_tests or 0 for st in self.steps))
         self._mark = (time.monotonic(), self._tests)
         self.current = Knobs(**{k: tuple(v) if isinstance(v, list) else v for k, v in state["current"].items()})
         self.capacity = Capacity.from_summary(state["capacity"]) if state.get("capacity") else None

@@ -120,9 +120,10 @@ class LoadProcess:
         done()
         if kind == "error":
             raise RuntimeError(f"load generator: {payload}")
+        result = attach_server(payload, server)
         for note in (notes[0] if notes else []):  # raised in the load process: told here, where the caller is
             warnings.warn(note, RuntimeWarning, stacklevel=2)
-        return attach_server(payload, server)
+        return result
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -231,8 +232,8 @@ class LoadMeasure:
             else:
                 from tuning.profile import Recorder
 
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", RuntimeWarning)  # no NVML here: the report says so
+                with warnings.catch_warnings():  # no NVML here: the report says so
+                    warnings.filterwarnings("ignore", message="GPU sampling (off|stopped)", category=RuntimeWarning)
                     with Recorder() as recorder:
                         result = self._load(server, **kw)
                 trial = Trial.from_load(result, recorder.join(result))

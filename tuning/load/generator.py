@@ -569,9 +569,9 @@ def run_load(target: Target | Server | str, inputs: Sequence[Any], concurrency: 
         raise ValueError(f"abandon= was given for the URL target {url!r}: a URL's server is not this test's to shut "
                          "down; drop abandon (the cool-down then waits for its queue)")
     if server is not None and server.failure is None and not server.health()[0]:
-        raise ValueError(f"the server is not running ({server.health()[1]}): every request would be rejected. Start "
-                         "it (server.start(), or `with server:`), or load a fresh Server: a load test with abandon= "
-                         "closes its server without draining")
+        raise ValueError("the server is not running (never started, or closed): every request would be rejected. "
+                         "Start it (server.start(), or `with server:`), or load a fresh Server: a load test with "
+                         "abandon= closes its server without draining")
     if server is not None:
         send = server_target(server, keep_embeddings)
         busy_probe = busy_probe or (lambda: server.busy_total_s)
@@ -821,6 +821,7 @@ def serve_pipe(server: Server, conn: Any) -> Callable[[], None]:
     on a reader and a sender thread; returns a function that waits until the client has closed. The client's
     :meth:`PipeTarget.abandon` closes ``server`` without draining it."""
     answers: queue.Queue = queue.Queue()
+    failed: list[str] = []  # an abandon that raised: told on the caller's thread by the returned function
 
     def read() -> None:
         n = 0
@@ -830,7 +831,11 @@ def serve_pipe(server: Server, conn: Any) -> Callable[[], None]:
                 if kind == "busy":
                     answers.put((key, server.busy_total_s))
                 elif kind == "abandon":  # no answer of its own: the queued requests' failures are the answers
-                    server.close(drain=False)
+                    try:
+                        server.close(drain=False)
+                    except Exception as exc:  # noqa: BLE001 - the queue then drains: each request still gets its answer
+                        failed.append(f"could not abandon the cool-down's queue ({type(exc).__name__}: {exc}); "
+                                      "waiting for it to drain instead")
                     continue
                 else:
                     server.submit(raw, embedding=False).add_done_callback(
@@ -864,6 +869,12 @@ def serve_pipe(server: Server, conn: Any) -> Callable[[], None]:
                                                                                    (write, "pipe-out"))]
     for t in threads:
         t.start()
-    return lambda: [t.join() for t in threads] and None
+
+    def done() -> None:
+        for t in threads:
+            t.join()
+        for text in failed:
+            warnings.warn(text, RuntimeWarning, stacklevel=2)
+    return done
 
 
