@@ -1420,20 +1420,22 @@ def test_count_pass_min_is_where_the_binomial_rule_first_passes():
     assert COUNT_PASS_MIN == 299 and pass_limits(COUNT_PASS_MIN)[0] == 0 and pass_limits(COUNT_PASS_MIN - 1)[0] is None
 
 
-def test_quick_mode_skips_the_workers_step_on_a_two_core_host_and_says_why(monkeypatch):
+def test_the_ladder_skips_the_workers_step_on_a_two_core_cpu_host_and_says_why(monkeypatch):
     import tuning.experiments.ladder as ladder_mod
 
     stub = QueueStub([(lambda k: k.num_workers > 2, 1.5)], base_rate=40.0, noise=0.01)
     monkeypatch.setattr(ladder_mod, "usable_cores", lambda: 2)
     ladder = _ladder(stub, steps=("workers",), target_p99_ms=800.0, settings=LadderSettings.quick())
     step = ladder.step("workers")
-    assert step.status == "skipped" and "2 usable cores" in step.reason and "without --quick" in step.reason
+    assert step.status == "skipped" and "2 usable cores" in step.reason and "workers_min_cores=0" in step.reason
     monkeypatch.setattr(ladder_mod, "usable_cores", lambda: 4)
     assert _ladder(stub, steps=("workers",), target_p99_ms=800.0,
                    settings=LadderSettings.quick()).step("workers").status == "kept"
     monkeypatch.setattr(ladder_mod, "usable_cores", lambda: 2)
     assert _ladder(stub, steps=("workers",), target_p99_ms=800.0,
-                   settings=LadderSettings.full(light_load=False)).step("workers").status == "kept"
+                   settings=LadderSettings.full(light_load=False)).step("workers").status == "skipped"
+    assert _ladder(stub, steps=("workers",), target_p99_ms=800.0,
+                   settings=LadderSettings.full(light_load=False, workers_min_cores=0)).step("workers").status == "kept"
     # on the simulated device (and CUDA) the step also pins memory: judged in quick mode on two cores too
     sim = _ladder(stub, steps=("workers",), target_p99_ms=800.0, device="sim", settings=LadderSettings.quick())
     assert sim.step("workers").status == "kept" and sim.recommended.pin_memory

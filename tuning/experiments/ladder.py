@@ -10,7 +10,7 @@ configuration before it in interleaved pairs and kept only when it helps beyond 
 
 Steps, in the investigation's order (INVESTIGATION.md, step 4), then a joint pass:
 
-1. ``workers``: more preprocessing workers (``pin_memory`` on a device; quick mode skips it on fewer than 3
+1. ``workers``: more preprocessing workers (``pin_memory`` on a device; skipped on a CPU host with fewer than 3
    usable cores, :attr:`LadderSettings.workers_min_cores`);
 2. ``batch``: ``batch_size`` = the knee of the batch sweep at the data's median length;
 3. ``tokenizer``: the batched Rust tokenizer instead of per-record Python;
@@ -220,7 +220,7 @@ class LadderSettings:
         knob (1 with 80 outcomes a window), +10% steps kept 249 of 300 times, +20% 300."""
         base = dict(duration_s=4.0, warmup_s=1.0, min_outcomes=500, max_window_s=5.0, warmup_requests=50,
                     futility=True, race_pairs=3, waits_ms=(5.0,), joint_max_wait_ms=20.0, joint_moves=2, sweep_repeats=2,
-                    sweep_rounds=3, precision_texts=128,
+                    sweep_rounds=3, precision_texts=128, workers_min_cores=3,
                     capacity=CapacitySettings(max_windows=3, min_windows=2, tolerance=0.04, max_probes=10,
                                               halvings=3, doublings=3))
         base.update(changes)
@@ -1286,10 +1286,12 @@ def run_ladder(data: Any = None, device: Any = "auto", quick: bool = False,
             # on CUDA and the simulated device the step also pins memory, so it is judged there on any host
             if name == "workers" and dev.knob == "cpu" and (cores := usable_cores()) < settings.workers_min_cores:
                 ladder.skip(name, "more preprocessing workers", f"num_workers={settings.workers}",
-                            f"skipped in quick mode on {cores} usable cores: the served path's preprocess "
-                            "workers are threads of one process, and torch's intra-op threads already use every "
-                            "core (kept in 1 of 11 quick runs on two 2-core VMs, its race and its second judgment cost "
-                            "60-70 s of the 8 minutes; run without --quick to measure it)")
+                            f"skipped on a CPU host with {cores} usable cores (fewer than {settings.workers_min_cores}): "
+                            "the served path's preprocess workers are threads of one process, and torch's intra-op "
+                            "threads already use every core (kept in 1 of 11 quick runs on two 2-core VMs and in none "
+                            "of 3 full runs on a 2-core Xeon; its judgments cost 60-70 s of a quick run, 3-5 minutes "
+                            "of a full one); to measure it anyway: run_ladder(..., settings=LadderSettings.full("
+                            "workers_min_cores=0))")
             elif name == "workers":
                 changes: dict[str, Any] = {"num_workers": settings.workers}
                 if dev.knob in ("cuda", "sim"):
