@@ -282,24 +282,29 @@ def test_a_load_test_refuses_a_server_that_is_not_running(lines):
         run_load(Server(KNOBS, engine=Engine(KNOBS, TinyModel(delay_s=0.001))), lines, requests=5)
 
 
-def test_the_in_process_measure_lets_a_failing_abandon_warn(monkeypatch):
-    """LoadMeasure ignored every RuntimeWarning of its load tests, so a failing abandon (the cool-down then
-    waited for its queue) was never told (review finding). The expected one, a probe past the knee falling
-    behind, stays quiet."""
+@pytest.mark.parametrize("separate_process", [False, True], ids=["in-process", "load-process"])
+def test_the_measure_tells_a_failing_abandon(monkeypatch, separate_process):
+    """A close that abandons the queue raised: LoadMeasure ignored every RuntimeWarning of its load tests, so it
+    was never told; and with the load in its own process (the default) the close raised in the server's process,
+    killed the pipe's reader, and the test hung for its 120 s limit (review findings). Now the queue drains, every
+    request gets its answer, and the warning is raised on the caller's thread."""
     from tuning.experiments.measure import LoadMeasure
 
     real_close = Server.close
 
     def close(self, drain=True, timeout=60.0):
         if not drain:
-            raise BrokenPipeError("the server's side has gone")
+            raise RuntimeError("close refused")
         return real_close(self, drain, timeout)
     monkeypatch.setattr(Server, "close", close)
     measure = LoadMeasure([f"text {i}" for i in range(20)], concurrency=2, duration_s=0.3, warmup_s=0.05,
-                          model=TinyModel(delay_s=0.001), separate_process=False)
-    with pytest.warns(RuntimeWarning, match="could not abandon"):
-        trial = measure(KNOBS, rate=50.0, seed=1)
-    assert trial.ok > 0
+                          model=TinyModel(delay_s=0.001), separate_process=separate_process)
+    try:
+        with pytest.warns(RuntimeWarning, match="could not abandon.*close refused"):
+            trial = measure(KNOBS, rate=50.0, seed=1)
+    finally:
+        measure.close()
+    assert trial.ok > 0 and trial.ok == trial.submitted
 
 
 def test_the_load_process_passes_on_unexpected_warnings_only():
@@ -316,26 +321,3 @@ def test_the_load_process_passes_on_unexpected_warnings_only():
         w.warn("the load client's loop used 95% of a core", RuntimeWarning, stacklevel=1)
         w.warn("could not abandon the cool-down's queue (BrokenPipeError: gone)", RuntimeWarning, stacklevel=1)
     assert [str(x.message)[:18] for x in caught] == ["could not abandon "]
-
-
-def test_the_separate_load_process_tells_a_failing_abandon(monkeypatch):
-    """The default LoadMeasure: the load process asks, the server's process closes. A close that raised there
-    killed the pipe's reader, the load test hung for its 120 s limit and the rung failed (review finding); now the
-    queue drains, every request gets its answer, and the warning is raised on the caller's thread."""
-    from tuning.experiments.measure import LoadMeasure
-
-    real_close = Server.close
-
-    def close(self, drain=True, timeout=60.0):
-        if not drain:
-            raise RuntimeError("close refused")
-        return real_close(self, drain, timeout)
-    monkeypatch.setattr(Server, "close", close)
-    measure = LoadMeasure([f"text {i}" for i in range(20)], concurrency=2, duration_s=0.3, warmup_s=0.05,
-                          model=TinyModel(delay_s=0.001))
-    try:
-        with pytest.warns(RuntimeWarning, match="could not abandon.*close refused"):
-            trial = measure(KNOBS, rate=50.0, seed=1)
-    finally:
-        measure.close()
-    assert trial.ok > 0 and trial.ok == trial.submitted
