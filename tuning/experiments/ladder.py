@@ -210,12 +210,13 @@ class LadderSettings:
         races of 3 pairs (no extension: that is race-only judging's, quick mode's; so the race's latency gate looks
         once, at 3 pairs, and rarely keeps); a 4% capacity bracket (a 6% one kept 95 of 120 true +10% steps, 4% and
         3% 105: a coarser bracket sets the race's rate higher) in at most 10 probes; one batching wait (5 ms; the
-        joint pass's line search along ``max_wait_ms`` goes on from it) and at most 2 joint moves (the third, in the
-        31.6-minute run below, was ``max_batch_tokens``: 213 s, 14 pairs, not told apart). A full run on a
-        quiet 2-core Xeon (AMX), 2026-12-05, with waits of 5 and 20 ms took 2,049 s (34 minutes): the 20 ms wait
-        ran 15 light-load pairs to "not better" (0.97 [0.93-1.02]), about 3.5 minutes, and was not kept, as no
-        wait was in any run here; with one wait, 1,895 s (31.6 minutes; each rung's cost in ``Step.seconds``: the
-        third joint move 213 s, the baseline's capacity searched again inside the tokenizer step 272 s). The stubs'
+        joint pass's line search along ``max_wait_ms`` goes on from it), at most 2 joint moves and no workers step on
+        a CPU host with fewer than 3 usable cores (:attr:`workers_min_cores`). On a quiet 2-core Xeon (AMX),
+        2026-12-05: 1,346 s (22.4 minutes), 65.5 -> 211.1 req/s confirmed; before the workers skip 1,853 s (workers
+        and its again rung 260 s, not kept), before the 2-move cap 1,895 s (the third move, ``max_batch_tokens``,
+        213 s), with waits of 5 and 20 ms 2,049 s (the 20 ms wait 3.5 minutes, not kept; no wait was in any run
+        here). Each rung's cost is in ``Step.seconds``; the baseline's capacity searched again inside the tokenizer
+        step cost 272-362 s of each run. The stubs'
         Monte-Carlo (``bench/keep_rule.py``, run with waits of 5 and 20 ms): 3 of 100 no-op ladders ship a
         knob (1 with 80 outcomes a window), +10% steps kept 249 of 300 times, +20% 300."""
         base = dict(duration_s=4.0, warmup_s=1.0, min_outcomes=500, max_window_s=5.0, warmup_requests=50,
