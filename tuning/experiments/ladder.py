@@ -217,8 +217,8 @@ class LadderSettings:
         213 s), with waits of 5 and 20 ms 2,049 s (the 20 ms wait 3.5 minutes, not kept; no wait was in any run
         here). Each rung's cost is in ``Step.seconds``; the baseline's capacity searched again inside the tokenizer
         step cost 272-362 s of each run. The stubs'
-        Monte-Carlo (``bench/keep_rule.py``, run with waits of 5 and 20 ms): 3 of 100 no-op ladders ship a
-        knob (1 with 80 outcomes a window), +10% steps kept 249 of 300 times, +20% 300."""
+        Monte-Carlo (``bench/keep_rule.py``, these settings on a 2-core host, so no workers step): 3 of 100 no-op
+        ladders ship a knob (2 with 80 outcomes a window), +10% steps kept 168 of 200 times, +20% 200."""
         base = dict(duration_s=4.0, warmup_s=1.0, min_outcomes=500, max_window_s=5.0, warmup_requests=50,
                     futility=True, race_pairs=3, waits_ms=(5.0,), joint_max_wait_ms=20.0, joint_moves=2, sweep_repeats=2,
                     sweep_rounds=3, precision_texts=128, workers_min_cores=3,
