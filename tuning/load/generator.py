@@ -426,6 +426,11 @@ def _top_reasons(responses: Sequence[Response], top: int = 5) -> list[dict[str, 
     return [{"reason": k, "count": v} for k, v in sorted(counts.items(), key=lambda kv: -kv[1])[:top]]
 
 
+def abandon_failed(exc: BaseException) -> str:
+    """The warning when abandoning a load test's cool-down queue raised (in the load test's process or the server's)."""
+    return f"could not abandon the cool-down's queue ({type(exc).__name__}: {exc}); waiting for it to drain instead"
+
+
 class _Run:
     """One load test's phases (warm-up, measured window, cool-down) and every request's record.
 
@@ -466,8 +471,7 @@ class _Run:
             try:
                 abandon()
             except Exception as exc:  # noqa: BLE001 - the measured result is complete; losing the shortcut costs time only
-                warnings.warn(f"could not abandon the cool-down's queue ({type(exc).__name__}: {exc}); waiting for "
-                              "it to drain instead", RuntimeWarning, stacklevel=2)
+                warnings.warn(abandon_failed(exc), RuntimeWarning, stacklevel=2)
 
     def _read_busy(self) -> None:
         if self.busy_probe is not None:
@@ -834,8 +838,7 @@ def serve_pipe(server: Server, conn: Any) -> Callable[[], None]:
                     try:
                         server.close(drain=False)
                     except Exception as exc:  # noqa: BLE001 - the queue then drains: each request still gets its answer
-                        failed.append(f"could not abandon the cool-down's queue ({type(exc).__name__}: {exc}); "
-                                      "waiting for it to drain instead")
+                        failed.append(abandon_failed(exc))
                     continue
                 else:
                     server.submit(raw, embedding=False).add_done_callback(
