@@ -11,7 +11,7 @@ import pytest
 from tuning.experiments.investigate import Investigation, _confirm_and_what_if, what_if_cores
 from tuning.experiments.trial import Trial
 from tuning.knobs import preset
-from tuning.profile.hostcores import GIL_CORE, HostCores, gil_bound, host_cores
+from tuning.profile.hostcores import GIL_CORE, GIL_CROSS_CORE, HostCores, gil_bound, host_cores
 
 PID = os.getpid()
 SIM = {"kind": "simulated", "name": "simulated h200-sxm-estimate"}
@@ -70,7 +70,7 @@ def test_which_threads_hold_the_gil():
 
 def test_rate_on_is_the_least_of_cores_gil_thread_and_device():
     hc = host_cores(_trial([_row("preprocess-0", 30.0), _row("loader-worker-0", 50.0, pid=7)], device_busy=0.01),
-                    service_pid=PID)
+                    host_cores=1, service_pid=PID)
     assert hc.rate_on(1) == pytest.approx(1 / 0.008)  # 8 ms per request on one core
     assert hc.rate_on(100) == pytest.approx(1 / 0.005)  # the loader worker, one thread, 5 ms per request
     assert hc.rate_on(100, processes=100) == pytest.approx(hc.capacity)  # then the device
@@ -80,8 +80,8 @@ def test_unattributed_cpu_is_no_single_threads_limit_and_a_results_file_predicts
     """``unattributed`` sums many short-lived threads: it adds to the cores' load, but it is not one thread
     capped at one core (before, 5 ms of it per request capped the prediction at 200 req/s on any cores)."""
     hc = host_cores(_trial([_row("preprocess-0", 10.0), _row("unattributed", 50.0)], device_busy=0.001),
-                    service_pid=PID)
-    assert hc.rate_on(100) == pytest.approx(GIL_CORE / 0.001)  # the preprocess thread's GIL, not 1 / 5 ms
+                    host_cores=1, service_pid=PID)
+    assert hc.rate_on(100) == pytest.approx(GIL_CORE / (0.001 * GIL_CROSS_CORE))  # the preprocess thread's GIL, not 1 / 5 ms
     assert hc.rate_on(1) == pytest.approx(1 / 0.006)  # both count on the cores
     assert hc.rate_on(1, other_cores=0.5) == pytest.approx(0.5 / 0.006)  # a polling client's half core
     back = HostCores.from_dict(json.loads(json.dumps(hc.to_dict())))
@@ -123,3 +123,23 @@ def test_the_investigate_what_if_carries_the_cores_needed(tmp_path):
                                                           rel=1e-3)
     assert any(line.startswith("what-if: recommended: this host's") for line in lines)
     assert what_if_cores({"x": Trial(qps=1.0, p99_ms=1.0)}, "label") == {}  # no thread table: nothing to say
+
+
+def test_gil_bound_cpu_costs_more_on_two_cores_than_on_one():
+    """The GIL's hand-offs across cores: a 1-core run's GIL-bound CPU per request is scaled up for 2+ cores, a
+    2-core run's down for 1 core; CPU that does not hold the GIL is not scaled (measured: 2 cores served the
+    GIL-bound baseline no faster than 1, where the unscaled rule predicted 1.22x)."""
+    rows = [_row("preprocess-0", 50.0), _row("loader-worker-0", 20.0, pid=7)]  # 5 ms GIL-bound, 2 ms not
+    one = host_cores(_trial(rows, device_busy=0.001), host_cores=1, service_pid=PID)
+    two = host_cores(_trial(rows, device_busy=0.001), host_cores=2, service_pid=PID)
+    assert one.cross_core_scale(1) == two.cross_core_scale(2) == two.cross_core_scale(16) == 1.0
+    assert one.cross_core_scale(2) == pytest.approx(GIL_CROSS_CORE) == 1 / two.cross_core_scale(1)
+    assert one.rate_on(1) == pytest.approx(1 / 0.007)  # as measured
+    assert one.rate_on(2) == pytest.approx(GIL_CORE / (0.005 * GIL_CROSS_CORE))  # the GIL, at its 2-core cost
+    assert two.rate_on(1) == pytest.approx(1 / (0.005 / GIL_CROSS_CORE + 0.002))
+    assert two.rate_on(2) == pytest.approx(GIL_CORE / 0.005)
+    assert one.cores == pytest.approx(one.rate * (0.005 * GIL_CROSS_CORE + 0.002))  # many cores: the scaled CPU
+    assert two.cores == pytest.approx(two.rate * 0.007)
+    assert f"x{GIL_CROSS_CORE:.2f} of this 1-core run's" in one.say() and "of this 1-core run" not in two.say()
+    back = HostCores.from_dict(json.loads(json.dumps(one.to_dict())))
+    assert back.rate_on(2) == pytest.approx(one.rate_on(2), rel=1e-3) and one.to_dict()["gil_cross_core"] == GIL_CROSS_CORE

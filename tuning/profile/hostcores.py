@@ -11,7 +11,9 @@ From one measured run (a :class:`tuning.experiments.trial.Trial` with its record
 - **cores needed**: rate R = target x capacity; cores = R x total host CPU per request.
 
 The GIL: the Python threads of one process share one interpreter lock, so the part of their CPU spent holding
-it cannot exceed about one core per process (:data:`GIL_CORE`, 0.9: the lock's hand-offs cost some). The
+it cannot exceed about one core per process (:data:`GIL_CORE`, 0.9: the lock's hand-offs cost some). On two or
+more cores the same work costs more of it (:data:`GIL_CROSS_CORE`, 1.10: hand-offs across cores), so a run on
+one core predicts another core count with its GIL-bound CPU per request scaled by 1.10, and back. The
 answer assumes ``processes = ceil(R x GIL-bound CPU per request / GIL_CORE)`` server processes (at least 1).
 Which threads count as GIL-bound (:func:`gil_bound`): every Python thread of the server (front and its pipe,
 batcher, completer, main thread, preprocessing, the model executor). The Rust fast tokenizer and torch's ops do
@@ -36,6 +38,12 @@ from typing import Any, Iterable
 from tuning.base.format import fixed, pct, rounded
 
 GIL_CORE = 0.9  # the most CPU one process's GIL-holding threads get (switch interval and hand-off overhead)
+# GIL-bound CPU per request on 2+ cores over 1 core: the lock's hand-offs across cores (cache lines moving, a
+# wake-up on the other core) cost CPU a single core's hand-offs do not. 1.10 is the median of the six 1-core/2-core
+# pairs of the calibration run (bench/results/host_cores.json: tuned 1.00-1.16, baseline 1.05-1.43); held out:
+# host_cores_run2.json and later runs. A pure-Python 4-thread queue pipeline here: 1.0-1.8x, the more the
+# shorter the work between hand-offs, so this is one host's figure for this server's granularity.
+GIL_CROSS_CORE = 1.10
 DEFAULT_TARGET_BUSY = 0.70  # the what-if's "fed" share (investigate.FED_DEVICE_BUSY)
 
 # not the service: the recorder's own threads, a load generator's threads (another process's: by pid)
@@ -86,6 +94,19 @@ class HostCores:
     def gil_s_per_request(self) -> float:
         return sum(t.cpu_s_per_request for t in self.threads if t.gil_bound)
 
+    def cross_core_scale(self, cores: float) -> float:
+        """GIL-bound CPU per request on ``cores`` cores over this run's (:data:`GIL_CROSS_CORE` between 1 core
+        and more; 1 where both are one side)."""
+        def level(n: float) -> float:
+            return GIL_CROSS_CORE if n > 1 else 1.0
+        return level(cores) / level(self.host_cores)
+
+    def _on(self, cores: float) -> tuple[float, float, list[tuple[float, bool]]]:
+        """(CPU, GIL-bound CPU, [(each thread's CPU, one thread)]) per request on ``cores`` cores."""
+        scale = self.cross_core_scale(cores)
+        per = [(t.cpu_s_per_request * (scale if t.gil_bound else 1.0), t.one_thread) for t in self.threads]
+        return sum(c for c, _ in per), self.gil_s_per_request * scale, per
+
     @property
     def capacity(self) -> float:
         """Requests per second with the device 100% busy (device busy time per request = device_busy / qps)."""
@@ -99,11 +120,12 @@ class HostCores:
 
     @property
     def cores(self) -> float:
-        return self.rate * self.cpu_s_per_request
+        """Cores at :attr:`rate` (many cores: a one-core run's GIL-bound CPU scaled by :data:`GIL_CROSS_CORE`)."""
+        return self.rate * self._on(math.inf)[0]
 
     @property
     def processes(self) -> int:
-        need = self.rate * self.gil_s_per_request / GIL_CORE
+        need = self.rate * self._on(math.inf)[1] / GIL_CORE
         return max(1, math.ceil(need)) if math.isfinite(need) else 1
 
     def rate_on(self, cores: float, processes: int = 1, other_cpu_s_per_request: float = 0.0,
@@ -111,14 +133,15 @@ class HostCores:
         """Requests per second ``cores`` cores in ``processes`` processes would serve at this configuration: the
         least of the cores' rate, the GIL's rate, each thread's (one thread runs on one core at a time, so a
         thread's rate is at most 1 / its CPU per request, times the processes; not ``unattributed``, which sums
-        many short-lived threads) and the device's capacity. Other work on the same cores (a load generator
+        many short-lived threads) and the device's capacity; GIL-bound CPU scaled by :meth:`cross_core_scale`
+        between one core and more. Other work on the same cores (a load generator
         pinned with the service): ``other_cpu_s_per_request`` of CPU per request, and ``other_cores`` cores it
         keeps busy whatever the rate (a client that polls)."""
-        total = self.cpu_s_per_request + other_cpu_s_per_request
+        cpu, gil, per = self._on(cores)
+        total = cpu + other_cpu_s_per_request
         free = max(cores - other_cores, 0.0)
-        limits = [free / total if total > 0 else math.inf,
-                  processes * GIL_CORE / self.gil_s_per_request if self.gil_s_per_request > 0 else math.inf]
-        limits += [processes / t.cpu_s_per_request for t in self.threads if t.cpu_s_per_request > 0 and t.one_thread]
+        limits = [free / total if total > 0 else math.inf, processes * GIL_CORE / gil if gil > 0 else math.inf]
+        limits += [processes / c for c, one in per if c > 0 and one]
         if math.isfinite(self.capacity):
             limits.append(self.capacity)
         return min(limits)
@@ -138,10 +161,13 @@ class HostCores:
             return (f"cores needed for {self.device}: not known (QPS {fixed(self.qps)}, device busy {pct(self.device_busy)}, "
                     f"{len(self.threads)} service threads measured)")
         procs = f"in {self.processes} process{'es' if self.processes != 1 else ''}"
+        cpu, gil, _ = self._on(math.inf)
+        scaled = (f" on many cores: the GIL-bound part x{GIL_CROSS_CORE:.2f} of this 1-core run's"
+                  if self.cross_core_scale(math.inf) != 1 else "")
         return (f"this host's {self.host_cores} cores keep the {self.device} {pct(self.device_busy)} busy; about "
                 f"{self.cores:.1f} cores ({procs}) would keep it {self.target_busy:.0%} busy "
-                f"({self.rate:.0f} req/s at {1e3 * self.cpu_s_per_request:.2f} ms host CPU per request, "
-                f"{1e3 * self.gil_s_per_request:.2f} ms of it holding the GIL)")
+                f"({self.rate:.0f} req/s at {1e3 * cpu:.2f} ms host CPU per request, "
+                f"{1e3 * gil:.2f} ms of it holding the GIL{scaled})")
 
     def to_dict(self) -> dict[str, Any]:
         return {"device": self.device, "simulated": self.simulated,
@@ -151,6 +177,7 @@ class HostCores:
                 "target_busy": self.target_busy, "capacity_rps": _round4(self.capacity), "rate_rps": _round4(self.rate),
                 "cpu_ms_per_request": _round4(1e3 * self.cpu_s_per_request),
                 "gil_ms_per_request": _round4(1e3 * self.gil_s_per_request), "gil_core": GIL_CORE,
+                "gil_cross_core": GIL_CROSS_CORE,
                 "cores": _round4(self.cores), "processes": self.processes, "threads": [t.to_dict() for t in self.threads],
                 "sentence": self.say()}
 
