@@ -321,3 +321,29 @@ def test_the_load_process_passes_on_unexpected_warnings_only():
         w.warn("the load client's loop used 95% of a core", RuntimeWarning, stacklevel=1)
         w.warn("could not abandon the cool-down's queue (BrokenPipeError: gone)", RuntimeWarning, stacklevel=1)
     assert [str(x.message)[:18] for x in caught] == ["could not abandon "]
+
+
+def test_a_load_test_that_fails_still_tells_the_warnings_it_raised_before(monkeypatch):
+    """The load process's error reply dropped the warnings recorded before the failure (review finding): an
+    abandon that failed, then an error, told only the error. Now both reach the caller: the warning, then the error."""
+    import contextlib
+    import warnings as w
+
+    import tuning.load.generator as generator
+    from tuning.experiments import measure as m
+
+    def failing_load(target, inputs, **kw):
+        w.warn("could not abandon the cool-down's queue (BrokenPipeError: gone)", RuntimeWarning, stacklevel=1)
+        w.warn("open loop offered 90.0 req/s but achieved 60.0 req/s", RuntimeWarning, stacklevel=1)  # expected
+        raise OSError("the pipe broke")
+    monkeypatch.setattr(generator, "run_load", failing_load)
+    monkeypatch.setattr(generator, "PipeTarget", lambda data: contextlib.nullcontext(SimpleTarget()))
+    reply = m.run_one(None, ["x"], {"requests": 1})
+    assert reply[0] == "error" and "OSError: the pipe broke" in reply[1]
+    assert reply[2] == ["could not abandon the cool-down's queue (BrokenPipeError: gone)"]
+    with pytest.warns(RuntimeWarning, match="could not abandon"), pytest.raises(RuntimeError, match="the pipe broke"):
+        m.told(reply)
+
+
+class SimpleTarget:
+    busy = abandon = None

@@ -26,21 +26,39 @@ def _load_client(address: str, authkey: bytes) -> None:
     from multiprocessing.connection import Client
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it ends this process
-    from tuning.load.generator import PipeTarget, run_load
-
     control, data = Client(address, authkey=authkey), Client(address, authkey=authkey)
     _exit_with_parent()
     inputs = control.recv()
     while (kw := control.recv()) is not None:
+        control.send(run_one(data, inputs, kw))
+
+
+def run_one(data: Any, inputs: Any, kw: dict[str, Any]) -> tuple[str, Any, list[str]]:
+    """One load test in the load process against the server behind ``data``: ``("ok", result, notes)`` or
+    ``("error", what failed, notes)``; ``notes`` are the unexpected RuntimeWarnings it raised, failed or not
+    (:func:`told` raises them on the caller's side)."""
+    from tuning.load import generator
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
+        quiet_expected()
         try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always", RuntimeWarning)
-                quiet_expected()
-                with PipeTarget(data) as target:  # each server lives for one load test: its cool-down is abandoned
-                    result = run_load(target, inputs, busy_probe=target.busy, abandon=target.abandon, **kw)
-            control.send(("ok", result, [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]))
+            with generator.PipeTarget(data) as target:  # each server lives for one load test: its cool-down is abandoned
+                reply: tuple[str, Any] = ("ok", generator.run_load(target, inputs, busy_probe=target.busy,
+                                                                    abandon=target.abandon, **kw))
         except Exception as exc:  # the parent reports it as the step's error
-            control.send(("error", f"{type(exc).__name__}: {exc}"))
+            reply = ("error", f"{type(exc).__name__}: {exc}")
+    return (*reply, [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)])
+
+
+def told(reply: tuple) -> Any:
+    """The load process's reply on the caller's side: its warnings raised here, then its error, else its result."""
+    kind, payload, *notes = reply
+    for note in (notes[0] if notes else []):
+        warnings.warn(note, RuntimeWarning, stacklevel=3)
+    if kind == "error":
+        raise RuntimeError(f"load generator: {payload}")
+    return payload
 
 
 # a probe past the knee is expected to fall behind, and the client's loop to work hard there: the trial's late sends
@@ -116,14 +134,9 @@ class LoadProcess:
         limit = 4 * (kw.get("duration_s") or 0) + 4 * (kw.get("warmup_s") or 0) + 120
         if not self.control.poll(limit):  # a hung server or client: fail this run, not the whole session
             raise TimeoutError(f"the load test gave no result within {limit:.0f} s (the server stopped answering?)")
-        kind, payload, *notes = self.control.recv()
+        reply = self.control.recv()
         done()
-        if kind == "error":
-            raise RuntimeError(f"load generator: {payload}")
-        result = attach_server(payload, server)
-        for note in (notes[0] if notes else []):  # raised in the load process: told here, where the caller is
-            warnings.warn(note, RuntimeWarning, stacklevel=2)
-        return result
+        return attach_server(told(reply), server)  # warnings raised in the load process are told here
 
     def alive(self) -> bool:
         return self.process.poll() is None
