@@ -18,7 +18,11 @@ other threads. Three calls, each repeated enough times in a row to fill a window
 * ``standin_host_long`` (simulated host time): the same host part sized to the real CPU forward's wall time
   alone (its kernels' launches, the rest driver part), to compare with it at the same call length;
 * ``real_eager_cpu`` (measured, real): an eager forward of the embedded MiniLM (``load_minilm``), fp32 on this
-  CPU, batch 1, length 16, under ``torch.inference_mode`` (dispatch-bound: about 75 small kernels);
+  CPU, batch 1, length 16, under ``torch.inference_mode`` (dispatch-bound: about 75 small kernels), with torch's
+  intra-op pool at ``--torch-threads`` (default 1). One thread is the reference: a GPU forward's host side runs
+  on its one calling thread, while a CPU pool of 2 on this 2-core host also takes the counting thread's core, so
+  its share measured CPU contention beside the GIL (the first runs here: 0.385 with the pool, against 0.68-0.73
+  for the stand-in, whose host part uses one core);
 * ``real_eager_cuda`` (measured, real; only where CUDA is available): the same forward in bf16 on the GPU,
   synchronized: the launches the stand-in imitates.
 
@@ -127,7 +131,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--torch-threads", type=int, default=1, help="torch's intra-op threads for every call "
+                    "(1: the real forward runs on its calling thread's core, as a GPU forward's host side does)")
     args = ap.parse_args()
+    torch.set_num_threads(args.torch_threads)
 
     from tuning.runtime.model import load_minilm
 
@@ -221,7 +228,8 @@ def main() -> None:
         "what": "another Python thread's progress (pure-Python loop, share of its rate alone) during each call; "
                 "old_spin and standin_host burn the simulated H200's predicted host time of one eager call "
                 f"(batch {SHAPE[0]}, length {SHAPE[1]}, bf16), real_eager_cpu is a measured real forward",
-        "host": {"cpus": torch.get_num_threads(), "machine": platform.machine(), "python": platform.python_version(),
+        "host": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "machine": platform.machine(),
+                 "python": platform.python_version(),
                  "torch": torch.__version__, "switch_interval_s": sys.getswitchinterval()},
         "machine_during_rounds": machine,
         "host_dispatch_us_per_op_measured": round(dispatch * 1e6, 3),
