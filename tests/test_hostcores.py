@@ -143,3 +143,7 @@ def test_gil_bound_cpu_costs_more_on_two_cores_than_on_one():
     assert f"x{GIL_CROSS_CORE:.2f} of this 1-core run's" in one.say() and "of this 1-core run" not in two.say()
     back = HostCores.from_dict(json.loads(json.dumps(one.to_dict())))
     assert back.rate_on(2) == pytest.approx(one.rate_on(2), rel=1e-3) and one.to_dict()["gil_cross_core"] == GIL_CROSS_CORE
+    d = one.to_dict()
+    assert d["gil_ms_per_request_many_cores"] == pytest.approx(5 * GIL_CROSS_CORE) and d["gil_ms_per_request"] == 5
+    other = HostCores.from_dict({**d, "gil_cross_core": 1.0})  # a file written with another factor keeps it
+    assert other.rate_on(2) == pytest.approx(GIL_CORE / 0.005)

@@ -122,23 +122,32 @@ def test_a_draining_close_does_not_undo_an_abandoning_one(lines):
     knobs = KNOBS.replace(num_workers=1, batch_size=1, max_wait_ms=0.0)
     model = _Held()
     server = Server(knobs, engine=Engine(knobs, model)).start()
+    worker = server._threads[0]
+    assert worker.name == "preprocess-0"
     model.hold = True
     futures = [server.submit(raw) for raw in lines[:6]]
-    # one batch held in the model, one staged behind it (IN_FLIGHT_BATCHES=2), four in the batcher: waiting on this
-    # state, not on a sleep, since the batcher may still hold requests a moment after the workers' queue is empty
-    assert model.entered.wait(30)
-    deadline = time.monotonic() + 30
-    while server.waiting_for_batch != 4 and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert server.waiting_for_batch == 4 and server._ready.qsize() == 1
-    abandoning = threading.Thread(target=server.close, kwargs={"drain": False})
-    abandoning.start()
-    while server._accepting:  # the abandoning close has begun and waits on the held model call
-        time.sleep(0.001)
-    owner = threading.Thread(target=server.close, kwargs={"drain": True, "timeout": 30})
-    owner.start()
-    time.sleep(0.05)
-    model.release.set()
+    try:  # whatever fails, the held model call is released (else the server's threads wait 60 s)
+        # one batch held in the model, one staged behind it (IN_FLIGHT_BATCHES=2), four in the batcher: waiting on this
+        # state, not on a sleep, since the batcher may still hold requests a moment after the workers' queue is empty
+        assert model.entered.wait(30)
+        deadline = time.monotonic() + 30
+        while server.waiting_for_batch != 4 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert server.waiting_for_batch == 4 and server._ready.qsize() == 1
+        abandoning = threading.Thread(target=server.close, kwargs={"drain": False})
+        abandoning.start()
+        while server._accepting:  # the abandoning close has begun and waits on the held model call
+            time.sleep(0.001)
+        owner = threading.Thread(target=server.close, kwargs={"drain": True, "timeout": 30})
+        owner.start()
+        # the abandoning close's stop ended the one worker; the owner's close puts its stop after it has set the
+        # abort flag, so a stop left in the queue says the draining close has run that far
+        worker.join(30)
+        while server._incoming.qsize() != 1 and time.monotonic() < deadline + 30:
+            time.sleep(0.001)
+        assert server._incoming.qsize() == 1
+    finally:
+        model.release.set()
     abandoning.join(30), owner.join(30)
     results = [f.result(timeout=5) for f in futures]
     assert len(results) == 6

@@ -30,7 +30,11 @@ def _load_client(address: str, authkey: bytes) -> None:
     _exit_with_parent()
     inputs = control.recv()
     while (kw := control.recv()) is not None:
-        control.send(run_one(data, inputs, kw))
+        reply = run_one(data, inputs, kw)
+        try:
+            control.send(reply)
+        except Exception as exc:  # a result that cannot be sent: the step's error, not a dead load process
+            control.send(("error", f"the load test's result could not be sent: {type(exc).__name__}: {exc}", reply[2]))
 
 
 def run_one(data: Any, inputs: Any, kw: dict[str, Any]) -> tuple[str, Any, list[str]]:

@@ -8,7 +8,8 @@ From one measured run (a :class:`tuning.experiments.trial.Trial` with its record
   would be 100% busy. It is taken from the run itself (device busy time per request = device_busy / QPS) rather
   than from :func:`tuning.sim.costmodel.predict` at some batch shape, because the run's batches (their sizes
   and padded lengths) are what the device actually got; a run at another batch mix has another capacity;
-- **cores needed**: rate R = target x capacity; cores = R x total host CPU per request.
+- **cores needed**: rate R = target x capacity; cores = R x total host CPU per request (on many cores: see the
+  GIL's cross-core cost below).
 
 The GIL: the Python threads of one process share one interpreter lock, so the part of their CPU spent holding
 it cannot exceed about one core per process (:data:`GIL_CORE`, 0.9: the lock's hand-offs cost some). On two or
@@ -19,10 +20,10 @@ Which threads count as GIL-bound (:func:`gil_bound`): every Python thread of the
 batcher, completer, main thread, preprocessing, the model executor). The Rust fast tokenizer and torch's ops do
 release the GIL inside a call, but per request the Python around each call (one short text per ``encode``,
 eager dispatch op by op, the stand-in's per-launch torch op) holds it most of the time, and a thread counts
-whole. Measured (``bench/host_cores.py``, 2 cores, 3 pairs): the pure-Python ``baseline`` server's threads held
-0.61-0.84 of a core and 2 cores served it no faster than 1 (ratio 1.00); the ``tuned`` one's, counted this way,
-0.75-1.06, and it gained 1.46x on a busy host (predicted 1.47x), 1.08x on a quiet one (predicted 1.24x): on 2
-cores the CPU per request rises (hand-offs of the lock across cores), so the process count is a lower bound. Not
+whole. Measured (``bench/host_cores.py``, 2 cores, three runs of 3 pairs): the pure-Python ``baseline`` server's
+threads held 0.61-0.84 of a core, and 2 cores served it 0.95-1.19x what 1 did (predicted from the 1-core run
+1.02-1.14x); the ``tuned`` one 1.08-1.46x (predicted 1.11-1.34x). The cross-core factor itself moved from pair to
+pair (GIL-bound CPU per request 1.00-1.93x on 2 cores), so the process count is a lower bound. Not
 GIL-bound: native threads (torch's intra-op pool, named ``... (native)``) and loader worker processes (each its
 own interpreter); ``pure_python=False`` treats the fast tokenizer and the executor as releasing it (the
 optimistic bound). Samplers and the load generator's process are not the service and are left out; CPU no
@@ -76,7 +77,8 @@ class HostCores:
 
     Figures: ``qps`` and ``device_busy`` as measured (on the simulated device ``device_busy`` is predicted by the
     cost model and the host side measured); ``capacity`` = qps / device_busy; ``rate`` = target x capacity;
-    ``cores`` = rate x ``cpu_s_per_request``; ``processes`` from the GIL-bound part."""
+    ``cores`` = rate x the CPU per request on many cores (``cpu_s_per_request``, its GIL-bound part scaled by
+    ``gil_cross_core`` when the run had one core); ``processes`` from the GIL-bound part."""
 
     device: str
     simulated: bool
@@ -85,6 +87,7 @@ class HostCores:
     device_busy: float
     target_busy: float
     threads: list[ThreadCost] = field(default_factory=list)
+    gil_cross_core: float = GIL_CROSS_CORE
 
     @property
     def cpu_s_per_request(self) -> float:
@@ -98,7 +101,7 @@ class HostCores:
         """GIL-bound CPU per request on ``cores`` cores over this run's (:data:`GIL_CROSS_CORE` between 1 core
         and more; 1 where both are one side)."""
         def level(n: float) -> float:
-            return GIL_CROSS_CORE if n > 1 else 1.0
+            return self.gil_cross_core if n > 1 else 1.0
         return level(cores) / level(self.host_cores)
 
     def _on(self, cores: float) -> tuple[float, float, list[tuple[float, bool]]]:
@@ -153,7 +156,8 @@ class HostCores:
                               bool(t["gil_bound"]), t.get("why", "")) for t in d.get("threads", [])]
         return cls(d["device"], bool(d["simulated"]), int(d["host_cores"]), float(d["qps"]),
                    float(d["device_busy"]) if d.get("device_busy") is not None else math.nan,
-                   float(d["target_busy"]), threads)
+                   float(d["target_busy"]), threads,
+                   float(d.get("gil_cross_core", GIL_CROSS_CORE)))  # the factor the file was written with, if any
 
     def say(self) -> str:
         """One sentence: what this host's cores keep the device busy at, and the cores that would reach the target."""
@@ -162,7 +166,7 @@ class HostCores:
                     f"{len(self.threads)} service threads measured)")
         procs = f"in {self.processes} process{'es' if self.processes != 1 else ''}"
         cpu, gil, _ = self._on(math.inf)
-        scaled = (f" on many cores: the GIL-bound part x{GIL_CROSS_CORE:.2f} of this 1-core run's"
+        scaled = (f" on many cores: the GIL-bound part x{self.gil_cross_core:.2f} of this 1-core run's"
                   if self.cross_core_scale(math.inf) != 1 else "")
         return (f"this host's {self.host_cores} cores keep the {self.device} {pct(self.device_busy)} busy; about "
                 f"{self.cores:.1f} cores ({procs}) would keep it {self.target_busy:.0%} busy "
@@ -177,7 +181,9 @@ class HostCores:
                 "target_busy": self.target_busy, "capacity_rps": _round4(self.capacity), "rate_rps": _round4(self.rate),
                 "cpu_ms_per_request": _round4(1e3 * self.cpu_s_per_request),
                 "gil_ms_per_request": _round4(1e3 * self.gil_s_per_request), "gil_core": GIL_CORE,
-                "gil_cross_core": GIL_CROSS_CORE,
+                "gil_cross_core": self.gil_cross_core,
+                "cpu_ms_per_request_many_cores": _round4(1e3 * self._on(math.inf)[0]),
+                "gil_ms_per_request_many_cores": _round4(1e3 * self._on(math.inf)[1]),
                 "cores": _round4(self.cores), "processes": self.processes, "threads": [t.to_dict() for t in self.threads],
                 "sentence": self.say()}
 
