@@ -1,6 +1,8 @@
 """Another Python thread's progress during the stand-in's host part, against a real eager forward (issue 25, deliver 2).
 
-``flock /tmp/bench.lock python bench/standin_gil.py`` prints a table and writes ``bench/results/standin_gil.json``.
+``flock /tmp/bench.lock python bench/standin_gil.py`` prints a table and writes ``bench/results/standin_gil.json``
+(the calibration ``SEGMENT_S`` is derived from); ``--torch-threads 1 --out bench/results/standin_gil_one_thread.json``
+is the GIL-only comparison.
 
 A second Python thread counts in a pure-Python loop. Its progress during a call, as a share of its rate alone
 (measured right beside it, over a sleep of the call's length), shows how much of the GIL the call leaves to
@@ -19,10 +21,10 @@ other threads. Three calls, each repeated enough times in a row to fill a window
   alone (its kernels' launches, the rest driver part), to compare with it at the same call length;
 * ``real_eager_cpu`` (measured, real): an eager forward of the embedded MiniLM (``load_minilm``), fp32 on this
   CPU, batch 1, length 16, under ``torch.inference_mode`` (dispatch-bound: about 75 small kernels), with torch's
-  intra-op pool at ``--torch-threads`` (default 1). One thread is the reference: a GPU forward's host side runs
-  on its one calling thread, while a CPU pool of 2 on this 2-core host also takes the counting thread's core, so
-  its share measured CPU contention beside the GIL (the first runs here: 0.385 with the pool, against 0.68-0.73
-  for the stand-in, whose host part uses one core);
+  intra-op pool at ``--torch-threads`` (default: torch's own, the run ``SEGMENT_S`` was derived from). With one
+  thread the real call competes for the GIL only: a GPU forward's host side is one calling thread, while a CPU
+  pool of 2 on this 2-core host also takes the counting thread's core, so the pace beside it measures CPU
+  contention too (0.385 with the pool against the stand-in's 0.68-0.73; 0.97 against 0.98 with one thread);
 * ``real_eager_cuda`` (measured, real; only where CUDA is available): the same forward in bf16 on the GPU,
   synchronized: the launches the stand-in imitates.
 
@@ -131,10 +133,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--out", default=str(OUT))
-    ap.add_argument("--torch-threads", type=int, default=1, help="torch's intra-op threads for every call "
-                    "(1: the real forward runs on its calling thread's core, as a GPU forward's host side does)")
+    ap.add_argument("--torch-threads", type=int, default=None, help="torch's intra-op threads for every call "
+                    "(default: torch's own; 1: the real forward runs on its calling thread's core, as a GPU "
+                    "forward's host side does)")
     args = ap.parse_args()
-    torch.set_num_threads(args.torch_threads)
+    if args.torch_threads is not None:
+        torch.set_num_threads(args.torch_threads)
 
     from tuning.runtime.model import load_minilm
 
