@@ -174,6 +174,7 @@ class HostCores:
                 f"{1e3 * gil:.2f} ms of it holding the GIL{scaled})")
 
     def to_dict(self) -> dict[str, Any]:
+        many_cpu, many_gil, _ = self._on(math.inf)
         return {"device": self.device, "simulated": self.simulated,
                 "measured": "host CPU per thread and QPS" + ("; device busy predicted (simulated)" if self.simulated
                                                              else "; device busy"),
@@ -182,8 +183,8 @@ class HostCores:
                 "cpu_ms_per_request": _round4(1e3 * self.cpu_s_per_request),
                 "gil_ms_per_request": _round4(1e3 * self.gil_s_per_request), "gil_core": GIL_CORE,
                 "gil_cross_core": self.gil_cross_core,
-                "cpu_ms_per_request_many_cores": _round4(1e3 * self._on(math.inf)[0]),
-                "gil_ms_per_request_many_cores": _round4(1e3 * self._on(math.inf)[1]),
+                "cpu_ms_per_request_many_cores": _round4(1e3 * many_cpu),
+                "gil_ms_per_request_many_cores": _round4(1e3 * many_gil),
                 "cores": _round4(self.cores), "processes": self.processes, "threads": [t.to_dict() for t in self.threads],
                 "sentence": self.say()}
 
