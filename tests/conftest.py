@@ -6,7 +6,7 @@ import pytest
 
 from tuning.base.assets import DEFAULT_DATA
 
-# As notebooks/conftest.py does for the whole run: the Rust tokenizer stays single-threaded in this process, so a
+# For the whole run: the Rust tokenizer stays single-threaded in this process, so a
 # DataLoader worker forked later cannot inherit its thread pool mid-use (HF tokenizers' fork deadlock). Without it,
 # `pytest tests` alone hung in test_tokenizer_threads_are_turned_off_in_workers_only[true].
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -35,3 +35,11 @@ def messy_file(tmp_path: Path, shipped_lines) -> Path:
     path = tmp_path / "messy.jsonl"
     path.write_bytes(b"\n".join(lines) + b"\n")
     return path
+
+
+@pytest.fixture(scope="session")
+def notebook_runs():
+    """Each notebook executed once per session, on first request (tests/notebook_runs.py)."""
+    from tests.notebook_runs import Runs
+
+    return Runs()

@@ -131,12 +131,12 @@ def test_watch_gets_no_diagnosis_without_an_ok_answer(standin):
 @pytest.mark.thirdparty
 def test_locust_sends_the_same_bodies_to_the_same_route(standin):
     code, out, err = _run("loadtest", "--engine", "locust", "--url", standin, "--api", "tei", "--client-batch", "2",
-                          "--duration", "3", "--concurrency", "2", "--limit", "20", "--warmup-s", "1", "--json")
+                          "--duration", "1.5", "--concurrency", "2", "--limit", "20", "--warmup-s", "0.5", "--json")
     assert code == 0, err
     s = json.loads(out)
     assert s["errors"] == 0 and s["ok"] > 0 and s["texts_per_request"] == 2
     code, out, err = _run("loadtest", "--engine", "locust", "--url", standin + "/wrong", "--body", '{"input": "{text}"}',
-                          "--duration", "2", "--concurrency", "2", "--limit", "10", "--warmup-s", "0.5")
+                          "--duration", "1", "--concurrency", "2", "--limit", "10", "--warmup-s", "0.5")
     assert code == 1 and "not 1 embedding" in err  # the worker ran the same answer check
 
 

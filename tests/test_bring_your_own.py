@@ -4,8 +4,6 @@ The folder tests use a tiny randomly initialised BERT saved by transformers to a
 
 import json
 import shutil
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -13,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.cli_run import run_cli
 from tuning import preset
 from tuning.base.assets import tokenizer_files
 from tuning.offline.pipeline import Pipeline
@@ -108,9 +107,8 @@ def test_max_length_beyond_the_models_positions_says_what_to_set(tiny_bert):
 
 
 def test_cli_runs_a_model_folder(tiny_bert):
-    out = subprocess.run([sys.executable, "-m", "tuning", "run", "--preset", "tuned", "--model", str(tiny_bert),
-                          "--set", "max_length=128", "--set", "buckets=32,64,128", "--set", "dtype=fp32", "--limit", "40",
-                          "--json"], capture_output=True, text=True, timeout=600)
+    out = run_cli("run", "--preset", "tuned", "--model", str(tiny_bert), "--set", "max_length=128",
+                  "--set", "buckets=32,64,128", "--set", "dtype=fp32", "--limit", "40", "--json")
     assert out.returncode == 0, out.stderr[-2000:]
     summary = json.loads(out.stdout)
     assert summary["ok"] == 40 and summary["model"].endswith(f"{tiny_bert.name} (BERT, 2 layers, hidden 32)")
@@ -156,9 +154,8 @@ def user_module(tmp_path) -> Path:
 
 @pytest.mark.parametrize("spec", ["my_models:build", "my_models:build_with_tokenizer", "./my_models.py:build"])
 def test_cli_model_factory_and_formatter(user_module, spec):
-    out = subprocess.run([sys.executable, "-m", "tuning", "run", "--preset", "tuned", "--set", "dtype=fp32",
-                          "--model", spec, "--formatter", "my_models:title_only", "--limit", "60", "--json"],
-                         capture_output=True, text=True, timeout=600, cwd=user_module)
+    out = run_cli("run", "--preset", "tuned", "--set", "dtype=fp32", "--model", spec, "--formatter",
+                  "my_models:title_only", "--limit", "60", "--json", cwd=user_module)
     assert out.returncode == 0, out.stderr[-2000:]
     s = json.loads(out.stdout)
     assert s["requests"] == 60 and s["ok"] + s["errors"] == 60 and s["ok"] > 0
@@ -184,9 +181,8 @@ def test_the_formatter_shapes_what_the_model_sees(user_module, monkeypatch):
     ("./nowhere.py:build", "no such file"),
     ("/no/such/folder", "no such folder"),
 ])
-def test_bad_model_specs_exit_2_with_one_line_naming_the_fix(user_module, spec, needle):
-    out = subprocess.run([sys.executable, "-m", "tuning", "run", "--model", spec, "--limit", "5"],
-                         capture_output=True, text=True, timeout=600, cwd=user_module)
+def test_bad_model_specs_exit_2_with_one_line_naming_the_fix(user_module, spec, needle, capfd):
+    out = run_cli("run", "--model", spec, "--limit", "5", cwd=user_module, capfd=capfd)
     assert out.returncode == 2, (out.returncode, out.stderr[-1500:])
     assert needle in out.stderr and "--model" in out.stderr, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr

@@ -1,7 +1,8 @@
-"""In a real browser: JupyterLab in headless Chromium runs the notebooks, the charts draw and a slider
-drives the knob panel; the ``investigate`` report renders offline.
+"""In a real browser: the executed notebooks' charts draw in JupyterLab, a slider drives the knob panel
+in a live kernel, and the ``investigate`` report renders offline.
 
-nbval proves the kernel side only; these tests look at what a person sees. Run just them with
+``tests/test_notebooks.py`` proves the kernel side; these tests look at what a person sees, on the same
+executed copies (``tests/notebook_runs.py``: each notebook runs once a session). Run just them with
 
     python -m pytest -q -m browser
 
@@ -43,8 +44,9 @@ ARTIFACTS = Path(os.environ.get("TUNING_BROWSER_ARTIFACTS", ROOT / "test-artifac
 LAUNCH_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
-NOTEBOOKS = ("01-trend-sampling", "03-dataloader-tuning")  # 03 holds the offline knob panel
-RUN_TIMEOUT_S = 300  # a whole notebook in quick mode (about 10 to 30 s here when the cores are free)
+NOTEBOOKS = ("01-trend-sampling", "03-dataloader-tuning")  # executed copies: 01's trend and thread charts, 03's sweeps
+PANEL = "knob-panel"  # a notebook of its own: the slider needs a live kernel, and 03 ran already
+RUN_TIMEOUT_S = 300  # the panel notebook in quick mode (a few seconds when the cores are free)
 
 # Lab settings: no news pop-up over the page, no update check.
 LAB_SETTINGS = {
@@ -197,15 +199,33 @@ class Lab:
             self.api("DELETE", f"/api/sessions/{session['id']}")
 
 
+def _panel_notebook() -> dict:
+    """03's knob panel alone, on the real CPU, in quick mode: the cells a reader runs to try the knobs."""
+    import nbformat
+
+    cells = ["import tuning\nfrom tuning import viz, widgets\n\nviz.setup_notebook()\ndevice = tuning.device_for('cpu')",
+             "panel = widgets.knob_panel(tuning.preset('baseline', device=device.knob).replace(batch_size=4), "
+             "limit=48, device=device)\npanel"]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c, id=f"panel-{i}") for i, c in enumerate(cells)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    return nb
+
+
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory, artifacts):
+def lab(tmp_path_factory, artifacts, notebook_runs):
     """JupyterLab on 127.0.0.1 with a token; its own settings, workspaces, runtime and config folders;
-    the notebooks copied to a temporary root (autosave there never touches the committed ones)."""
+    a temporary root holding the executed copies of NOTEBOOKS and the panel notebook (autosave there never
+    touches the committed ones)."""
+    import nbformat
+
     base = tmp_path_factory.mktemp("lab")
     root = base / "root"
     root.mkdir()
     for name in NOTEBOOKS:
-        shutil.copy(ROOT / "notebooks" / f"{name}.ipynb", root)
+        run = notebook_runs(name)
+        assert run.ok, f"{name} failed before the browser could show it:\n{run.failure}"
+        shutil.copy(run.path, root / f"{name}.ipynb")
+    nbformat.write(_panel_notebook(), root / f"{PANEL}.ipynb")
     settings = base / "settings"
     for rel, value in LAB_SETTINGS.items():
         path = settings / rel
@@ -216,7 +236,7 @@ def lab(tmp_path_factory, artifacts):
     token, port = secrets.token_hex(16), free_port()
     # PYTHONPATH: the kernels import ``tuning`` from this checkout, whatever else is installed
     pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = dict(os.environ, TUNING_QUICK="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=pythonpath,
+    env = dict(os.environ, TUNING_QUICK="1", TUNING_DEVICE="cpu", TOKENIZERS_PARALLELISM="false", PYTHONPATH=pythonpath,
                JUPYTERLAB_SETTINGS_DIR=str(settings), JUPYTERLAB_WORKSPACES_DIR=str(base / "workspaces"),
                JUPYTER_RUNTIME_DIR=str(base / "runtime"), JUPYTER_CONFIG_DIR=str(base / "config"))
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
@@ -272,6 +292,15 @@ NOTEBOOK_JS = """() => {
 }"""
 
 
+def _open(page, lab: Lab, name: str) -> dict:
+    """Open a notebook as saved (outputs included) and wait until its cells are in the page; returns the
+    notebook's state (see NOTEBOOK_JS)."""
+    page.goto(f"{lab.url}/lab/tree/{name}.ipynb?reset&token={lab.token}")
+    page.wait_for_function("() => { const s = (" + NOTEBOOK_JS + ")(); return s && s.cells.length > 0; }",
+                           timeout=180_000)  # generous: a loaded 2-core machine
+    return page.evaluate(NOTEBOOK_JS)
+
+
 def _open_and_run(page, lab: Lab, name: str) -> dict:
     """Open a notebook, wait for an idle kernel, Run > Run All Cells, wait until every cell has run
     (or one failed); returns the notebook's state (see NOTEBOOK_JS)."""
@@ -314,10 +343,10 @@ def _shot(locator_or_page, path: Path, **kw) -> None:
     locator_or_page.screenshot(path=str(path), **kw)
 
 
-def test_notebooks_draw_their_charts_and_a_slider_drives_the_knob_panel(browser, lab, artifacts):
-    """01 and 03 run to the end in JupyterLab; every chart draws; moving the panel's batch-size slider
-    reruns the measurement and the chart on the page changes."""
-    t0 = time.monotonic()
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_executed_notebook_draws_its_charts(browser, lab, artifacts, name):
+    """The executed copy opens in JupyterLab and every chart it saved draws, as a reader of a run notebook
+    sees it (the plotly outputs render from the file; no cell runs again)."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000}, service_workers="block")
     # JupyterLab's language-server extension asks its server part for /lsp/status; where that server
     # extension is not enabled for this environment (a venv over the system's packages) the answer is a 404
@@ -325,22 +354,36 @@ def test_notebooks_draw_their_charts_and_a_slider_drives_the_knob_panel(browser,
     page = context.new_page()
     guard.watch(page)
     try:
-        # 01: two static charts (trend, threads)
-        state = _open_and_run(page, lab, NOTEBOOKS[0])
-        charts = _wait_for_charts(page, NOTEBOOKS[0], sum(c["plotly"] for c in state["cells"]))
-        assert len(charts) >= 2, charts
+        state = _open(page, lab, name)
+        saved = sum(c["plotly"] for c in state["cells"])
+        assert saved >= 2, f"{name}: the executed copy holds {saved} charts: {state}"
+        assert not [e for c in state["cells"] for e in c["errors"]], state
+        _wait_for_charts(page, name, saved)
         page.locator(".jp-OutputArea .js-plotly-plot").first.scroll_into_view_if_needed()
-        _shot(page, artifacts / "01-trend-chart-in-lab.png")
-        _shot(page.locator(".jp-OutputArea .js-plotly-plot").nth(1), artifacts / "01-threads-chart.png")
+        _shot(page, artifacts / f"{name[:2]}-first-chart-in-lab.png")
         guard.check()
+    except Exception:
+        with contextlib.suppress(Exception):
+            _shot(page, artifacts / f"failure-{name[:2]}.png")
+        raise
+    finally:
+        context.close()
         lab.shutdown_kernels()
 
-        # 03: static charts plus the knob panel (sliders, toggles, a FigureWidget)
-        state = _open_and_run(page, lab, NOTEBOOKS[1])
+
+def test_a_slider_drives_the_knob_panel(browser, lab, artifacts):
+    """In a live kernel: the knob panel of 03 draws; moving its batch-size slider reruns the measurement and
+    the chart on the page changes."""
+    t0 = time.monotonic()
+    context = browser.new_context(viewport={"width": 1400, "height": 1000}, service_workers="block")
+    guard = Guard(context, allow_console=("/lsp/status",))
+    page = context.new_page()
+    guard.watch(page)
+    try:
+        state = _open_and_run(page, lab, PANEL)
         panels = [i for i, c in enumerate(state["cells"]) if c["widgets"]]
-        assert panels, f"{NOTEBOOKS[1]}: no widget output (the knob panel) after running: {state}"
-        expected = sum(c["plotly"] for c in state["cells"]) + 1  # + the panel's FigureWidget
-        _wait_for_charts(page, NOTEBOOKS[1], expected)
+        assert panels, f"{PANEL}: no widget output (the knob panel) after running: {state}"
+        _wait_for_charts(page, PANEL, 1)  # the panel's FigureWidget
         panel = page.locator(".jp-OutputArea-output").filter(has=page.locator(".noUi-handle")).last
         panel.scroll_into_view_if_needed()
         handles = panel.locator(".noUi-handle")
@@ -350,7 +393,7 @@ def test_notebooks_draw_their_charts_and_a_slider_drives_the_knob_panel(browser,
         figure.locator(".main-svg").first.wait_for(state="visible", timeout=30_000)
         before = figure.evaluate("gd => JSON.stringify(gd.data)")
         status_before = panel.locator(".widget-html").first.inner_text()
-        _shot(panel, artifacts / "03-knob-panel-before.png")
+        _shot(panel, artifacts / "knob-panel-before.png")
 
         slider = panel.locator(".widget-slider, .jupyter-widget-slider, .widget-hslider").first
         label = slider.locator(".widget-label").first.inner_text() if slider.locator(".widget-label").count() else ""
@@ -378,7 +421,7 @@ def test_notebooks_draw_their_charts_and_a_slider_drives_the_knob_panel(browser,
         status_after = panel.locator(".widget-html").first.inner_text()
         assert status_after != status_before and "not measured" not in status_after, status_after
         page.wait_for_timeout(500)  # let plotly finish its transition before the picture
-        _shot(panel, artifacts / "03-knob-panel-after-slider.png")
+        _shot(panel, artifacts / "knob-panel-after-slider.png")
         print(f"slider {label!r} moved {value_before!r} -> {readout.inner_text() if readout.count() else '?'}; "
               f"status {status_after!r}")
         guard.check()
@@ -388,7 +431,7 @@ def test_notebooks_draw_their_charts_and_a_slider_drives_the_knob_panel(browser,
         raise
     finally:
         context.close()
-    assert time.monotonic() - t0 < 600, "the browser round trip should take a few minutes at most"
+    assert time.monotonic() - t0 < 600, "the panel's round trip should take a few minutes at most"
 
 
 # --- the investigate report ---------------------------------------------------------------------

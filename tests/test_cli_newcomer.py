@@ -17,10 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_run import run_cli
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    """Through ``python -m tuning``: for what only a process shows (tests/cli_run.py runs the rest here)."""
     return subprocess.run([sys.executable, "-m", "tuning", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout)
 
@@ -85,11 +88,11 @@ BAD_INPUTS = [
 
 
 @pytest.mark.parametrize("argv, code, expected", BAD_INPUTS, ids=[a or "(none)" for a, _, _ in BAD_INPUTS])
-def test_bad_input_gives_one_line_and_the_right_exit_code(files, argv, code, expected):
+def test_bad_input_gives_one_line_and_the_right_exit_code(files, argv, code, expected, capfd):
     busy = _busy_port()
     try:
         args = argv.format(busy=busy.getsockname()[1], dead=_dead_url(), **files).split()
-        r = cli(*args)
+        r = run_cli(*args, capfd=capfd)
     finally:
         busy.close()
     assert "Traceback" not in r.stderr
@@ -98,6 +101,13 @@ def test_bad_input_gives_one_line_and_the_right_exit_code(files, argv, code, exp
     assert lines[0].startswith("error: ") and expected in lines[0], lines[0]
     assert r.returncode == code, (r.returncode, r.stderr)
     assert "diagnosis" not in r.stdout
+
+
+def test_the_exit_code_and_the_one_line_reach_the_shell_through_python_m():
+    """The table above runs in this process; one case through ``python -m tuning`` shows the process's side."""
+    r = cli("run", "--set", "nonsense=1")
+    assert r.returncode == USAGE and r.stderr.strip().startswith("error: ") and "nonsense" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 
 
 def _wait_for(pred, timeout: float = 150.0) -> None:
@@ -181,7 +191,7 @@ def test_ctrl_c_during_loadtest_prints_valid_json_with_what_was_measured():
 def test_knobs_lists_every_knob_with_help_and_default():
     from tuning.knobs import Knobs, knob_names
 
-    r = cli("knobs", "--json")
+    r = run_cli("knobs", "--json")
     assert r.returncode == 0, r.stderr
     rows = {row["knob"]: row for row in json.loads(r.stdout)}
     assert list(rows) == knob_names()
@@ -189,7 +199,7 @@ def test_knobs_lists_every_knob_with_help_and_default():
 
 
 def test_help_shows_defaults_and_defines_the_terms():
-    r = cli("loadtest", "--help")
+    r = run_cli("loadtest", "--help")
     assert r.returncode == 0
     text = " ".join(r.stdout.split())
     assert "(default: 8)" in text  # --concurrency

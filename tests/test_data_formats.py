@@ -4,13 +4,13 @@ line or row number and a reason, and the rest goes on."""
 
 import csv
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from tests.cli_run import run_cli
 from tuning import preset
 from tuning.inputs.readers import detect_format, load_texts, parse_line, read_inputs
 from tuning.inputs.records import RecordError
@@ -163,8 +163,8 @@ def test_cli_run_takes_each_format(name, tmp_path):
     path = tmp_path / filename
     write(path)
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in kwargs.items()]
-    out = subprocess.run([sys.executable, "-m", "tuning", "run", "--preset", "tuned", "--data", str(path), *flags,
-                          "--json"], capture_output=True, text=True, timeout=600)
+    out = run_cli("run", "--preset", "tuned", "--data", str(path), *flags,
+                          "--json")
     assert out.returncode == 0, out.stderr[-2000:]
     summary = json.loads(out.stdout)
     assert summary["ok"] == 4 and summary["ok"] + summary["errors"] == summary["requests"]
@@ -173,6 +173,5 @@ def test_cli_run_takes_each_format(name, tmp_path):
 def test_cli_bad_text_column_exits_2_with_one_line(tmp_path):
     path = tmp_path / "r.csv"
     _write_csv(path)
-    out = subprocess.run([sys.executable, "-m", "tuning", "run", "--data", str(path), "--text-column", "body"],
-                         capture_output=True, text=True, timeout=600)
+    out = run_cli("run", "--data", str(path), "--text-column", "body")
     assert out.returncode == 2 and "--text-column 'body'" in out.stderr and "review" in out.stderr, out.stderr

@@ -14,6 +14,7 @@ from collections import Counter
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.cli_run import run_cli
 from tests.helpers import TinyModel
 from tuning.base.net import free_port
 from tuning.inputs.readers import read_lines
@@ -195,12 +196,10 @@ def test_loopback_by_default_and_a_warning_elsewhere(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.thirdparty
 def test_cli_loadtest_engine_locust_with_workers():
-    import subprocess
-    import sys
 
-    out = subprocess.run([sys.executable, "-m", "tuning", "loadtest", "--engine", "locust", "--workers", "2",
+    out = run_cli("loadtest", "--engine", "locust", "--workers", "2",
                           "--set", "device=sim", "--concurrency", "4", "--duration", "2", "--warmup-s", "1",
-                          "--limit", "50", "--json"], capture_output=True, text=True, timeout=300)
+                          "--limit", "50", "--json")
     assert out.returncode == 0, out.stderr[-3000:]
     data = json.loads(out.stdout)
     assert data["engine"] == "locust" and data["engine_stats"]["workers"] == 2
@@ -216,9 +215,6 @@ def test_cli_loadtest_engine_locust_with_workers():
     (["--workers", "2", "--requests", "10"], "--engine locust"),
 ])
 def test_cli_loadtest_engine_flags_are_checked(flags, needle):
-    import subprocess
-    import sys
 
-    bad = subprocess.run([sys.executable, "-m", "tuning", "loadtest", *flags], capture_output=True, text=True,
-                         timeout=120)
+    bad = run_cli("loadtest", *flags)
     assert bad.returncode == 2 and needle in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

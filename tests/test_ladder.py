@@ -2,13 +2,12 @@
 
 import itertools
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 
+from tests.cli_run import run_cli
 from tests.helpers import TinyModel
 from tuning.experiments.precision import precision_report
 from tuning.experiments.sweeps import batch_sweep
@@ -153,7 +152,7 @@ def test_batch_sweep_knee_and_oom_point():
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "tuning", *args], capture_output=True, text=True, timeout=600)
+    return run_cli(*args)
 
 
 @pytest.mark.slow

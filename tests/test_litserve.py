@@ -88,11 +88,11 @@ def test_plain_litserve_with_a_body_template():
         code, _, err = _run("loadtest", "--url", url + "/predict", "--requests", "5", "--limit", "5")
         assert code == 1 and "HTTP 500" in err  # this package's {"text": ...} is not what the app reads
         code, out, err = _run("watch", "--pid", str(proc.pid), "--url", url, "--route", "/predict", "--body",
-                              '{"input": "{text}"}', "--duration", "3", "--limit", "30", "--json")
+                              '{"input": "{text}"}', "--duration", "1", "--limit", "30", "--json")
         assert code == 0, err
         code, out, err = _run("loadtest", "--engine", "locust", "--url", url, "--route", "/predict", "--body",
-                              '{"input": "{text}"}', "--duration", "3", "--concurrency", "2", "--limit", "20",
-                              "--warmup-s", "1", "--json")
+                              '{"input": "{text}"}', "--duration", "1.5", "--concurrency", "2", "--limit", "20",
+                              "--warmup-s", "0.5", "--json")
         assert code == 0, err
         assert json.loads(out)["errors"] == 0
     assert _group_gone(proc.pid)  # no LitServe worker left behind

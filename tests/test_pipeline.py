@@ -1,11 +1,10 @@
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 
+from tests.cli_run import run_cli
 from tuning.knobs import Knobs, preset
 from tuning.offline.pipeline import STAGES, Pipeline, run_pipeline
 
@@ -86,7 +85,7 @@ def test_custom_formatter_and_texts():
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "tuning", *args], capture_output=True, text=True, timeout=300)
+    return run_cli(*args)
 
 
 def test_cli_run_json(messy_file):

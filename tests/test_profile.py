@@ -1,14 +1,13 @@
 import importlib
 import json
 import math
-import subprocess
-import sys
 import time
 import warnings
 
 import numpy as np
 import pytest
 
+from tests.cli_run import run_cli
 from tests.fake_nvml import FakeNvml
 from tuning.base.clock import FakeClock
 from tuning.experiments.profiled import profile_pipeline
@@ -22,7 +21,7 @@ dg = importlib.import_module("tuning.profile.diagnose")
 def test_gpu_sampler_reads_every_metric_from_nvml():
     fake = FakeNvml()
     with GpuSampler(0.1, nvml=fake) as sampler:
-        time.sleep(0.35)
+        pass  # a window's first and last readings are taken whatever the scheduler does: two per GPU
     frame = sampler.series.to_frame()
     assert sampler.series.available and len(frame) >= 4 and set(frame.gpu) == {0, 1}
     row = frame[frame.gpu == 1].iloc[0]
@@ -34,7 +33,7 @@ def test_gpu_sampler_reads_every_metric_from_nvml():
 
 def test_unsupported_metric_is_nan_not_invented():
     with GpuSampler(0.1, nvml=FakeNvml(devices=1, no_power=True)) as sampler:
-        time.sleep(0.15)
+        pass  # the first and the last reading
     frame = sampler.series.to_frame()
     assert len(frame) and frame.power_w.isna().all() and (frame.sm_util == 10).all()
 
@@ -46,7 +45,7 @@ def test_unsupported_metric_is_nan_not_invented():
 def test_no_nvml_or_no_gpu_warns_and_gives_an_empty_typed_series(fake, needle):
     with pytest.warns(RuntimeWarning, match=needle):
         with GpuSampler(0.1, nvml=fake) as sampler:
-            time.sleep(0.05)
+            pass
     frame = sampler.series.to_frame()
     assert not sampler.series.available and needle in sampler.series.reason
     assert frame.empty and frame.dtypes["sm_util"] == np.float64 and frame.dtypes["gpu"] == np.int64
@@ -104,25 +103,22 @@ def test_sampler_interval_is_validated():
 
 def test_host_sampler_sees_a_busy_named_thread():
     """The sampler attributes this process's CPU to the named thread that used it. On a shared machine the
-    spinner gets whatever share of a core the others leave, so the checks are load-free: it is the busiest
-    thread, it holds most of the process's CPU, and what it used plus what it waited for a free CPU (it is
-    always runnable) is most of a core."""
+    spinner gets whatever share of a core the others leave, so it spins for an amount of its own CPU time (not
+    of wall time: a loaded machine stretches the window instead of emptying it) while this thread waits on it,
+    and the checks are load-free: it is the busiest thread, it holds most of the process's CPU, and what it
+    used plus what it waited for a free CPU (it is always runnable) is most of a core."""
     import threading
 
     from tuning.base.threads import name_this_thread
 
-    stop = threading.Event()
-
     def spin():
         name_this_thread("spinner")
-        while not stop.is_set():
+        while time.thread_time() < 0.6:  # this thread's own CPU: several sampling intervals of it
             sum(range(1000))
 
     t = threading.Thread(target=spin)
     with HostSampler(0.1) as sampler:
         t.start()
-        time.sleep(0.8)
-        stop.set()
         t.join()
     top = sampler.series.top_threads(3)
     spinner = top[0]
@@ -268,8 +264,7 @@ def test_recorder_one_clock_and_joined_result():
 
 @pytest.mark.slow
 def test_cli_profile_json():
-    out = subprocess.run([sys.executable, "-m", "tuning", "profile", "--preset", "tuned", "--limit", "48", "--json"],
-                         capture_output=True, text=True, timeout=300)
+    out = run_cli("profile", "--preset", "tuned", "--limit", "48", "--json")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout[out.stdout.index("{"):])
     assert {"diagnosis", "threads", "gpu", "model_busy", "stages"} <= set(data)

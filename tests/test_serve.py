@@ -9,6 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import tuning.online.serve as serve
+from tests.cli_run import run_cli
 from tests.helpers import TinyModel
 from tuning.experiments.sweeps import load_sweep
 from tuning.inputs.readers import read_lines
@@ -234,9 +235,8 @@ def test_cli_serve_and_loadtest_url_together(tmp_path):
     try:
         line = serve.stdout.readline()
         assert f"127.0.0.1:{port}" in line, serve.stderr.read() if serve.poll() is not None else line
-        out = subprocess.run([sys.executable, "-m", "tuning", "loadtest", "--url", f"http://127.0.0.1:{port}/embed",
-                              "--concurrency", "4", "--requests", "24", "--limit", "100", "--json"],
-                             capture_output=True, text=True, timeout=300)
+        out = run_cli("loadtest", "--url", f"http://127.0.0.1:{port}/embed",
+                              "--concurrency", "4", "--requests", "24", "--limit", "100", "--json")
         assert out.returncode == 0, out.stderr
         data = json.loads(out.stdout)
         for key in ("qps", "p50_ms", "p95_ms", "p99_ms", "submitted", "ok", "errors", "timeouts", "rejected", "model_busy"):
@@ -250,16 +250,13 @@ def test_cli_serve_and_loadtest_url_together(tmp_path):
 
 @pytest.mark.slow
 def test_cli_loadtest_in_process_and_bad_flags():
-    import subprocess
-    import sys
 
-    out = subprocess.run([sys.executable, "-m", "tuning", "loadtest", "--set", "batch_size=4", "--concurrency", "8",
-                          "--requests", "32", "--limit", "64", "--json"], capture_output=True, text=True, timeout=300)
+    out = run_cli("loadtest", "--set", "batch_size=4", "--concurrency", "8",
+                          "--requests", "32", "--limit", "64", "--json")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert data["submitted"] == 32 and data["ok"] == 32 and data["mean_batch"] > 1
-    bad = subprocess.run([sys.executable, "-m", "tuning", "loadtest", "--concurrency", "4"],
-                         capture_output=True, text=True, timeout=120)
+    bad = run_cli("loadtest", "--concurrency", "4")
     assert bad.returncode == 2 and "--requests" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 
 

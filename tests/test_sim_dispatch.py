@@ -4,8 +4,6 @@ and a stand-in host part that lets other Python threads run the way torch's bind
 from __future__ import annotations
 
 import json
-import statistics
-import threading
 import time
 
 import pytest
@@ -15,7 +13,6 @@ from tests.sim_units import unit_device
 from tuning.sim import ModelProfile, SimulatedDevice, SimulatedModel, embedded_model_profile, load_profile, predict
 from tuning.sim.calibrate import Point, calibrate, read_sweeps
 from tuning.sim.dispatch import HostPart, host_dispatch_s
-from tuning.sim.standin import spin_cpu
 
 
 def _launches(n: int, flops: float = 0.0) -> ModelProfile:
@@ -128,52 +125,6 @@ def test_an_eager_only_calibration_over_an_old_base_does_not_count_a_dispatch_tw
     assert "whole host cost" in fitted.sources["graph_replay_s"]
     new, _ = calibrate(eager, embedded_model_profile(), "cuda", "fit", base="h200-sxm-estimate", host_dispatch_s=4e-6)
     assert new.graph_replay_s == load_profile("h200-sxm-estimate").graph_replay_s  # a split base: kept as it is
-
-
-def _other_thread_share(call, window_s: float = 0.03) -> float:
-    """Another Python thread's counting rate during repeated ``call()`` (for ``window_s``) over its rate during a
-    sleep as long, right after."""
-    count = {"n": 0}
-    stop = threading.Event()
-
-    def counter():
-        while not stop.is_set():
-            count["n"] += 1
-
-    thread = threading.Thread(target=counter, daemon=True)
-    thread.start()
-    try:
-        time.sleep(0.005)
-        n0, t0 = count["n"], time.perf_counter()
-        while time.perf_counter() - t0 < window_s:
-            call()
-        wall = time.perf_counter() - t0
-        busy = (count["n"] - n0) / wall
-        n0, t0 = count["n"], time.perf_counter()
-        time.sleep(wall)
-        alone = (count["n"] - n0) / (time.perf_counter() - t0)
-    finally:
-        stop.set()
-        thread.join()
-    return busy / alone
-
-
-def test_another_python_thread_runs_during_the_stand_ins_host_part():
-    """The stand-in's host part releases the GIL inside each launch, as torch's bindings do: another Python
-    thread keeps more of its pace than beside a GIL-holding spin of the same host time (the old host part).
-    Compared in interleaved pairs, as a ratio, so a loaded machine slows both alike."""
-    device = SimulatedDevice(unit_device(launch_s=20e-6, min_kernel_s=0.0, mem_bytes=1e12), _launches(40))
-    model = SimulatedModel(device, "fp32", "eager")
-    ids = torch.ones((1, 1), dtype=torch.long)
-    cost = device.cost(1, 1, "fp32", "eager")
-    assert cost.device_s == 0.0 and cost.host_s >= 40 * 20e-6  # the call is all host part
-    model(ids, ids)  # the first call plans and tunes the host part
-    ratios = []
-    for _ in range(5):
-        spin = _other_thread_share(lambda: spin_cpu(cost.host_s))
-        standin = _other_thread_share(lambda: model(ids, ids))
-        ratios.append(standin / spin)
-    assert statistics.median(ratios) > 1.25, f"share beside the stand-in / beside a spin: {ratios}"
 
 
 def test_the_host_part_costs_what_the_model_charges_and_runs_real_ops(monkeypatch):

@@ -4,12 +4,10 @@ optional load, with a diagnosis limited to what can be seen and a list of what c
 import json
 import math
 import os
-import subprocess
-import sys
-import time
 
 import pytest
 
+from tests.cli_run import run_cli
 from tuning.experiments.watch import ServiceProcess
 from tuning.profile.gpu import GpuSampler
 from tuning.profile.outside import OutsideSignals, cannot_see, diagnose_outside
@@ -65,16 +63,15 @@ def test_what_cannot_be_seen_depends_on_what_was_seen():
 
 def test_gpu_sampler_reports_another_processs_own_utilization():
     with GpuSampler(0.1, nvml=FakeNvml(devices=1), pid=1) as sampler:
-        time.sleep(0.25)
+        pass  # the window's first and last readings
     assert sampler.series.samples and all(s.proc_sm_util == 50 for s in sampler.series.samples)
     with GpuSampler(0.1, nvml=FakeNvml(devices=1), pid=999_999) as sampler:
-        time.sleep(0.15)
+        pass
     assert all(math.isnan(s.proc_sm_util) for s in sampler.series.samples)
 
 
 def test_watch_refuses_a_missing_process():
-    out = subprocess.run([sys.executable, "-m", "tuning", "watch", "--pid", "999999", "--duration", "1"],
-                         capture_output=True, text=True, timeout=120)
+    out = run_cli("watch", "--pid", "999999", "--duration", "1")
     assert out.returncode == 2 and "--pid 999999: no such process" in out.stderr, out.stderr
 
 
@@ -88,9 +85,8 @@ def service():
 @pytest.mark.slow
 def test_watch_a_separate_serve_process_under_load(service):
     pid, base = service
-    out = subprocess.run([sys.executable, "-m", "tuning", "watch", "--pid", str(pid), "--url", f"{base}/embed",
-                          "--concurrency", "4", "--duration", "3", "--interval", "0.25", "--limit", "200", "--json"],
-                         capture_output=True, text=True, timeout=300)
+    out = run_cli("watch", "--pid", str(pid), "--url", f"{base}/embed",
+                          "--concurrency", "4", "--duration", "1.5", "--interval", "0.25", "--limit", "200", "--json")
     assert out.returncode == 0, out.stderr[-2000:]
     s = json.loads(out.stdout)
     assert s["pid"] == pid and "tuning" in s["command"]
@@ -106,8 +102,8 @@ def test_watch_a_separate_serve_process_under_load(service):
     assert d["reasons"] and any("per-request stage times" in c for c in d["cannot_see"])
     if not s["gpu"]["available"]:
         assert any(c.startswith("the accelerator:") for c in d["cannot_see"])
-    text = subprocess.run([sys.executable, "-m", "tuning", "watch", "--pid", str(pid), "--duration", "1",
-                           "--interval", "0.25"], capture_output=True, text=True, timeout=300)
+    text = run_cli("watch", "--pid", str(pid), "--duration", "1",
+                           "--interval", "0.25")
     assert text.returncode == 0, text.stderr[-2000:]
     assert "threads by CPU" in text.stdout and "diagnosis from outside" in text.stdout
     assert "not visible from outside" in text.stdout

@@ -53,10 +53,12 @@ def test_installed_wheel_runs_from_any_directory(wheel, tmp_path):
                     str(wheel)], check=True, capture_output=True, text=True, timeout=300, env=env)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    where = subprocess.run(
+    imported = subprocess.run(
         [str(python), "-c", "import tuning, tuning.profile, tuning.sim, tuning.inputs.readers as d; "
                             "print(tuning.__file__); print(d.DEFAULT_DATA.is_file())"],
-        cwd=elsewhere, check=True, capture_output=True, text=True, timeout=120, env=env).stdout.split()
+        cwd=elsewhere, capture_output=True, text=True, timeout=120, env=env)
+    assert imported.returncode == 0, imported.stderr[-3000:]
+    where = imported.stdout.split()
     assert where[0].startswith(str(env_dir)), f"tuning imported from {where[0]}, not from the venv"
     assert where[1] == "True"
     run = subprocess.run([str(python), "-m", "tuning", "run", "--limit", "20"], cwd=elsewhere,

@@ -1,0 +1,96 @@
+"""Each notebook executed once per test session, and its executed copy kept for the tests that read it.
+
+Why one executor of our own (nbclient, the library nbconvert and papermill execute with) rather than nbval:
+a notebook must run once per test session, yet two kinds of test read it: ``tests/test_notebooks.py`` (it
+runs to the end, its asserts hold, nothing warned on stderr) and the browser test (its saved charts draw in
+JupyterLab). nbval executes a notebook inside its own collector and keeps nothing, so the browser had to run
+the notebooks again; it also starts every kernel with the same environment, while 01-04 run on this machine's
+real CPU and 05-07 on the default device (CUDA where present, else the simulated H200). Here each notebook is
+executed on first request, written to ``test-artifacts/notebooks/NN-name.ipynb`` with its outputs, and every
+later request in the session reads that copy.
+
+Run one by hand the same way: ``TUNING_QUICK=1 TUNING_DEVICE=cpu jupyter execute notebooks/01-trend-sampling.ipynb``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError, CellTimeoutError
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK_DIR = ROOT / "notebooks"
+NOTEBOOKS = sorted(p.stem for p in NOTEBOOK_DIR.glob("[0-9][0-9]-*.ipynb"))
+ON_THE_REAL_CPU = ("01", "02", "03", "04")  # the host-side investigation, measured on this machine
+CELL_TIMEOUT_S = 300  # one cell in quick mode; a cell past it fails its notebook
+ARTIFACTS = Path(os.environ.get("TUNING_NOTEBOOK_ARTIFACTS", ROOT / "test-artifacts" / "notebooks"))
+
+
+def device_for(name: str) -> str:
+    """The ``TUNING_DEVICE`` a notebook runs with: "cpu" for 01-04, the notebooks' own default for 05-07."""
+    return "cpu" if name[:2] in ON_THE_REAL_CPU else os.environ.get("TUNING_DEVICE", "auto")
+
+
+@dataclass(frozen=True)
+class Executed:
+    """One notebook's run: its executed copy, the first failing cell (if any) and every stderr stream."""
+
+    name: str
+    device: str
+    path: Path
+    seconds: float
+    failure: str = ""
+    stderr: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failure
+
+
+def kernel_env(name: str) -> dict[str, str]:
+    pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "TUNING_QUICK": "1", "TUNING_DEVICE": device_for(name), "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONPATH": pythonpath}  # the kernel imports this checkout's package, whatever else is installed
+
+
+def execute(name: str, out_dir: Path = ARTIFACTS) -> Executed:
+    """Run ``notebooks/<name>.ipynb`` top to bottom in a fresh kernel of this environment (quick mode) and
+    write the executed copy into ``out_dir``; a failing cell stops the run and is reported, not raised."""
+    nb = nbformat.read(NOTEBOOK_DIR / f"{name}.ipynb", as_version=4)
+    workdir = out_dir / f"{name}.run"  # what a notebook writes (a report, a checkpoint) stays out of the repo
+    workdir.mkdir(parents=True, exist_ok=True)
+    client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
+                            resources={"metadata": {"path": str(workdir)}})
+    failure = ""
+    t0 = time.monotonic()
+    try:
+        client.execute(env=kernel_env(name))
+    except CellTimeoutError as exc:
+        failure = f"a cell ran past {CELL_TIMEOUT_S} s: {str(exc)[:1500]}"
+    except CellExecutionError as exc:
+        failure = str(exc)[-3000:]
+    seconds = time.monotonic() - t0
+    path = out_dir / f"{name}.ipynb"
+    nbformat.write(nb, path)
+    stderr = [out.get("text", "") for cell in nb.cells if cell.cell_type == "code" for out in cell.get("outputs", [])
+              if out.get("output_type") == "stream" and out.get("name") == "stderr"]
+    return Executed(name, device_for(name), path, seconds, failure, stderr)
+
+
+class Runs:
+    """The session's executed notebooks, each run on first request."""
+
+    def __init__(self, out_dir: Path = ARTIFACTS):
+        self.out_dir = out_dir
+        self._done: dict[str, Executed] = {}
+
+    def __call__(self, name: str) -> Executed:
+        if name not in self._done:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            self._done[name] = execute(name, self.out_dir)
+        return self._done[name]
