@@ -4,7 +4,13 @@ from pathlib import Path
 
 import pytest
 
-from tuning.base.assets import DEFAULT_DATA
+# Under pytest-xdist each worker is given one core's worth of torch threads (torch reads OMP_NUM_THREADS when it
+# is imported, and tuning.base.machine.usable_cores() counts it): two workers of two intra-op threads each on a
+# 2-core machine kept four spinning threads on two cores, and the model-bound tests ran several times slower.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from tuning.base.assets import DEFAULT_DATA  # noqa: E402  (after the thread count torch reads on import)
 
 # For the whole run: the Rust tokenizer stays single-threaded in this process, so a
 # DataLoader worker forked later cannot inherit its thread pool mid-use (HF tokenizers' fork deadlock). Without it,
@@ -38,8 +44,22 @@ def messy_file(tmp_path: Path, shipped_lines) -> Path:
 
 
 @pytest.fixture(scope="session")
-def notebook_runs():
-    """Each notebook executed once per session, on first request (tests/notebook_runs.py)."""
+def notebook_runs(request):
+    """Each notebook executed once per run, on first request, in whichever xdist worker asks first
+    (tests/notebook_runs.py, tests/once.py)."""
     from tests.notebook_runs import Runs
+    from tests.once import run_id
 
-    return Runs()
+    return Runs(run_id(request.config))
+
+
+@pytest.fixture(scope="session")
+def quick_investigation(request, tmp_path_factory):
+    """One ``investigate --quick --json`` on a tiny slice, once per run (tests/investigation_run.py): its exit code,
+    stdout and output folder, read by the investigate tests and the browser's report test."""
+    from tests.investigation_run import quick_investigation as make
+    from tests.once import once, run_id, shared_folder
+
+    folder = shared_folder(tmp_path_factory) / "investigation"
+    code, stdout, out = once("investigate", run_id(request.config), folder, lambda: make(folder))
+    return code, stdout, Path(out)

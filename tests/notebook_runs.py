@@ -14,6 +14,7 @@ Run one by hand the same way: ``TUNING_QUICK=1 TUNING_DEVICE=cpu jupyter execute
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -83,14 +84,17 @@ def execute(name: str, out_dir: Path = ARTIFACTS) -> Executed:
 
 
 class Runs:
-    """The session's executed notebooks, each run on first request."""
+    """This run's executed notebooks: each executed by the first test (in any xdist worker) that asks."""
 
-    def __init__(self, out_dir: Path = ARTIFACTS):
-        self.out_dir = out_dir
-        self._done: dict[str, Executed] = {}
+    def __init__(self, run: str, out_dir: Path = ARTIFACTS):
+        self.run, self.out_dir = run, out_dir
 
     def __call__(self, name: str) -> Executed:
-        if name not in self._done:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            self._done[name] = execute(name, self.out_dir)
-        return self._done[name]
+        from tests.once import once
+
+        saved = once(f"notebook-{name}", self.run, self.out_dir, lambda: _as_json(execute(name, self.out_dir)))
+        return Executed(**{**saved, "path": Path(saved["path"])})
+
+
+def _as_json(run: Executed) -> dict:
+    return {**dataclasses.asdict(run), "path": str(run.path)}

@@ -18,7 +18,6 @@ any uncaught page error, a browser console error, or a cell error.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import secrets
@@ -36,7 +35,7 @@ import pytest
 
 from tuning.base.net import free_port
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.thirdparty]
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.thirdparty, pytest.mark.xdist_group("browser")]
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("TUNING_CHROMIUM", "/usr/bin/chromium")
@@ -437,33 +436,9 @@ def test_a_slider_drives_the_knob_panel(browser, lab, artifacts):
 # --- the investigate report ---------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory) -> Path:
-    """``investigate --quick`` on 16 short records with tiny ladder settings (a few seconds)."""
-    from tuning import cli
-    from tuning.experiments.capacity import CapacitySettings
-    from tuning.experiments.ladder import LadderSettings
-
-    # 1.2 s per load test: long enough for the recorder (0.5 s interval) to sample the threads
-    tiny = LadderSettings(concurrency=4, duration_s=1.2, warmup_s=0.1, max_pairs=3, sweep_sizes=(1, 2),
-                          sweep_repeats=1, sweep_rounds=1, waits_ms=(5.0,), joint_rounds=1, precision_texts=6,
-                          compile_on_cpu=False,
-                          capacity=CapacitySettings(max_windows=1, min_windows=1, tolerance=0.5, max_probes=3,
-                                                    halvings=2, doublings=1))
-    tmp = tmp_path_factory.mktemp("report")
-    data = tmp / "records.jsonl"
-    data.write_text("".join(json.dumps({"id": f"r{i}", "title": f"Widget {i}", "category": "gadget",
-                                        "attributes": {"color": "red"},
-                                        "body": f"Short review number {i}: works fine, cheap."}) + "\n"
-                            for i in range(16)))
-    out = tmp / "out"
-    mp = pytest.MonkeyPatch()
-    mp.setattr(LadderSettings, "quick", classmethod(lambda cls, **kw: tiny))
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            code = cli.main(["investigate", "--quick", "--data", str(data), "--device", "cpu", "--out", str(out),
-                             "--target-p99-ms", "5000", "--json"])
-    finally:
-        mp.undo()
+def report(quick_investigation) -> Path:
+    """The report of the run's one quick investigate (tests/investigation_run.py), shared with its own tests."""
+    code, _, out = quick_investigation
     assert code in (0, 3)  # 3: no configuration met the target (the report says so)
     return out / "report.html"
 

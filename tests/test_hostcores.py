@@ -17,6 +17,15 @@ PID = os.getpid()
 SIM = {"kind": "simulated", "name": "simulated h200-sxm-estimate"}
 
 
+@pytest.fixture(autouse=True)
+def two_core_run(monkeypatch):
+    """The runs here were made on 2 cores, whatever this machine has: a prediction for another core count
+    scales the GIL's cost from the run's count (GIL_CROSS_CORE), which defaults to this process's usable cores."""
+    import tuning.base.machine as machine
+
+    monkeypatch.setattr(machine, "usable_cores", lambda: 2)
+
+
 def _row(name, cpu_percent, pid=PID):
     return {"pid": pid, "tid": 1, "name": name, "cpu_mean": cpu_percent, "cpu_max": cpu_percent}
 

@@ -12,9 +12,8 @@ import re
 
 import pytest
 
+from tests.investigation_run import MALFORMED
 from tests.verdict_stubs import SmoothStub
-from tuning import cli
-from tuning.experiments.capacity import CapacitySettings
 from tuning.experiments.ladder import MIN_COSINE, LadderSettings, run_ladder
 
 
@@ -142,38 +141,10 @@ def test_bad_arguments_name_the_value():
 
 # --- end to end ---------------------------------------------------------------------------------
 
-TINY = LadderSettings(concurrency=4, duration_s=0.5, warmup_s=0.1, max_pairs=3, sweep_sizes=(1, 2), sweep_repeats=1,
-                      sweep_rounds=1, waits_ms=(5.0,), joint_rounds=1, precision_texts=6, compile_on_cpu=False,
-                      capacity=CapacitySettings(max_windows=1, min_windows=1, tolerance=0.5, max_probes=3, halvings=2,
-                                                doublings=1))
-MALFORMED = [b'{"id": "bad-json", "title": ', b'{"id": "no-body", "title": "t", "category": "c"}',
-             b'{"id": "empty", "title": "", "category": "", "attributes": {}, "body": "   "}', b"\xff\xfe not utf-8"]
-
-
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """One quick investigate on 16 short records plus 4 malformed lines, through the CLI with --json."""
-    import contextlib
-    import io
-
-    tmp = tmp_path_factory.mktemp("investigate")
-    data = tmp / "mine.jsonl"
-    lines = [json.dumps({"id": f"r{i}", "title": f"Widget {i}", "category": "gadget", "attributes": {"color": "red"},
-                         "body": f"Short review number {i}: works fine, cheap."}).encode() for i in range(16)]
-    lines[3:3] = MALFORMED[:2]
-    lines[9:9] = MALFORMED[2:]
-    data.write_bytes(b"\n".join(lines) + b"\n")
-    out = tmp / "out"
-    mp = pytest.MonkeyPatch()
-    mp.setattr(LadderSettings, "quick", classmethod(lambda cls, **kw: TINY))
-    stdout = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(stdout):
-            code = cli.main(["investigate", "--quick", "--data", str(data), "--device", "cpu", "--out", str(out),
-                             "--target-p99-ms", "5000", "--json"])
-    finally:
-        mp.undo()
-    return code, stdout.getvalue(), out
+@pytest.fixture
+def run(quick_investigation):
+    """One quick investigate on 16 short records plus 4 malformed lines, once per test run (tests/conftest.py)."""
+    return quick_investigation
 
 
 @pytest.mark.slow
@@ -194,6 +165,7 @@ def test_quick_run_writes_every_file_and_prints_only_json(run):
     assert summary["recommended"]["set_line"].startswith("--preset baseline")
 
 
+@pytest.mark.slow
 def test_summary_agrees_with_experiments_csv(run):
     _, stdout, out = run
     summary = json.loads(stdout)
@@ -221,6 +193,7 @@ def test_summary_agrees_with_experiments_csv(run):
             assert step["p99_ms"] == pytest.approx(cand[0]["p99_ms"]) and step["pairs"] == cand[0]["runs"]
 
 
+@pytest.mark.slow
 def test_malformed_lines_go_through_as_errors(run):
     _, stdout, _ = run
     summary = json.loads(stdout)
@@ -230,6 +203,7 @@ def test_malformed_lines_go_through_as_errors(run):
     assert summary["before"]["errors"] > 0
 
 
+@pytest.mark.slow
 def test_report_is_offline_with_a_chart_per_section(run):
     _, stdout, out = run
     page = (out / "report.html").read_text(encoding="utf-8")

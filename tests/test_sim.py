@@ -157,10 +157,15 @@ def _synthetic_points(truth: DeviceProfile, graphs=("eager", "cuda_graph"), size
 @pytest.fixture
 def pinned_dispatch(monkeypatch):
     """The host dispatch a synthetic calibration assumes, pinned: the one this process measures depends on how
-    loaded the machine is (a loaded suite failed the fit); the fit across dispatches has a test of its own."""
+    loaded the machine is (a loaded suite failed the fit), and the one the last sweep file read in this process
+    recorded (``calibrate.LAST_HOST_DISPATCH``, module state another test leaves behind) would be used before
+    it. The fit across dispatches has a test of its own."""
+    import tuning.sim.calibrate as calibrate_module
     import tuning.sim.dispatch as dispatch
 
     monkeypatch.setattr(dispatch, "_DISPATCH_S", 5e-6)
+    monkeypatch.setattr(calibrate_module, "LAST_HOST_DISPATCH", None)
+    monkeypatch.setattr(calibrate_module, "LAST_HOST_DISPATCH_KIND", None)
 
 
 def test_calibration_recovers_known_parameters(pinned_dispatch):
@@ -179,7 +184,7 @@ def test_calibration_recovers_known_parameters(pinned_dispatch):
 
 
 @pytest.mark.parametrize("dispatch_s", [2.5e-6, 5e-6, 2e-5])
-def test_calibration_recovers_known_parameters_whatever_the_hosts_dispatch(monkeypatch, dispatch_s):
+def test_calibration_recovers_known_parameters_whatever_the_hosts_dispatch(monkeypatch, pinned_dispatch, dispatch_s):
     """The clean-clone CI run read a worst error of 1.7% (limit 0.1%): the host dispatch the suite measured there
     put the replay behind the copies, and the fit slid to no replay at all (2.5-20 us: replay 0, worst 1.7-2.4%)."""
     import tuning.sim.dispatch as dispatch
@@ -384,6 +389,7 @@ def test_real_cpu_results_say_measured():
     assert result.device_busy == pytest.approx(result.model_busy)
 
 
+@pytest.mark.slow
 def test_sim_baseline_is_starved_or_fragmented_with_the_device_mostly_idle():
     """In a fresh process, as ``python -m tuning profile`` runs it: after the file's other tests in this one (a
     clean-clone CI run of 2026-12-02, and here), the loader workers' start-up filled the window (model busy

@@ -1,0 +1,44 @@
+"""One quick ``investigate`` on 16 short records plus 4 malformed lines, through the CLI with ``--json``, on tiny
+ladder settings: the end-to-end run the investigate tests and the browser's report test read (run once per test
+run by the ``quick_investigation`` fixture)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from tuning import cli
+from tuning.experiments.capacity import CapacitySettings
+from tuning.experiments.ladder import LadderSettings
+
+TINY = LadderSettings(concurrency=4, duration_s=0.5, warmup_s=0.1, max_pairs=3, sweep_sizes=(1, 2), sweep_repeats=1,
+                      sweep_rounds=1, waits_ms=(5.0,), joint_rounds=1, precision_texts=6, compile_on_cpu=False,
+                      capacity=CapacitySettings(max_windows=1, min_windows=1, tolerance=0.5, max_probes=3, halvings=2,
+                                                doublings=1))
+MALFORMED = [b'{"id": "bad-json", "title": ', b'{"id": "no-body", "title": "t", "category": "c"}',
+             b'{"id": "empty", "title": "", "category": "", "attributes": {}, "body": "   "}', b"\xff\xfe not utf-8"]
+
+
+def quick_investigation(folder: Path) -> tuple[int, str, str]:
+    """Runs it in ``folder``; returns the exit code, stdout and the output folder."""
+    data = folder / "mine.jsonl"
+    lines = [json.dumps({"id": f"r{i}", "title": f"Widget {i}", "category": "gadget", "attributes": {"color": "red"},
+                         "body": f"Short review number {i}: works fine, cheap."}).encode() for i in range(16)]
+    lines[3:3] = MALFORMED[:2]
+    lines[9:9] = MALFORMED[2:]
+    data.write_bytes(b"\n".join(lines) + b"\n")
+    out = folder / "out"
+    mp = pytest.MonkeyPatch()
+    mp.setattr(LadderSettings, "quick", classmethod(lambda cls, **kw: TINY))
+    stdout = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(stdout):
+            code = cli.main(["investigate", "--quick", "--data", str(data), "--device", "cpu", "--out", str(out),
+                             "--target-p99-ms", "5000", "--json"])
+    finally:
+        mp.undo()
+    return code, stdout.getvalue(), str(out)
