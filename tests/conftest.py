@@ -63,3 +63,9 @@ def quick_investigation(request, tmp_path_factory):
     folder = shared_folder(tmp_path_factory) / "investigation"
     code, stdout, out = once("investigate", run_id(request.config), folder, lambda: make(folder))
     return code, stdout, Path(out)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The slow tests first (stable order otherwise): with two workers, a long test started last would run alone
+    at the end while the other worker idles; started first, the short ones fill the other worker around it."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

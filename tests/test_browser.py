@@ -292,11 +292,14 @@ NOTEBOOK_JS = """() => {
 
 
 def _open(page, lab: Lab, name: str) -> dict:
-    """Open a notebook as saved (outputs included) and wait until its cells are in the page; returns the
-    notebook's state (see NOTEBOOK_JS)."""
+    """Open a notebook as saved (outputs included) and wait until all its code cells are in the page (a
+    notebook still loading shows one empty cell); returns the notebook's state (see NOTEBOOK_JS)."""
+    import nbformat
+
+    code_cells = sum(c.cell_type == "code" for c in nbformat.read(lab.root / f"{name}.ipynb", as_version=4).cells)
     page.goto(f"{lab.url}/lab/tree/{name}.ipynb?reset&token={lab.token}")
-    page.wait_for_function("() => { const s = (" + NOTEBOOK_JS + ")(); return s && s.cells.length > 0; }",
-                           timeout=180_000)  # generous: a loaded 2-core machine
+    page.wait_for_function("n => { const s = (" + NOTEBOOK_JS + ")(); return s && s.cells.length === n; }",
+                           arg=code_cells, timeout=180_000)  # generous: a loaded 2-core machine
     return page.evaluate(NOTEBOOK_JS)
 
 

@@ -119,6 +119,19 @@ def _wait_for(pred, timeout: float = 150.0) -> None:
     raise AssertionError("the command never reached the state the test waits for")
 
 
+def _cpu_s(pid: int) -> float:
+    import psutil
+
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+def _wait_for_cpu(pid: int, seconds: float) -> None:
+    """Until the process has used ``seconds`` more of CPU time: its own progress, not the wall clock's."""
+    start = _cpu_s(pid)
+    _wait_for(lambda: _cpu_s(pid) - start >= seconds)
+
+
 def _children(pid: int) -> list[int]:
     import psutil
 
@@ -158,7 +171,7 @@ def test_ctrl_c_during_run_keeps_the_ledger_and_ends_loader_workers():
     try:
         _wait_for(lambda: len(_children(proc.pid)) >= 2)  # the loader workers: the measured loop is running
         workers = _children(proc.pid)
-        time.sleep(1.0)
+        _wait_for_cpu(proc.pid, 1.0)  # batches went through the model (however slowly a loaded machine runs it)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:
@@ -176,7 +189,7 @@ def test_ctrl_c_during_loadtest_prints_valid_json_with_what_was_measured():
                            "--limit", "50", "--json"])
     try:
         _wait_for(lambda: "batcher" in _thread_names(proc.pid))  # the server is up; load starts next
-        time.sleep(3.0)
+        _wait_for_cpu(proc.pid, 1.0)  # requests were answered
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:
