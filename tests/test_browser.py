@@ -345,10 +345,9 @@ def _shot(locator_or_page, path: Path, **kw) -> None:
     locator_or_page.screenshot(path=str(path), **kw)
 
 
-@pytest.mark.parametrize("name", NOTEBOOKS)
-def test_executed_notebook_draws_its_charts(browser, lab, artifacts, name):
-    """The executed copy opens in JupyterLab and every chart it saved draws, as a reader of a run notebook
-    sees it (the plotly outputs render from the file; no cell runs again)."""
+@contextlib.contextmanager
+def _lab_page(browser, artifacts: Path, failure_shot: str):
+    """A page in a fresh browser context on the Lab, watched by a Guard; a screenshot when the test fails."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000}, service_workers="block")
     # JupyterLab's language-server extension asks its server part for /lsp/status; where that server
     # extension is not enabled for this environment (a venv over the system's packages) the answer is a 404
@@ -356,20 +355,30 @@ def test_executed_notebook_draws_its_charts(browser, lab, artifacts, name):
     page = context.new_page()
     guard.watch(page)
     try:
-        state = _open(page, lab, name)
-        saved = sum(c["plotly"] for c in state["cells"])
-        assert saved >= 2, f"{name}: the executed copy holds {saved} charts: {state}"
-        assert not [e for c in state["cells"] for e in c["errors"]], state
-        _wait_for_charts(page, name, saved)
-        page.locator(".jp-OutputArea .js-plotly-plot").first.scroll_into_view_if_needed()
-        _shot(page, artifacts / f"{name[:2]}-first-chart-in-lab.png")
-        guard.check()
+        yield page, guard
     except Exception:
         with contextlib.suppress(Exception):
-            _shot(page, artifacts / f"failure-{name[:2]}.png")
+            _shot(page, artifacts / failure_shot)
         raise
     finally:
         context.close()
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_executed_notebook_draws_its_charts(browser, lab, artifacts, name):
+    """The executed copy opens in JupyterLab and every chart it saved draws, as a reader of a run notebook
+    sees it (the plotly outputs render from the file; no cell runs again)."""
+    try:
+        with _lab_page(browser, artifacts, f"failure-{name[:2]}.png") as (page, guard):
+            state = _open(page, lab, name)
+            saved = sum(c["plotly"] for c in state["cells"])
+            assert saved >= 2, f"{name}: the executed copy holds {saved} charts: {state}"
+            assert not [e for c in state["cells"] for e in c["errors"]], state
+            _wait_for_charts(page, name, saved)
+            page.locator(".jp-OutputArea .js-plotly-plot").first.scroll_into_view_if_needed()
+            _shot(page, artifacts / f"{name[:2]}-first-chart-in-lab.png")
+            guard.check()
+    finally:
         lab.shutdown_kernels()
 
 
@@ -377,11 +386,7 @@ def test_a_slider_drives_the_knob_panel(browser, lab, artifacts):
     """In a live kernel: the knob panel of 03 draws; moving its batch-size slider reruns the measurement and
     the chart on the page changes."""
     t0 = time.monotonic()
-    context = browser.new_context(viewport={"width": 1400, "height": 1000}, service_workers="block")
-    guard = Guard(context, allow_console=("/lsp/status",))
-    page = context.new_page()
-    guard.watch(page)
-    try:
+    with _lab_page(browser, artifacts, "failure-knob-panel.png") as (page, guard):
         state = _open_and_run(page, lab, PANEL)
         panels = [i for i, c in enumerate(state["cells"]) if c["widgets"]]
         assert panels, f"{PANEL}: no widget output (the knob panel) after running: {state}"
@@ -427,12 +432,6 @@ def test_a_slider_drives_the_knob_panel(browser, lab, artifacts):
         print(f"slider {label!r} moved {value_before!r} -> {readout.inner_text() if readout.count() else '?'}; "
               f"status {status_after!r}")
         guard.check()
-    except Exception:
-        with contextlib.suppress(Exception):
-            _shot(page, artifacts / "failure-lab.png")
-        raise
-    finally:
-        context.close()
     assert time.monotonic() - t0 < 600, "the panel's round trip should take a few minutes at most"
 
 
