@@ -60,14 +60,14 @@ def test_recorder_without_cuda_keeps_the_reason_without_a_warning(monkeypatch):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with recorder_mod.Recorder(0.1, host=False) as rec:
-            time.sleep(0.05)
+            pass
     said = [str(w.message) for w in caught if "GPU sampling off" in str(w.message)]
     series = rec.gpu_sampler.series
     assert said == [] or series.available, said
     assert series.available or series.reason
     with pytest.warns(RuntimeWarning, match="no GPU"):
         with recorder_mod.Recorder(0.1, host=False, nvml=FakeNvml(devices=0)):
-            time.sleep(0.05)
+            pass
 
 
 def test_real_environment_samples_the_gpu_or_says_why_not():
@@ -76,7 +76,7 @@ def test_real_environment_samples_the_gpu_or_says_why_not():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with GpuSampler(0.1) as sampler:
-            time.sleep(0.05)
+            pass  # the first and the last reading, if there is a GPU
     series, frame = sampler.series, sampler.series.to_frame()
     said = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
     if series.available:
@@ -88,12 +88,14 @@ def test_real_environment_samples_the_gpu_or_says_why_not():
 
 
 def test_nvml_error_mid_run_warns_keeps_real_samples_and_stops():
-    fake = FakeNvml(devices=1, fail_after=2)
-    with pytest.warns(RuntimeWarning, match="NVML error mid-run after 2 samples"):
+    """The first reading succeeds and the next one fails, whether the scheduler gives the sampler a periodic
+    reading before the window ends or only the last one at its end."""
+    fake = FakeNvml(devices=1, fail_after=1)
+    with pytest.warns(RuntimeWarning, match="NVML error mid-run after 1 samples"):
         with GpuSampler(0.1, nvml=fake) as sampler:
-            time.sleep(0.5)
-    assert len(sampler.series.to_frame()) == 2 and "GPU is lost" in sampler.series.reason
-    assert fake.calls == 3  # no sampling after the failure
+            pass
+    assert len(sampler.series.to_frame()) == 1 and "GPU is lost" in sampler.series.reason
+    assert fake.calls == 2  # no sampling after the failure
 
 
 def test_sampler_interval_is_validated():
