@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,13 +43,15 @@ def run_cli(*argv: str, capfd=None, cwd: Path | None = None) -> CliRun:
 @contextlib.contextmanager
 def _started_in(cwd: Path | None):
     """As a process started in ``cwd``: a ``--model module:factory`` imports from there (the CLI puts the
-    working folder on ``sys.path``, as ``python -m`` does); afterwards ``sys.path`` is as it was and modules
-    imported from ``cwd`` are forgotten, so the next test's module of the same name is its own."""
-    saved_path, saved_modules = list(sys.path), set(sys.modules)
+    working folder on ``sys.path``, as ``python -m`` does); afterwards the working folder and ``sys.path`` are
+    as they were and the modules this call imported from ``cwd`` are forgotten."""
+    saved_path, saved_modules, saved_cwd = list(sys.path), set(sys.modules), os.getcwd()
     try:
-        with contextlib.chdir(cwd) if cwd is not None else contextlib.nullcontext():
-            yield
+        if cwd is not None:
+            os.chdir(cwd)
+        yield
     finally:
+        os.chdir(saved_cwd)
         sys.path[:] = saved_path
         if cwd is not None:
             for name in set(sys.modules) - saved_modules:

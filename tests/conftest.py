@@ -18,6 +18,20 @@ from tuning.base.assets import DEFAULT_DATA  # noqa: E402  (after the thread cou
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.fixture(autouse=True)
+def no_sweeps_read_before(monkeypatch):
+    """Reading sweep files leaves what they recorded in ``tuning.sim.calibrate`` (the sweeping host's dispatch,
+    the card's memory and name), which a later ``calibrate()`` in the same process uses before its own
+    measurement: a calibration test that ran after a sweep-reading one fitted a launch cost of 0 instead of
+    7 us. Each test starts with none read."""
+    import sys
+
+    calibrate = sys.modules.get("tuning.sim.calibrate")
+    if calibrate is not None:
+        for name in ("LAST_DEVICE_MEMORY", "LAST_DEVICE_NAME", "LAST_HOST_DISPATCH", "LAST_HOST_DISPATCH_KIND"):
+            monkeypatch.setattr(calibrate, name, None)
+
+
 @pytest.fixture(scope="session")
 def shipped_lines() -> list[bytes]:
     return DEFAULT_DATA.read_bytes().splitlines()

@@ -4,14 +4,12 @@ run by the ``quick_investigation`` fixture)."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from pathlib import Path
 
 import pytest
 
-from tuning import cli
+from tests.cli_run import run_cli
 from tuning.experiments.capacity import CapacitySettings
 from tuning.experiments.ladder import LadderSettings
 
@@ -34,11 +32,9 @@ def quick_investigation(folder: Path) -> tuple[int, str, str]:
     out = folder / "out"
     mp = pytest.MonkeyPatch()
     mp.setattr(LadderSettings, "quick", classmethod(lambda cls, **kw: TINY))
-    stdout = io.StringIO()
     try:
-        with contextlib.redirect_stdout(stdout):
-            code = cli.main(["investigate", "--quick", "--data", str(data), "--device", "cpu", "--out", str(out),
-                             "--target-p99-ms", "5000", "--json"])
+        done = run_cli("investigate", "--quick", "--data", str(data), "--device", "cpu", "--out", str(out),
+                       "--target-p99-ms", "5000", "--json")
     finally:
         mp.undo()
-    return code, stdout.getvalue(), str(out)
+    return done.returncode, done.stdout, str(out)

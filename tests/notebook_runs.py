@@ -1,4 +1,4 @@
-"""Each notebook executed once per test session, and its executed copy kept for the tests that read it.
+"""Each notebook executed once per test run, and its executed copy kept for the tests that read it.
 
 Why one executor of our own (nbclient, the library nbconvert and papermill execute with) rather than nbval:
 a notebook must run once per test session, yet two kinds of test read it: ``tests/test_notebooks.py`` (it
@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
+from jupyter_client.kernelspec import KernelSpec
+from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
@@ -53,10 +55,27 @@ class Executed:
         return not self.failure
 
 
-def kernel_env(name: str) -> dict[str, str]:
+def checkout_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a kernel or a JupyterLab: quick mode, and ``tuning`` imported from this
+    checkout whatever else is installed. Under xdist it carries the worker's ``OMP_NUM_THREADS=1``
+    (tests/conftest.py): a kernel then runs torch on one thread, as the worker beside it does."""
     pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, "TUNING_QUICK": "1", "TUNING_DEVICE": device_for(name), "TOKENIZERS_PARALLELISM": "false",
-            "PYTHONPATH": pythonpath}  # the kernel imports this checkout's package, whatever else is installed
+    return {**os.environ, "TUNING_QUICK": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": pythonpath, **extra}
+
+
+def kernel_env(name: str) -> dict[str, str]:
+    return checkout_env(TUNING_DEVICE=device_for(name))
+
+
+class ThisPythonKernel(KernelManager):
+    """A kernel of this interpreter (as nbval's ``--nbval-current-env`` was), not whichever ``python3`` kernelspec
+    is found first on the machine."""
+
+    @property
+    def kernel_spec(self) -> KernelSpec:
+        from ipykernel.kernelspec import get_kernel_dict
+
+        return KernelSpec(**get_kernel_dict())
 
 
 def execute(name: str, out_dir: Path = ARTIFACTS) -> Executed:
@@ -65,7 +84,7 @@ def execute(name: str, out_dir: Path = ARTIFACTS) -> Executed:
     nb = nbformat.read(NOTEBOOK_DIR / f"{name}.ipynb", as_version=4)
     workdir = out_dir / f"{name}.run"  # what a notebook writes (a report, a checkpoint) stays out of the repo
     workdir.mkdir(parents=True, exist_ok=True)
-    client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
+    client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", kernel_manager_class=ThisPythonKernel,
                             resources={"metadata": {"path": str(workdir)}})
     failure = ""
     t0 = time.monotonic()
@@ -75,6 +94,8 @@ def execute(name: str, out_dir: Path = ARTIFACTS) -> Executed:
         failure = f"a cell ran past {CELL_TIMEOUT_S} s: {str(exc)[:1500]}"
     except CellExecutionError as exc:
         failure = str(exc)[-3000:]
+    except Exception as exc:  # a kernel that died or never started: a failure of this notebook, said once
+        failure = f"{type(exc).__name__}: {str(exc)[:1500]}"
     seconds = time.monotonic() - t0
     path = out_dir / f"{name}.ipynb"
     nbformat.write(nb, path)

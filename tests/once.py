@@ -9,6 +9,7 @@ run's id, so a later run never reads an earlier one's.
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from pathlib import Path
 from typing import Any, Callable
@@ -33,14 +34,23 @@ def shared_folder(tmp_path_factory) -> Path:
 
 
 def once(key: str, run: str, folder: Path, make: Callable[[], Any]) -> Any:
-    """``make()`` once for ``key`` in run ``run``; its value (JSON) is saved in ``folder`` for the others."""
+    """``make()`` once for ``key`` in run ``run``; its value (JSON) is saved in ``folder`` for the others. ``make``
+    reports a failure in its value rather than raising: a raise saves nothing, and the next asker tries again."""
     folder.mkdir(parents=True, exist_ok=True)
     saved = folder / f"{key}.json"
     with FileLock(str(folder / f"{key}.lock")):
-        if saved.is_file():
-            done = json.loads(saved.read_text())
-            if done.get("run") == run:
-                return done["value"]
+        done = _read(saved)
+        if done.get("run") == run:
+            return done["value"]
         value = make()
-        saved.write_text(json.dumps({"run": run, "value": value}))
+        partial = saved.with_suffix(".json.tmp")
+        partial.write_text(json.dumps({"run": run, "value": value}))
+        os.replace(partial, saved)  # whole or not at all: a worker killed mid-write leaves no half a file
         return value
+
+
+def _read(saved: Path) -> dict:
+    try:
+        return json.loads(saved.read_text())
+    except (OSError, ValueError):
+        return {}

@@ -4,6 +4,7 @@ The folder tests use a tiny randomly initialised BERT saved by transformers to a
 
 import json
 import shutil
+import sys
 import textwrap
 from pathlib import Path
 
@@ -163,8 +164,9 @@ def test_cli_model_factory_and_formatter(user_module, spec):
     assert s["stages"]["preprocess"]["p50_ms"] is not None
 
 
-def test_the_formatter_shapes_what_the_model_sees(user_module, monkeypatch):
+def test_the_formatter_shapes_what_the_model_sees(user_module, monkeypatch, request):
     monkeypatch.syspath_prepend(str(user_module))
+    request.addfinalizer(lambda: sys.modules.pop("my_models", None))  # the CLI tests import their own copy
     fmt = load_callable("my_models:title_only", "--formatter")
     model, _, _ = resolve_model("my_models:build", preset("tuned"))
     full = Pipeline(preset("tuned", dtype="fp32"), model=model).run(limit=40)

@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 import psutil
 import pytest
 
+from tests.notebook_runs import checkout_env
 from tuning.base.net import free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.thirdparty, pytest.mark.xdist_group("browser")]
@@ -233,11 +234,9 @@ def lab(tmp_path_factory, artifacts, notebook_runs):
     for sub in ("workspaces", "runtime", "config"):
         (base / sub).mkdir()
     token, port = secrets.token_hex(16), free_port()
-    # PYTHONPATH: the kernels import ``tuning`` from this checkout, whatever else is installed
-    pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = dict(os.environ, TUNING_QUICK="1", TUNING_DEVICE="cpu", TOKENIZERS_PARALLELISM="false", PYTHONPATH=pythonpath,
-               JUPYTERLAB_SETTINGS_DIR=str(settings), JUPYTERLAB_WORKSPACES_DIR=str(base / "workspaces"),
-               JUPYTER_RUNTIME_DIR=str(base / "runtime"), JUPYTER_CONFIG_DIR=str(base / "config"))
+    env = checkout_env(TUNING_DEVICE="cpu", JUPYTERLAB_SETTINGS_DIR=str(settings),
+                       JUPYTERLAB_WORKSPACES_DIR=str(base / "workspaces"), JUPYTER_RUNTIME_DIR=str(base / "runtime"),
+                       JUPYTER_CONFIG_DIR=str(base / "config"))
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
            f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
            f"--ServerApp.root_dir={root}", "--ServerApp.terminals_enabled=False",
@@ -345,20 +344,25 @@ def _shot(locator_or_page, path: Path, **kw) -> None:
     locator_or_page.screenshot(path=str(path), **kw)
 
 
+# JupyterLab's language-server extension asks its server part for /lsp/status; where that server extension is
+# not enabled for this environment (a venv over the system's packages) the answer is a 404
+LAB_CONSOLE_ALLOWED = ("/lsp/status",)
+
+
 @contextlib.contextmanager
-def _lab_page(browser, artifacts: Path, failure_shot: str):
-    """A page in a fresh browser context on the Lab, watched by a Guard; a screenshot when the test fails."""
-    context = browser.new_context(viewport={"width": 1400, "height": 1000}, service_workers="block")
-    # JupyterLab's language-server extension asks its server part for /lsp/status; where that server
-    # extension is not enabled for this environment (a venv over the system's packages) the answer is a 404
-    guard = Guard(context, allow_console=("/lsp/status",))
+def _watched_page(browser, artifacts: Path, failure_shot: str, viewport=(1400, 1000), offline: bool = False,
+                  allow_console: tuple[str, ...] = LAB_CONSOLE_ALLOWED):
+    """A page in a fresh browser context, watched by a Guard; a full-page screenshot when the test fails."""
+    context = browser.new_context(viewport={"width": viewport[0], "height": viewport[1]}, service_workers="block")
+    context.set_offline(offline)
+    guard = Guard(context, allow_console=allow_console)
     page = context.new_page()
     guard.watch(page)
     try:
         yield page, guard
-    except Exception:
+    except BaseException:  # pytest.fail too
         with contextlib.suppress(Exception):
-            _shot(page, artifacts / failure_shot)
+            _shot(page, artifacts / failure_shot, full_page=True)
         raise
     finally:
         context.close()
@@ -369,7 +373,7 @@ def test_executed_notebook_draws_its_charts(browser, lab, artifacts, name):
     """The executed copy opens in JupyterLab and every chart it saved draws, as a reader of a run notebook
     sees it (the plotly outputs render from the file; no cell runs again)."""
     try:
-        with _lab_page(browser, artifacts, f"failure-{name[:2]}.png") as (page, guard):
+        with _watched_page(browser, artifacts, f"failure-{name[:2]}.png") as (page, guard):
             state = _open(page, lab, name)
             saved = sum(c["plotly"] for c in state["cells"])
             assert saved >= 2, f"{name}: the executed copy holds {saved} charts: {state}"
@@ -386,7 +390,7 @@ def test_a_slider_drives_the_knob_panel(browser, lab, artifacts):
     """In a live kernel: the knob panel of 03 draws; moving its batch-size slider reruns the measurement and
     the chart on the page changes."""
     t0 = time.monotonic()
-    with _lab_page(browser, artifacts, "failure-knob-panel.png") as (page, guard):
+    with _watched_page(browser, artifacts, "failure-knob-panel.png") as (page, guard):
         state = _open_and_run(page, lab, PANEL)
         panels = [i for i, c in enumerate(state["cells"]) if c["widgets"]]
         assert panels, f"{PANEL}: no widget output (the knob panel) after running: {state}"
@@ -457,12 +461,8 @@ SECTIONS_JS = """() => Array.from(document.querySelectorAll('section[data-sectio
 def test_report_draws_every_chart_offline(browser, report, artifacts):
     """The report, opened from disk with the network cut: plotly.js loads from the page itself, every
     section's figure drew, and nothing tried to reach another host."""
-    context = browser.new_context(viewport={"width": 1300, "height": 900}, service_workers="block")
-    context.set_offline(True)
-    guard = Guard(context)
-    page = context.new_page()
-    guard.watch(page)
-    try:
+    with _watched_page(browser, artifacts, "failure-report.png", viewport=(1300, 900), offline=True,
+                       allow_console=()) as (page, guard):
         page.goto(report.as_uri(), wait_until="load")
         assert page.evaluate("() => typeof window.Plotly === 'object' && !!window.Plotly.newPlot"), \
             "plotly.js did not load from the page"
@@ -485,9 +485,3 @@ def test_report_draws_every_chart_offline(browser, report, artifacts):
         page.locator("section#ladder figure.chart").first.scroll_into_view_if_needed()
         _shot(page.locator("section#ladder figure.chart").first, artifacts / "report-ladder-chart.png")
         guard.check()
-    except Exception:
-        with contextlib.suppress(Exception):
-            _shot(page, artifacts / "failure-report.png", full_page=True)
-        raise
-    finally:
-        context.close()

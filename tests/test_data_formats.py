@@ -164,14 +164,14 @@ def test_cli_run_takes_each_format(name, tmp_path):
     write(path)
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in kwargs.items()]
     out = run_cli("run", "--preset", "tuned", "--data", str(path), *flags,
-                          "--json")
+                  "--json")
     assert out.returncode == 0, out.stderr[-2000:]
     summary = json.loads(out.stdout)
     assert summary["ok"] == 4 and summary["ok"] + summary["errors"] == summary["requests"]
 
 
-def test_cli_bad_text_column_exits_2_with_one_line(tmp_path):
+def test_cli_bad_text_column_exits_2_with_one_line(tmp_path, capfd):
     path = tmp_path / "r.csv"
     _write_csv(path)
-    out = run_cli("run", "--data", str(path), "--text-column", "body")
+    out = run_cli("run", "--data", str(path), "--text-column", "body", capfd=capfd)
     assert out.returncode == 2 and "--text-column 'body'" in out.stderr and "review" in out.stderr, out.stderr

@@ -198,8 +198,8 @@ def test_loopback_by_default_and_a_warning_elsewhere(monkeypatch):
 def test_cli_loadtest_engine_locust_with_workers():
 
     out = run_cli("loadtest", "--engine", "locust", "--workers", "2",
-                          "--set", "device=sim", "--concurrency", "4", "--duration", "2", "--warmup-s", "1",
-                          "--limit", "50", "--json")
+                  "--set", "device=sim", "--concurrency", "4", "--duration", "2", "--warmup-s", "1",
+                  "--limit", "50", "--json")
     assert out.returncode == 0, out.stderr[-3000:]
     data = json.loads(out.stdout)
     assert data["engine"] == "locust" and data["engine_stats"]["workers"] == 2
@@ -214,7 +214,7 @@ def test_cli_loadtest_engine_locust_with_workers():
     (["--engine", "locust", "--duration", "1", "--rate", "5"], "closed loop"),
     (["--workers", "2", "--requests", "10"], "--engine locust"),
 ])
-def test_cli_loadtest_engine_flags_are_checked(flags, needle):
+def test_cli_loadtest_engine_flags_are_checked(flags, needle, capfd):
 
-    bad = run_cli("loadtest", *flags)
+    bad = run_cli("loadtest", *flags, capfd=capfd)
     assert bad.returncode == 2 and needle in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

@@ -151,23 +151,19 @@ def test_batch_sweep_knee_and_oom_point():
         batch_sweep(runner, torch.device("cpu"), [0])
 
 
-def _cli(*args):
-    return run_cli(*args)
-
-
 @pytest.mark.slow
 def test_cli_sweep_batch_and_plan_json():
-    out = _cli("sweep", "batch", "--sizes", "1,2,4", "--length", "16", "--repeats", "2", "--json")
+    out = run_cli("sweep", "batch", "--sizes", "1,2,4", "--length", "16", "--repeats", "2", "--json")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert [p["batch_size"] for p in data["points"]] == [1, 2, 4] and data["knee"] in (1, 2, 4)
-    out = _cli("plan", "--preset", "tuned", "--k", "3", "--limit", "300", "--json")
+    out = run_cli("plan", "--preset", "tuned", "--k", "3", "--limit", "300", "--json")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert len(data["planned_buckets"]) == 3
     wastes = {s["key"]: s["waste"] for s in data["strategies"]}
     assert wastes["grouped-dynamic"] <= wastes["grouped-planned"] < wastes["arrival-dynamic"] < wastes["arrival-fixed"]
-    bad = _cli("sweep", "batch", "--sizes", "a,b")
+    bad = run_cli("sweep", "batch", "--sizes", "a,b")
     assert bad.returncode == 2 and "comma-separated" in bad.stderr
 
 

@@ -84,12 +84,8 @@ def test_custom_formatter_and_texts():
     assert [r.outcome for r in texts.requests] == ["ok", "error", "ok"]
 
 
-def _cli(*args):
-    return run_cli(*args)
-
-
 def test_cli_run_json(messy_file):
-    out = _cli("run", "--preset", "tuned", "--data", str(messy_file), "--json", "--set", "batch_size=4")
+    out = run_cli("run", "--preset", "tuned", "--data", str(messy_file), "--json", "--set", "batch_size=4")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert {"throughput_rps", "model_busy", "requests", "ok", "errors", "stages", "knobs"} <= set(data)
@@ -98,7 +94,7 @@ def test_cli_run_json(messy_file):
 
 
 def test_cli_table(messy_file):
-    out = _cli("run", "--data", str(messy_file))
+    out = run_cli("run", "--data", str(messy_file))
     assert out.returncode == 0 and "stage ledger" in out.stdout and "missing field 'body'" in out.stdout
 
 
@@ -112,8 +108,8 @@ def test_cli_table(messy_file):
     (["run", "--limit", "0"], "must be >= 1"),
     ([], "choose a command"),
 ])
-def test_cli_bad_input_exits_2_with_one_line(args, needle):
-    out = _cli(*args)
+def test_cli_bad_input_exits_2_with_one_line(args, needle, capfd):
+    out = run_cli(*args, capfd=capfd)
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], out.stderr

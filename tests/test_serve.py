@@ -236,7 +236,7 @@ def test_cli_serve_and_loadtest_url_together(tmp_path):
         line = serve.stdout.readline()
         assert f"127.0.0.1:{port}" in line, serve.stderr.read() if serve.poll() is not None else line
         out = run_cli("loadtest", "--url", f"http://127.0.0.1:{port}/embed",
-                              "--concurrency", "4", "--requests", "24", "--limit", "100", "--json")
+                      "--concurrency", "4", "--requests", "24", "--limit", "100", "--json")
         assert out.returncode == 0, out.stderr
         data = json.loads(out.stdout)
         for key in ("qps", "p50_ms", "p95_ms", "p99_ms", "submitted", "ok", "errors", "timeouts", "rejected", "model_busy"):
@@ -249,14 +249,14 @@ def test_cli_serve_and_loadtest_url_together(tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_loadtest_in_process_and_bad_flags():
+def test_cli_loadtest_in_process_and_bad_flags(capfd):
 
     out = run_cli("loadtest", "--set", "batch_size=4", "--concurrency", "8",
-                          "--requests", "32", "--limit", "64", "--json")
+                  "--requests", "32", "--limit", "64", "--json")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert data["submitted"] == 32 and data["ok"] == 32 and data["mean_batch"] > 1
-    bad = run_cli("loadtest", "--concurrency", "4")
+    bad = run_cli("loadtest", "--concurrency", "4", capfd=capfd)
     assert bad.returncode == 2 and "--requests" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 
 import numpy as np
@@ -157,15 +158,10 @@ def _synthetic_points(truth: DeviceProfile, graphs=("eager", "cuda_graph"), size
 @pytest.fixture
 def pinned_dispatch(monkeypatch):
     """The host dispatch a synthetic calibration assumes, pinned: the one this process measures depends on how
-    loaded the machine is (a loaded suite failed the fit), and the one the last sweep file read in this process
-    recorded (``calibrate.LAST_HOST_DISPATCH``, module state another test leaves behind) would be used before
-    it. The fit across dispatches has a test of its own."""
-    import tuning.sim.calibrate as calibrate_module
+    loaded the machine is (a loaded suite failed the fit). The fit across dispatches has a test of its own."""
     import tuning.sim.dispatch as dispatch
 
     monkeypatch.setattr(dispatch, "_DISPATCH_S", 5e-6)
-    monkeypatch.setattr(calibrate_module, "LAST_HOST_DISPATCH", None)
-    monkeypatch.setattr(calibrate_module, "LAST_HOST_DISPATCH_KIND", None)
 
 
 def test_calibration_recovers_known_parameters(pinned_dispatch):
@@ -315,8 +311,10 @@ def test_stand_in_device_part_is_slept_not_spun(monkeypatch):
     from tuning.sim import standin
 
     slept, asked = [], []
-    real_sleep = time.sleep
-    monkeypatch.setattr(standin.time, "sleep", lambda s: slept.append(s) or real_sleep(s))
+    real_sleep, caller = time.sleep, threading.get_ident()
+    # time.sleep is one function for the whole process: count this thread's sleeps only
+    monkeypatch.setattr(standin.time, "sleep",
+                        lambda s: (slept.append(s) if threading.get_ident() == caller else None) or real_sleep(s))
     ids = torch.ones((1, 1), dtype=torch.long)
     device = _timed_device(host_s=0.0, device_s=0.1)
     device_sleep = device.sleep

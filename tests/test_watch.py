@@ -86,7 +86,7 @@ def service():
 def test_watch_a_separate_serve_process_under_load(service):
     pid, base = service
     out = run_cli("watch", "--pid", str(pid), "--url", f"{base}/embed",
-                          "--concurrency", "4", "--duration", "1.5", "--interval", "0.25", "--limit", "200", "--json")
+                  "--concurrency", "4", "--duration", "1.5", "--interval", "0.25", "--limit", "200", "--json")
     assert out.returncode == 0, out.stderr[-2000:]
     s = json.loads(out.stdout)
     assert s["pid"] == pid and "tuning" in s["command"]
@@ -103,7 +103,7 @@ def test_watch_a_separate_serve_process_under_load(service):
     if not s["gpu"]["available"]:
         assert any(c.startswith("the accelerator:") for c in d["cannot_see"])
     text = run_cli("watch", "--pid", str(pid), "--duration", "1",
-                           "--interval", "0.25")
+                   "--interval", "0.25")
     assert text.returncode == 0, text.stderr[-2000:]
     assert "threads by CPU" in text.stdout and "diagnosis from outside" in text.stdout
     assert "not visible from outside" in text.stdout
