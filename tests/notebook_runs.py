@@ -1,13 +1,13 @@
 """Each notebook executed once per test run, and its executed copy kept for the tests that read it.
 
 Why one executor of our own (nbclient, the library nbconvert and papermill execute with) rather than nbval:
-a notebook must run once per test session, yet two kinds of test read it: ``tests/test_notebooks.py`` (it
+a notebook must run once per test run, yet two kinds of test read it: ``tests/test_notebooks.py`` (it
 runs to the end, its asserts hold, nothing warned on stderr) and the browser test (its saved charts draw in
 JupyterLab). nbval executes a notebook inside its own collector and keeps nothing, so the browser had to run
 the notebooks again; it also starts every kernel with the same environment, while 01-04 run on this machine's
 real CPU and 05-07 on the default device (CUDA where present, else the simulated H200). Here each notebook is
 executed on first request, written to ``test-artifacts/notebooks/NN-name.ipynb`` with its outputs, and every
-later request in the session reads that copy.
+later request in the run, from any xdist worker, reads that copy (tests/once.py).
 
 Run one by hand the same way: ``TUNING_QUICK=1 TUNING_DEVICE=cpu jupyter execute notebooks/01-trend-sampling.ipynb``.
 """
