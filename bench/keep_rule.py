@@ -1,132 +1,130 @@
-"""Monte-Carlo of the ladder's keep rule through its public seam (SIMULATED: a stub queue, no timing).
+"""The engine's error rates through its public seam (SIMULATED: ``tests.worlds``, computed queues, no timing).
 
-``run_ladder(..., measure=stub)`` with ``tests.verdict_stubs.QueueStub``: an M/D/1 queue whose service rate
-carries 5% run-to-run noise, 400 outcomes a window, past its knee a queue that grows at rate - mu, p99 target
-800 ms. Three cases per settings (quick, as
-``investigate --quick`` runs, and full):
+``run_ladder(..., measure=world)`` on every world of ``tests/worlds.py`` (each configuration an M/D/1 server
+kept warm across its windows, lognormal run-to-run noise, a 20% slow drift, 5% of windows in a deep dip, a
+client that lags in 10% of windows) at 5, 10 and 15% noise, in quick and full settings. Per case:
 
-- **no-op**: no knob changes anything; the share of ladders that ship any knob, and false keeps per decision;
-- **+10%, +20%, +30%, +50%**: every step's knob raises the capacity by that much; the share of decided steps
-  kept;
-- **thin**: the no-op and +20% cases with 80 outcomes a window (a slow machine's short windows: too few for any
-  count to pass after quick mode's 3 pairs).
+- **no knob matters**: the share of runs that ship any change (should be at most 5%);
+- **two knobs matter, with an interaction** (batch x1.4, bf16 x1.2, buckets x1.1 with batches): the share
+  whose shipped configuration's service rate is within 10% of the best's;
+- **one knob worth +10%**: the share that ship it;
+- **a knob gains throughput but breaks the target**: the share that ship it (should be 0);
+- **unreachable target**: the share that say the target was not met (should be all).
 
-    python bench/keep_rule.py [--runs 100] [--quick]
+Every rate with its 95% Wilson interval, and the windows and simulated seconds a run took.
 
-Writes ``bench/results/keep_rule.json`` (``--quick``: 10 runs, temporary folder). The unit tests bound the
-same rule with fewer runs (``tests/test_verdict.py``); this gives the figures README quotes.
+    python bench/keep_rule.py [--runs 200] [--quick]
+
+Writes ``bench/results/keep_rule.json`` and ``docs/deciding-results.md`` (``--quick``: 20 runs, a temporary
+folder, no docs page).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import time
+from pathlib import Path
 
+import numpy as np
 from common import write
 
-from tests.verdict_stubs import QueueStub
+from tests.worlds import TARGET_MS, WORLDS, World, best_rate, seam_kwargs
+from tuning.experiments.judge import wilson
 from tuning.experiments.ladder import LadderSettings, run_ladder
 
-TARGET_P99_MS = 800.0
-NOISE = 0.05
-FACTORS = (1.10, 1.20, 1.30, 1.50)
-THIN = 80  # outcomes a window in the thin cases
-# past the knee the stub's queue grows at rate - mu, so the race's latency gate sees each arm's capacity (the
-# stub's default gives every overloaded run the same latencies: the gate would never fire)
-OVERLOAD = "queue"  # every step's knob raises the capacity by this much
-STEPS = ("workers", "batch", "tokenizer", "buckets", "precision", "batching", "joint", "again")
-EFFECT_STEPS = ("workers", "tokenizer", "precision")  # one knob each, no knee or plan involved
-KNOBS = [lambda k: k.num_workers > 2, lambda k: k.batch_size > 1, lambda k: k.tokenizer == "fast",
-         lambda k: k.padding == "bucket", lambda k: k.dtype == "bf16"]
+NOISES = (0.05, 0.10, 0.15)
+LAG_SHARE = 0.10
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "deciding-results.md"
 
 
-class _Sweep:
-    knee = 8
+def outcome(world_name: str, world: World, result) -> bool:
+    """Whether this run did the right thing in its world."""
+    shipped = result.changes()
+    if world_name == "no knob matters":
+        return not shipped
+    if world_name == "two knobs matter, with an interaction":
+        return world.service_rate(result.recommended) >= 0.9 * best_rate(world)
+    if world_name == "one knob worth +10%":
+        return shipped.get("tokenizer") == "fast"
+    if world_name == "a knob gains throughput but breaks the target":
+        return shipped.get("tokenizer") != "fast"
+    if world_name == "unreachable target":
+        return not result.target_met
+    raise KeyError(world_name)
 
 
-def _ladder(measure, settings: LadderSettings, steps=STEPS):
-    return run_ladder(device="cpu", measure=measure, progress=False, settings=settings, steps=steps,
-                      sweep=lambda knobs: _Sweep(), accuracy=lambda dtypes: {"bf16": 0.99999},
-                      lengths=[12, 20, 31, 40, 64, 90], target_p99_ms=TARGET_P99_MS)
-
-
-def kept_by(step) -> str:
-    """Which rule kept ``step``: the race's count (``race pass``), the race's latency gate (``latency gate``),
-    the target met where the reference missed it (``target met``, judged before the pairs' interval), the
-    light-load pairs' interval (``light-load pairs``), or ``other``. Read from the step's reason and figures."""
-    race = step.figures.get("race_verdict")
-    if race == "candidate":
-        return "race pass"
-    if race == "candidate faster":
-        return "latency gate"
-    if "meets the target" in step.reason and "where the reference did not" in step.reason:
-        return "target met"  # judged before the pairs' interval, whatever that said
-    return "light-load pairs" if step.figures.get("verdict") == "better" else "other"
-
-
-def no_op(settings: LadderSettings, runs: int, window: int = 400) -> dict:
-    shipped = decisions = kept = gated = 0
-    by: dict[str, int] = {}
+def run_case(world_name: str, noise: float, runs: int, settings: LadderSettings) -> dict:
+    good, windows, sim_s, shipped = 0, [], [], {}
     for seed in range(runs):
-        ladder = _ladder(QueueStub(base_rate=40.0, noise=NOISE, seed=seed, overload=OVERLOAD, window=window), settings)
-        decided = [s for s in ladder.steps if s.status in ("kept", "not kept")]
-        decisions += len(decided)
-        kept += sum(s.status == "kept" for s in decided)
-        shipped += bool(ladder.changes())
-        gated += sum(s.status == "kept" and s.figures.get("race_verdict") == "candidate faster" for s in decided)
-        for s in decided:
-            if s.status == "kept":
-                rule = kept_by(s)
-                by[rule] = by.get(rule, 0) + 1
-    return {"runs": runs, "window": window, "runs_shipping_a_knob": shipped, "false_keeps_by_the_latency_gate": gated,
-            "false_keeps_by_rule": dict(sorted(by.items())),
-            "share_of_runs": shipped / runs, "decisions": decisions,
-            "false_keeps": kept, "false_keeps_per_decision": kept / decisions if decisions else None}
+        world = World(noise=noise, seed=seed, lag_share=LAG_SHARE, **WORLDS[world_name])
+        result = run_ladder(device="cpu", measure=world, progress=False, settings=settings, target_p99_ms=TARGET_MS,
+                            **seam_kwargs())
+        good += outcome(world_name, world, result)
+        windows.append(len(result.windows))
+        sim_s.append(world.clock)
+        line = result.set_line()
+        shipped[line] = shipped.get(line, 0) + 1
+    low, high = wilson(good, runs)
+    return {"world": world_name, "noise": noise, "runs": runs, "right": good, "rate": round(good / runs, 4),
+            "low": round(low, 4), "high": round(high, 4), "windows_median": float(np.median(windows)),
+            "simulated_s_median": round(float(np.median(sim_s)), 1),
+            "shipped_most": sorted(shipped.items(), key=lambda kv: -kv[1])[:3]}
 
 
-def effect(settings: LadderSettings, runs: int, factor: float, window: int = 400) -> dict:
-    kept = decided = gated = 0
-    for seed in range(runs):
-        stub = QueueStub([(test, factor) for test in KNOBS], base_rate=40.0, noise=NOISE, seed=seed,
-                         overload=OVERLOAD, window=window)
-        steps = [s for s in _ladder(stub, settings, EFFECT_STEPS).steps if s.status in ("kept", "not kept")]
-        decided += len(steps)
-        kept += sum(s.status == "kept" for s in steps)
-        gated += sum(s.status == "kept" and s.figures.get("race_verdict") == "candidate faster" for s in steps)
-    return {"runs": runs, "window": window, "factor": factor, "steps_decided": decided, "steps_kept": kept,
-            "kept_by_the_latency_gate": gated,
-            "share_kept": kept / decided if decided else None}
+WHAT_RIGHT_MEANS = {
+    "no knob matters": "ships no change",
+    "two knobs matter, with an interaction": "ships within 10% of the best",
+    "one knob worth +10%": "ships the +10% knob",
+    "a knob gains throughput but breaks the target": "does not ship the knob",
+    "unreachable target": "says the target was not met",
+}
+
+
+def docs_page(out: dict) -> str:
+    lines = ["# The engine's error rates (SIMULATED)", "",
+             "Generated by `bench/keep_rule.py` from `bench/results/keep_rule.json`: the engine through its seam",
+             "(`run_ladder(measure=world)`) on the simulated worlds of `tests/worlds.py`, "
+             f"{out['runs']} runs a case, with 95% Wilson intervals. Nothing here is a measurement of a machine.", ""]
+    for mode, cases in out["cases"].items():
+        lines += [f"## {mode} settings", "", "| world | right means | noise | right | 95% interval | windows | simulated s |",
+                  "|---|---|---|---|---|---|---|"]
+        for c in cases:
+            lines.append(f"| {c['world']} | {WHAT_RIGHT_MEANS[c['world']]} | {100 * c['noise']:.0f}% | "
+                         f"{100 * c['rate']:.1f}% | {100 * c['low']:.1f}-{100 * c['high']:.1f}% | "
+                         f"{c['windows_median']:.0f} | {c['simulated_s_median']:.0f} |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=100, help="ladders per case")
-    parser.add_argument("--quick", action="store_true", help="check the script: 10 runs, temporary output")
-    args = parser.parse_args()
-    runs = 10 if args.quick else args.runs
-    out = {"what": "SIMULATED: the keep rule's false keeps and power through run_ladder(measure=stub); an M/D/1 "
-                   f"stub with {100 * NOISE:.0f}% run-to-run noise on its service rate, p99 target "
-                   f"{TARGET_P99_MS:.0f} ms; no timing", "simulated": True, "settings": {}}
-    # the stubs model the keep rule, not this host: the workers step is judged whatever the cores (quick mode
-    # skips it on fewer than 3, LadderSettings.workers_min_cores)
-    for name, settings in (("quick", LadderSettings.quick(workers_min_cores=0)), ("full", LadderSettings.full())):
-        t0 = time.perf_counter()
-        res = {"no_op": no_op(settings, runs),
-               **{f"plus_{round(100 * (f - 1))}": effect(settings, runs, f) for f in FACTORS}}
-        # thin races: 80 outcomes a window, under the 299 a count needs after quick mode's 3 pairs (the thin
-        # race's extension; at 400 a window no race is thin)
-        res["no_op_thin"], res["plus_20_thin"] = no_op(settings, runs, THIN), effect(settings, runs, 1.20, THIN)
-        res["seconds"] = round(time.perf_counter() - t0, 1)
-        out["settings"][name] = res
-        n = res["no_op"]
-        kept = "; ".join(f"+{round(100 * (f - 1))}%: {res[f'plus_{round(100 * (f - 1))}']['steps_kept']} of "
-                         f"{res[f'plus_{round(100 * (f - 1))}']['steps_decided']}" for f in FACTORS)
-        print(f"{name}: no-op: {n['runs_shipping_a_knob']} of {runs} runs shipped a knob "
-              f"({n['false_keeps']} false keeps in {n['decisions']} decisions, by rule {n['false_keeps_by_rule']}); "
-              f"steps kept: {kept}; thin ({THIN} a window): no-op {res['no_op_thin']['runs_shipping_a_knob']} of {runs} "
-              f"runs shipped a knob, +20% {res['plus_20_thin']['steps_kept']} of {res['plus_20_thin']['steps_decided']} "
-              f"kept ({res['seconds']:.0f} s)", flush=True)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=200)
+    ap.add_argument("--quick", action="store_true", help="20 runs a case, a temporary folder")
+    ap.add_argument("--modes", default="quick,full", help="settings to run: quick, full or both")
+    args = ap.parse_args()
+    runs = 20 if args.quick else args.runs
+    t0 = time.perf_counter()
+    out: dict = {"what": "SIMULATED: the engine's error rates through run_ladder(measure=world) on tests/worlds.py "
+                         "(M/D/1 servers kept warm, lognormal noise, 20% drift, 5% dips, a client lagging in "
+                         f"{100 * LAG_SHARE:.0f}% of windows), target p99 {TARGET_MS:.0f} ms",
+                 "simulated": True, "runs": runs, "target_p99_ms": TARGET_MS, "cases": {}}
+    for mode in args.modes.split(","):
+        settings = LadderSettings.quick() if mode == "quick" else LadderSettings.full()
+        cases = []
+        for name in WORLDS:
+            for noise in NOISES:
+                case = run_case(name, noise, runs, settings)
+                cases.append(case)
+                print(f"{mode:<5} {name:<48} noise {100 * noise:>3.0f}%: {100 * case['rate']:5.1f}% right "
+                      f"[{100 * case['low']:.1f}-{100 * case['high']:.1f}], {case['windows_median']:.0f} windows",
+                      flush=True)
+        out["cases"][mode] = cases
+    out["wall_s"] = round(time.perf_counter() - t0, 1)
     write("keep_rule", out, quick=args.quick)
+    if not args.quick:
+        DOCS.write_text(docs_page(out) + "\n")
+        print(f"wrote {DOCS}")
 
 
 if __name__ == "__main__":

@@ -4,14 +4,11 @@ Phases (a progress bar each, a line per finished ladder step):
 
 1. **baseline**: the ``baseline`` preset under fixed-concurrency load with the recorder (trends,
    per-thread CPU, stage ledger, diagnosis);
-2. **ladder**: :func:`tuning.experiments.ladder.run_ladder`, one variable at a time, each judged in interleaved
-   pairs against the step before and kept only if it helps beyond the noise (the files are rewritten after
-   every step);
-3. **confirm**: the recommended configuration at its capacity as a capacity probe, recorder off (the headline:
-   capacity, and the probe's verdict and p99 with its interval, against the baseline's; when it fails, fresh
-   probes a capacity-bracket step lower each, at most :data:`CONFIRM_DESCENT`, until one holds:
-   :attr:`Investigation.held`), then once more under the recorder for its profile (the recorder's own cost
-   shows as the difference);
+2. **decide**: :func:`tuning.experiments.ladder.run_ladder`, the engine of ``docs/deciding.md``: a factorial
+   screen of the knobs on throughput, a line search, one confirmation against the baseline, a target check
+   of the winner and the baseline on a warm server (the files are rewritten as it goes);
+3. **profile**: the recommended configuration once more under the recorder, at its capacity (the recorder's
+   own cost shows as the difference from the target check's window there);
 4. **what-if** (unless on a GPU): baseline and recommended on the simulated accelerator
    (``--what-if PROFILE``): would this host pipeline feed that device, and what starves it first;
 5. **report**: ``report.html`` (self-contained, offline), ``experiments.csv`` (one row per measured
@@ -34,30 +31,23 @@ from tuning.base.contract import with_schema
 from tuning.base.format import fixed, pct, rounded
 from tuning.base.machine import MachineWatch, busy_elsewhere, cpu_name
 from tuning.base.progress import progress_bar
-from tuning.experiments.capacity import Probe, fresh_probe, pooled_figures
 from tuning.experiments.ladder import (
     DEFAULT_TARGET_P99_MS,
     LadderError,
     LadderResult,
     LadderSettings,
-    device_block,
-    input_texts,
-    load_inputs,
     measure_for,
     run_ladder,
 )
 from tuning.experiments.trial import Trial
+from tuning.experiments.workload import device_block, input_texts, load_inputs
 from tuning.knobs import preset
 from tuning.sim.device import device_for
 
 DEFAULT_OUT = "investigation"
-CONFIRM_SALT = 7_777  # the confirm probe's arrivals: apart from the capacity search's and the replication's
-# below a confirm that failed, at most this many fresh probes, each one capacity-bracket step (tolerance) lower:
-# quick investigate here passed 79.0 req/s in one 4 s window of its search (model busy 99.5%, the queue still
-# building) and the confirm there failed by the knee (61 of 81 req/s answered); 3 of 4 quick runs ended so
-CONFIRM_DESCENT = 2
 FED_DEVICE_BUSY = 0.70  # the what-if calls a device "fed" at or above this busy share (diagnose.SATURATED_BUSY)
-WORK_STAGES = ("read", "preprocess", "postprocess")  # host stages that do work (queue waits are their symptom)
+WORK_STAGES = ("read", "preprocess", "postprocess")
+CHECKPOINT_REPORT_S = 30.0  # a partial report.html is rewritten at most this often (summary.json every window)  # host stages that do work (queue waits are their symptom)
 
 
 @dataclass
@@ -72,50 +62,16 @@ class Investigation:
     before: Trial  # baseline under the recorder (trial.profile)
     ladder: LadderResult | None
     after: Trial | None = None  # recommended under the recorder (open loop at its capacity: its profile)
-    confirm: Probe | None = None  # recommended at its capacity as a probe, recorder off (the headline)
-    descent: list[Probe] = field(default_factory=list)  # below a failed confirm, a bracket step down each
     what_if: dict[str, Any] = field(default_factory=dict)
     wall_s: float = math.nan
     files: dict[str, str] = field(default_factory=dict)
-    confirm_rate: float | None = None  # the confirm probe's rate (the capacity found)
-    recorder_rate: float | None = None  # the run under the recorder's (``after``): the rate that held, if one did
+    recorder_rate: float | None = None  # the rate of the run under the recorder (the capacity found)
     interrupted: bool = False
     partial: bool = False  # the files of a run still going (or cut short): what was done so far
 
     @property
     def target_met(self) -> bool:
         return bool(self.ladder is not None and self.ladder.target_met)
-
-    @property
-    def held(self) -> Probe | None:
-        """The highest rate at which the recommended configuration met the target on fresh arrivals, recorder
-        off: the confirm when it passed, else the first passing probe of the descent below it (None: neither)."""
-        if self.confirm is not None and self.confirm.passed:
-            return self.confirm
-        return next((p for p in self.descent if p.passed), None)
-
-    def descent_sentence(self) -> str:
-        """What the probes below a failed confirm found, said once for the headline and the report ("" when the
-        confirm passed or did not run). One probe at each rate brackets the capacity; it does not pin it: with
-        a rate that held, the capacity now lies between it and the lowest rate that failed."""
-        c = self.confirm
-        if c is None or c.passed:
-            return ""
-        held = self.held
-        # a probe that did not pass is not always a failure ("undecided": the windows disagreed, a busy machine)
-        failed = [p.rate for p in [c, *self.descent] if p.verdict == "fail"]
-        if held is None:
-            lowest = f", nor at {self.descent[-1].rate:.1f} req/s" if self.descent else ""
-            tried = ("; a capacity-bracket step down at a time, on fresh arrivals: " + _probes_text(self.descent)
-                     + "; none held") if self.descent else ""
-            bound = (f"this machine's capacity now lies below {min(failed):.1f} req/s" if failed else
-                     "read the capacity found as an upper bound on this machine now")
-            return f"the confirm did not hold at the capacity found ({c.rate:.1f} req/s){lowest}{tried}: {bound}"
-        where = (f"this machine's capacity now lies between {held.rate:.1f} and {min(failed):.1f} req/s (one probe "
-                 f"each way; plan on {held.rate:.1f})" if failed else
-                 f"this machine's capacity now is at least {held.rate:.1f} req/s (no probe above it failed)")
-        return (f"the confirm did not hold at the capacity found ({c.rate:.1f} req/s); a capacity-bracket step down at "
-                f"a time, on fresh arrivals: {_probes_text(self.descent)}; {held.rate:.1f} req/s held: {where}")
 
     def summary(self) -> dict[str, Any]:
         ladder = self.ladder.summary()
@@ -130,20 +86,11 @@ class Investigation:
             "headline": headline(self), "interrupted": self.interrupted, "partial": self.partial,
             "diagnosis": _diagnosis(self.before),
             "before": _trial_summary(self.before), "after": _trial_summary(self.after),
-            "confirm_rate": rounded(self.confirm_rate), "recorder_rate": rounded(self.recorder_rate),
-            "confirm": self.confirm.row() if self.confirm is not None else None,
-            "confirm_descent": [p.row() for p in self.descent],
-            "held_rate": rounded(self.held.rate) if self.held is not None else None,
+            "recorder_rate": rounded(self.recorder_rate),
             **ladder,
             "what_if": {k: (v if k != "runs" else {n: _trial_summary(t) for n, t in v.items()})
                         for k, v in self.what_if.items()},
         }
-
-
-def _probes_text(probes: list[Probe]) -> str:
-    """'39.4 req/s fail by knee (40 of 310 over); ...' ('?': a probe whose outcomes were not counted)."""
-    return "; ".join(f"{p.rate:.1f} req/s {p.verdict} by {p.by} ({p.exceed if p.exceed >= 0 else '?'} of {p.n} over)"
-                     for p in probes)
 
 
 def _diagnosis(trial: Trial | None) -> dict[str, Any] | None:
@@ -320,11 +267,10 @@ def run_investigation(data: Any = None, device: str = "auto", quick: bool = Fals
     t_start = time.perf_counter()
     watch = MachineWatch()
     settings = settings or (LadderSettings.quick() if quick else LadderSettings.full())
-    overrides = {k: v for k, v in (("limit", limit), ("objective", objective), ("error_budget", error_budget),
-                                   ("seed", seed), ("concurrency", concurrency)) if v is not None}
-    if error_budget is not None:
-        overrides["capacity"] = dataclasses.replace(settings.capacity, error_budget=error_budget)
-    settings = dataclasses.replace(settings, **overrides)
+    own = {k: v for k, v in (("limit", limit), ("concurrency", concurrency)) if v is not None}
+    engine = {k: v for k, v in (("objective", objective), ("error_budget", error_budget), ("seed", seed))
+              if v is not None}
+    settings = dataclasses.replace(settings, engine=dataclasses.replace(settings.engine, **engine), **own)
     dev = device_for(device, what_if if device == "sim" else None, fallback="cpu")
     env = environment(dev, what_if)  # checks the what-if profile before anything is written
     previous = None
@@ -370,11 +316,17 @@ def run_investigation(data: Any = None, device: str = "auto", quick: bool = Fals
                               "then run again")
         inv = Investigation(out, quick, device_block(dev, base.sim_profile), env, data_info, before, None)
 
+        written = [0.0]
+
         def checkpoint(partial: LadderResult) -> None:
             inv.ladder = partial
             inv.wall_s = time.perf_counter() - t_start
             env["machine"] = watch.info()
-            _write_files(inv, env, render, partial=True)  # the report of what was done so far, too
+            # summary.json (the state a resume replays) after every window; the report at most every 30 s
+            full = time.perf_counter() - written[0] >= CHECKPOINT_REPORT_S
+            _write_files(inv, env, render if full else None, partial=True)
+            if full:
+                written[0] = time.perf_counter()
 
         ladder = run_ladder(inputs, dev, settings=settings, target_p99_ms=target_p99_ms, measure=measure,
                             progress=progress, first=before, sim_profile=what_if if dev.knob == "sim" else None,
@@ -383,7 +335,7 @@ def run_investigation(data: Any = None, device: str = "auto", quick: bool = Fals
         interrupted = ladder.interrupted
         if not interrupted:
             try:
-                _confirm_and_what_if(inv, measure, base, ladder, dev, what_if, progress, say)
+                _profile_and_what_if(inv, measure, base, ladder, dev, what_if, progress, say)
             except KeyboardInterrupt:
                 interrupted = True
         bar, _, status = progress_bar(progress, total=1, desc="report")
@@ -402,37 +354,16 @@ def run_investigation(data: Any = None, device: str = "auto", quick: bool = Fals
             measure.close()
 
 
-def _confirm_and_what_if(inv: Investigation, measure: Any, base: Any, ladder: LadderResult, dev: Any,
+def _profile_and_what_if(inv: Investigation, measure: Any, base: Any, ladder: LadderResult, dev: Any,
                          what_if: str | None, progress: Any, say: Callable[[str], None]) -> None:
-    """The recommended configuration at its capacity: a capacity probe with the recorder off (the headline;
-    the recorder costs CPU that the served path then lacks: on this 2-core CPU a single window under it read
-    p99 925 ms at the 63.1 req/s its own search had passed below 800), then one run under the recorder for its
-    profile; and the what-if."""
-    target = ladder.objective == "target" and ladder.capacity is not None and ladder.capacity.met
-    rate = ladder.capacity.capacity if target else None
-    bar, _, status = progress_bar(progress, total=2 if rate else 1, desc="confirm")
-    inv.confirm, inv.descent = None, []
-    if rate:
-        status(f"recommended configuration at {rate:.1f} req/s (recorder off)")
-        inv.confirm = fresh_probe(measure, ladder.recommended, rate, ladder.target_p99_ms, ladder.settings.capacity,
-                                  salt=CONFIRM_SALT)
-        bar.update(1)
-        say(f"confirm (recorder off): {inv.confirm.sentence()}")
-        down = rate
-        while not inv.confirm.passed and len(inv.descent) < CONFIRM_DESCENT and inv.held is None:
-            # the search passed a rate at the knee (a short window can, while the queue still builds): step down
-            # the bracket until one holds, so that the headline carries a rate this machine met on new arrivals
-            down /= 1 + ladder.settings.capacity.tolerance
-            status(f"recommended configuration one bracket step lower, at {down:.1f} req/s (recorder off)")
-            inv.descent.append(fresh_probe(measure, ladder.recommended, down, ladder.target_p99_ms,
-                                           ladder.settings.capacity, salt=CONFIRM_SALT))
-            say(f"confirm, a step down (recorder off): {inv.descent[-1].sentence()}")
-    # the recorder's run where the configuration held (its profile then describes a machine that copes), else
-    # at the capacity found
-    on = inv.held.rate if rate and inv.held is not None else rate
-    status("recommended configuration under the recorder" + (f" at {on:.1f} req/s" if on else ""))
-    inv.after = measure(ladder.recommended, rate=on, record=True)
-    inv.confirm_rate, inv.recorder_rate = rate, on
+    """The recommended configuration once more under the recorder, at its capacity (a closed loop when no
+    rate met the target), for its profile; and the what-if."""
+    cap = ladder.capacity
+    rate = cap.capacity if ladder.objective == "target" and cap is not None and cap.met else None
+    bar, _, status = progress_bar(progress, total=1, desc="profile")
+    status("recommended configuration under the recorder" + (f" at {rate:.1f} req/s" if rate else ""))
+    inv.after = measure(ladder.recommended, rate=rate, record=True)
+    inv.recorder_rate = rate
     bar.update(1)
     bar.close()
     say(_line("recommended", inv.after) + (" (under the recorder)" if rate else ""))
@@ -462,68 +393,29 @@ def _confirm_and_what_if(inv: Investigation, measure: Any, base: Any, ladder: La
         inv.what_if = {"skipped": "no what-if profile given"}
 
 
-def drift_clause(drift: dict[str, Any]) -> str:
-    """What changed under the ladder, by the drift's kind (``Ladder.drifts``): the machine slowed, it recovered,
-    or a reference passed past the capacity its search had found (the search, not the machine, may have been
-    low: its figure and the baseline's were searched before that)."""
-    step = drift.get("step")
-    if drift.get("kind") == "slowed":
-        return f"then the machine slowed, at the {step} step"
-    if drift.get("kind") == "recovered":
-        return f"then the machine recovered, at the {step} step"
-    before, after = drift.get("capacity_before"), drift.get("capacity_after")
-    if drift.get("kind") == "passed past its capacity":
-        return (f"then, at the {step} step, the reference passed past the capacity its search had found "
-                f"({fixed(before, '.1f')} req/s; searched again: {fixed(after, '.1f')})")
-    return (f"then the reference's capacity was searched again at the {step} step ({drift.get('kind')}: "
-            f"{fixed(before, '.1f')} -> {fixed(after, '.1f')} req/s)")
-
-
 def headline(inv: Investigation) -> str:
-    """The last line: capacity at the target before and after (the confirm run's p99 with its interval), or
-    that no configuration met the target, or that the run was cut short."""
+    """The last line: capacity at the target before and after, or that no configuration met the target, or
+    that the run is still going or was cut short."""
     lad = inv.ladder
     t = lad.target_p99_ms
     if inv.partial and not inv.interrupted:
-        return (f"IN PROGRESS: {len([s for s in lad.steps if s.status != 'baseline'])} steps done so far; "
-                f"nothing to ship yet (best so far: {lad.set_line()})")
+        stage = lad.decision.stage if lad.decision is not None else "explore"
+        return f"IN PROGRESS ({stage}, {len(lad.windows)} windows so far): nothing decided yet"
     if inv.interrupted:
-        return (f"INTERRUPTED after {len([s for s in lad.steps if s.status != 'baseline'])} steps: the files hold what "
-                f"was done; go on with --resume {inv.out}")
-    after = inv.after
-    p99 = ""
-    if inv.confirm is not None:
-        c = inv.confirm
-        span = f" [{fixed(c.p99_low_ms, '.0f')}-{fixed(c.p99_high_ms, '.0f')}]" if c.p99_low_ms is not None else ""
-        over = c.exceed if c.exceed >= 0 else "?"  # -1: not counted (a summary-only trial)
-        p99 = (f"; confirm at {c.rate:.1f} req/s: {c.verdict} by {c.by} ({over} of {c.n} over {t:.0f} ms "
-               f"or failed), p99 {fixed(c.p99_ms, '.0f')}{span} ms")
-        if not c.passed:  # the search's passing probe and this one disagree: at the knee
-            held = inv.held
-            at_held = f"; p99 {fixed(held.p99_ms, '.0f')} ms at {held.rate:.1f} req/s" if held is not None else ""
-            p99 += f" ({inv.descent_sentence()}{at_held})"
-    elif after is not None:
-        f = pooled_figures([after], t)
-        lo, hi = f.get("p99_low_ms"), f.get("p99_high_ms")
-        span = f" [{fixed(lo, '.0f')}-{fixed(hi, '.0f')}]" if lo is not None else ""
-        at = f" at {inv.confirm_rate:.1f} req/s" if inv.confirm_rate else " (closed loop)"
-        p99 = f"; confirm run{at}: p99 {fixed(f['p99_ms'], '.0f')}{span} ms, {after.failed} of {after.submitted} failed"
+        return (f"INTERRUPTED after {len(lad.windows)} windows: the files hold what was measured; go on with "
+                f"--resume {inv.out}")
     if lad.objective == "target":
         b, r = lad.baseline_capacity, lad.capacity
         if r is None or not r.met:
             best = r.best if r is not None else None
-            closest = (f"; closest: {lad.set_line()} with p99 {fixed(best.p99_ms, '.0f')} ms at {best.rate:.1f} req/s"
-                       if best else "")
-            return f"TARGET NOT MET: no configuration kept p99 <= {t:.0f} ms at any rate tried{closest}{p99}"
-        was = (f"{b.capacity:.1f} [{fixed(b.low, '.1f')}-{fixed(b.high, '.1f')}]" if b is not None and b.met
-               else "none (the baseline missed the target)")
-        changed = [d for d in lad.state.get("drifts") or [] if not d["baseline_searched_again"]]
-        if changed:  # the capacities before and after were not searched on one footing
-            was += f" ({drift_clause(changed[0])}: not comparable)"
+            closest = (f"; closest: p99 {fixed(best.p99_ms, '.0f')} ms at {best.rate:.1f} req/s" if best else "")
+            return f"TARGET NOT MET: no configuration kept p99 <= {t:.0f} ms at any rate tried{closest}"
+        was = f"{b.capacity:.1f}" if b is not None and b.met else "none (the baseline missed the target)"
+        best = r.best
+        at = f"; p99 {fixed(best.p99_ms, '.0f')} ms there" if best is not None else ""
         why = lad.why_unchanged()
-        return (f"capacity at p99 <= {t:.0f} ms: {was} -> {r.capacity:.1f} [{fixed(r.low, '.1f')}-{fixed(r.high, '.1f')}]"
-                f" req/s{p99}; ship: {lad.set_line()}" + (f" ({why})" if why else ""))
+        return (f"capacity at p99 <= {t:.0f} ms: {was} -> {r.capacity:.1f} req/s{at}; ship: {lad.set_line()}"
+                + (f" ({why})" if why else ""))
     bq, rq = lad.baseline_figures.get("qps"), lad.final_figures.get("qps")
     met = "" if lad.target_met else f" (TARGET NOT MET: closed-loop p99 over {t:.0f} ms)"
-    return f"QPS (closed loop): {fixed(bq, '.1f')} -> {fixed(rq, '.1f')}{met}{p99}; ship: {lad.set_line()}"
-
+    return f"QPS (closed loop): {fixed(bq, '.1f')} -> {fixed(rq, '.1f')}{met}; ship: {lad.set_line()}"

@@ -1,8 +1,9 @@
 """One measurement of one configuration: :class:`Trial`, and the measurement seam every experiment uses.
 
-The seam is ``measure(knobs, *, rate=None, record=False) -> Trial``: ``rate=None`` is a closed loop at the
-measurement's concurrency, a number an open loop at that Poisson rate (latency from the scheduled arrival),
-``record=True`` runs the profilers too. :class:`tuning.experiments.measure.LoadMeasure` is the real one;
+The seam is ``measure(knobs, *, rate=None, record=False, seed=None, window_s=None) -> Trial``: ``rate=None``
+is a closed loop at the measurement's concurrency, a number an open loop at that Poisson rate (latency from
+the scheduled arrival), ``record=True`` runs the profilers too, ``window_s`` the window the engine asks for
+(passed only to a ``fn`` that takes it, as ``seed`` is). :class:`tuning.experiments.measure.LoadMeasure` is the real one;
 tests and ``bench/`` scripts pass their own. :func:`as_measure` adapts the older one-argument form.
 """
 
@@ -102,7 +103,7 @@ def as_trial(got: Any) -> Trial:
 
 
 def as_measure(fn: Callable[..., Any]) -> tuple[Measure, bool]:
-    """``(measure(knobs, *, rate=None, record=False, seed=None) -> Trial, open_loop)``: ``fn`` itself when it
+    """``(measure(knobs, *, rate=None, record=False, seed=None, window_s=None) -> Trial, open_loop)``: ``fn`` itself when it
     takes ``rate`` (``seed``, the open loop's arrival seed, is passed only to a ``fn`` that takes it); a
     one-argument ``fn(knobs)`` (the older seam) is wrapped with a DeprecationWarning and can measure only the
     closed loop (``open_loop`` False)."""
@@ -111,21 +112,25 @@ def as_measure(fn: Callable[..., Any]) -> tuple[Measure, bool]:
     except (TypeError, ValueError):
         params = {}
     any_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    takes = {name: name in params or any_kw for name in ("rate", "record", "seed")}
+    takes = {name: name in params or any_kw for name in ("rate", "record", "seed", "window_s")}
     if takes["rate"]:
-        def measure(knobs: Knobs, *, rate: float | None = None, record: bool = False, seed: int | None = None) -> Trial:
+        def measure(knobs: Knobs, *, rate: float | None = None, record: bool = False, seed: int | None = None,
+                    window_s: float | None = None) -> Trial:
             kw: dict[str, Any] = {"rate": rate}
             if takes["record"]:
                 kw["record"] = record
             if takes["seed"] and seed is not None:
                 kw["seed"] = seed
+            if takes["window_s"] and window_s is not None:
+                kw["window_s"] = window_s
             return as_trial(fn(knobs, **kw))
         return measure, True
     warnings.warn("measure(knobs) with one argument is deprecated: give measure(knobs, *, rate=None, record=False) "
                   "-> Trial (rate: an open loop at that Poisson rate); the one-argument form only works with "
                   "objective='qps'", DeprecationWarning, stacklevel=3)
 
-    def closed(knobs: Knobs, *, rate: float | None = None, record: bool = False, seed: int | None = None) -> Trial:
+    def closed(knobs: Knobs, *, rate: float | None = None, record: bool = False, seed: int | None = None,
+               window_s: float | None = None) -> Trial:
         if rate is not None:
             raise ValueError("this measure takes only knobs and cannot run an open loop at a rate: use "
                              "objective='qps', or give measure(knobs, *, rate=None, record=False)")

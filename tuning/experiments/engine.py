@@ -1,0 +1,377 @@
+"""The experiment engine (``docs/deciding.md``): explore on throughput, confirm once, check the target warm
+and descending, ship the highest rate that passed. ``investigate`` and ``tune`` both run it; they differ
+only in their exploring strategy (:mod:`tuning.experiments.screen`, :mod:`tuning.experiments.search`).
+
+Configurations are opaque to the engine: the caller gives ``describe(config) -> dict`` (what the log,
+the report and a resume see) and a ``measure(config, *, rate=None, seed=None, window_s=None) -> Trial``.
+Every window is one :class:`Window`, appended to the run's log and handed to ``on_window``; a resumed
+run replays the log (:class:`Runner`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from tuning.experiments.judge import Sequential, block_shares, client_lagged, outlying
+from tuning.experiments.trial import Trial
+
+OBJECTIVES = ("target", "qps")
+FRACTIONS = (0.95, 0.90, 0.85, 0.80, 0.70, 0.60, 0.50, 0.40, 0.30)
+LAG_SALT = 1_000_033  # a re-run after the client lagged draws new arrivals
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How much the engine measures (``docs/deciding.md`` has the table). ``quick()`` and ``full()`` are
+    the same design with fewer or more windows."""
+
+    objective: str = "target"
+    min_effect: float = 0.05  # the confirmation's H1 and the line search's move
+    window_s: float = 4.0  # a throughput window
+    screen_runs: int = 32
+    interactions: bool = True  # the screen's model: two-way interactions too (needs the runs to estimate them)
+    grid_repeats: int = 3  # tune's grid: each configuration this many times, in randomized blocks
+    line_pairs: int = 2
+    max_pairs: int = 16  # the confirmation's cap, looked at every look_every pairs
+    look_every: int = 4
+    alpha: float = 0.025  # the confirmation's false 'better' rate over all its looks
+    target_outcomes: int = 2000  # a target window holds this many arrivals...
+    target_max_s: float = 20.0  # ...or lasts this long, whichever is shorter
+    fractions: tuple[float, ...] = FRACTIONS
+    candidates: int = 2  # winners checked at the target, in rank order, before the baseline alone
+    error_budget: float = 0.001
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective={self.objective!r}: use 'target' (capacity at the p99 target) or 'qps' "
+                             "(closed-loop throughput, for batch jobs)")
+        if not 0 < self.min_effect < 1:
+            raise ValueError(f"min_effect={self.min_effect!r} must be a share in (0, 1): 0.05 is 5%")
+        if not 0 <= self.error_budget < 1:
+            raise ValueError(f"error_budget={self.error_budget!r} must be a share in [0, 1): 0.001 is 0.1%")
+        if list(self.fractions) != sorted(self.fractions, reverse=True) or not all(0 < f < 1 for f in self.fractions):
+            raise ValueError(f"fractions={self.fractions!r} must descend within (0, 1)")
+
+    @classmethod
+    def quick(cls, **changes: Any) -> "EngineSettings":
+        base = dict(min_effect=0.10, window_s=3.0, screen_runs=16, interactions=False, grid_repeats=2, max_pairs=8,
+                    target_outcomes=1000, target_max_s=10.0, candidates=1)
+        return cls(**{**base, **changes})
+
+    @classmethod
+    def full(cls, **changes: Any) -> "EngineSettings":
+        return cls(**changes)
+
+    def target_window_s(self, rate: float) -> float:
+        return min(self.target_max_s, self.target_outcomes / rate)
+
+
+@dataclass
+class Window:
+    """One load test's figures as the engine keeps them (the raw outcomes are not kept)."""
+
+    stage: str  # screen | line | grid | confirm | target
+    kind: str  # throughput | target
+    config: dict[str, Any]
+    rate: float | None
+    seed: int
+    qps: float
+    p50_ms: float
+    p99_ms: float
+    n: int
+    errors: int
+    window_s: float
+    shares: list[float] = field(default_factory=list)  # target windows: each block's share over the target
+    fastest_ms: float = math.nan
+    lag_p99_ms: float = math.nan
+    lagged: bool = False
+    rerun: bool = False  # this window replaced one whose client lagged
+    model_busy: float = math.nan
+    device_busy: float = math.nan
+    mean_batch: float = math.nan
+    steal_share: float = math.nan
+    trial: Any = field(default=None, repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in dataclasses.asdict(self).items() if k != "trial"}
+        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Window":
+        names = {f.name for f in dataclasses.fields(cls)} - {"trial"}
+        kw = {k: v for k, v in d.items() if k in names}
+        for k in ("qps", "p50_ms", "p99_ms", "window_s", "fastest_ms", "lag_p99_ms", "model_busy", "device_busy",
+                  "mean_batch", "steal_share"):
+            kw[k] = math.nan if kw.get(k) is None else float(kw[k])
+        return cls(**kw)
+
+
+def _known(x: Any) -> float:
+    return float(x) if isinstance(x, (int, float)) and x is not None and math.isfinite(x) else math.nan
+
+
+def window_of(t: Trial, stage: str, kind: str, config: dict[str, Any], rate: float | None, seed: int,
+              target_ms: float) -> Window:
+    lat = None if t.latencies_ms is None else np.asarray(t.latencies_ms, dtype=float)
+    lags = None if t.lags_ms is None else np.asarray(t.lags_ms, dtype=float)
+    shares = block_shares(lat, target_ms) if (kind == "target" and lat is not None and lat.size) else []
+    finite = lat[np.isfinite(lat)] if lat is not None else np.zeros(0)
+    return Window(stage, kind, config, rate, seed, _known(t.qps), _known(t.p50_ms), _known(t.p99_ms),
+                  int(t.submitted or (lat.size if lat is not None else 0)), int(t.failed), _known(t.window_s), shares,
+                  float(finite.min()) if finite.size else math.nan,
+                  float(np.percentile(lags, 99)) if lags is not None and lags.size else math.nan,
+                  client_lagged(lags, target_ms), False, _known(t.model_busy), _known(t.device_busy),
+                  _known(t.mean_batch), _known(t.steal_share), t)
+
+
+class ReplayMismatch(RuntimeError):
+    """A resumed run asked for a window its log does not hold next (other settings, other data)."""
+
+
+class Runner:
+    """Runs windows through ``measure``, logs them, replays a resumed log, and re-runs once a window whose
+    client lagged (``docs/deciding.md``: the client is not the server)."""
+
+    def __init__(self, measure: Callable[..., Trial], describe: Callable[[Any], dict[str, Any]],
+                 settings: EngineSettings, target_ms: float, on_window: Callable[[Window], None] | None = None,
+                 replay: Sequence[dict[str, Any]] = (), status: Callable[[str], None] | None = None):
+        self.measure, self.describe, self.settings, self.target_ms = measure, describe, settings, target_ms
+        self.on_window = on_window
+        self.status = status or (lambda s: None)
+        self.windows: list[Window] = []
+        self._replay = list(replay)
+
+    @property
+    def replaying(self) -> bool:
+        return bool(self._replay)
+
+    def _next_logged(self, stage: str, kind: str, config: dict[str, Any], rate: float | None) -> Window | None:
+        if not self._replay:
+            return None
+        w = Window.from_dict(self._replay.pop(0))
+        if (w.kind, w.config) != (kind, config) or (rate is not None and not math.isclose(w.rate or 0, rate)):
+            self._replay.clear()
+            raise ReplayMismatch(f"--resume: the log's next window is {w.kind} of {w.config} at {w.rate}, this run "
+                                 f"asks for {kind} of {config} at {rate} (other settings or data?): start afresh")
+        return w
+
+    def _record(self, w: Window) -> Window:
+        self.windows.append(w)
+        if self.on_window:
+            self.on_window(w)
+        return w
+
+    def run(self, stage: str, config: Any, rate: float | None, seed: int) -> Window:
+        """One window of ``config`` (closed loop when ``rate`` is None), re-run once if the client lagged."""
+        described = self.describe(config)
+        kind = "throughput" if rate is None else "target"
+        logged = self._next_logged(stage, kind, described, rate)
+        if logged is not None:
+            self._record(logged)
+            if logged.lagged and not logged.rerun and self._replay:
+                nxt = self._next_logged(stage, kind, described, rate)
+                return self._record(nxt) if nxt is not None else logged
+            return logged
+        w = self._measure(stage, kind, config, described, rate, seed)
+        if w.lagged:
+            self._record(w)
+            w = self._measure(stage, kind, config, described, rate, seed + LAG_SALT)
+            w.rerun = True
+        return self._record(w)
+
+    def _measure(self, stage: str, kind: str, config: Any, described: dict[str, Any], rate: float | None,
+                 seed: int) -> Window:
+        window_s = self.settings.window_s if rate is None else self.settings.target_window_s(rate)
+        trial = self.measure(config, rate=rate, seed=seed, window_s=window_s)
+        return window_of(trial, stage, kind, described, rate, seed, self.target_ms)
+
+    def throughput(self, stage: str, config: Any, seed: int) -> float:
+        """ln(ok answers per second) of one closed-loop window (``-inf`` when none was ok)."""
+        w = self.run(stage, config, None, seed)
+        return math.log(w.qps) if w.qps > 0 else -math.inf
+
+
+@dataclass
+class Candidate:
+    """A configuration the exploring strategy ranks, with its estimated log-throughput ratio over the
+    baseline and that estimate's interval (NaN when the strategy has none)."""
+
+    config: Any
+    label: str
+    log_ratio: float
+    low: float = math.nan
+    high: float = math.nan
+    qps: float = math.nan  # its throughput as explored (the target check starts from a fresher figure)
+
+
+@dataclass
+class Explored:
+    """What a strategy hands the engine: candidates best first (the baseline among them or not) and its own
+    tables for the report."""
+
+    candidates: list[Candidate]
+    baseline_qps: float
+    tables: dict[str, Any] = field(default_factory=dict)
+
+
+def pair_order(i: int) -> tuple[str, str]:
+    """Pair ``i``'s order: AB, BA, BA, AB, then again (ABBA then BAAB: a linear drift cancels)."""
+    return ("A", "B") if i % 4 in (0, 3) else ("B", "A")
+
+
+def paired_log_ratios(runner: Runner, stage: str, a: Any, b: Any, pairs: int, seed: int,
+                      on_pair: Callable[[list[float]], bool] | None = None,
+                      floor: float = 0.03) -> tuple[list[float], list[float], list[float]]:
+    """Up to ``pairs`` interleaved pairs of closed-loop windows, both arms of a pair on one seed: the
+    per-pair ln(qps_b / qps_a) and each arm's qps. A pair beyond :data:`~tuning.experiments.judge.OUTLIER_SDS`
+    robust SDs (at least ``floor``) of the others is measured once more, and that measurement stands.
+    ``on_pair(d so far)`` returning True stops early."""
+    d: list[float] = []
+    qa: list[float] = []
+    qb: list[float] = []
+    again: set[int] = set()
+
+    def one(i: int, s: int) -> tuple[float, float, float]:
+        got = {arm: runner.run(stage, a if arm == "A" else b, None, s).qps for arm in pair_order(i)}
+        if got["A"] > 0 and got["B"] > 0:
+            ratio = math.log(got["B"] / got["A"])
+        else:  # an arm with no ok answer: a large loss (or gain), finite for the statistics
+            ratio = -5.0 if got["A"] > 0 else (5.0 if got["B"] > 0 else 0.0)
+        return max(min(ratio, 5.0), -5.0), got["A"], got["B"]
+
+    for i in range(pairs):
+        x, ya, yb = one(i, seed + i)
+        d.append(x)
+        qa.append(ya)
+        qb.append(yb)
+        for j in [j for j in outlying(d, floor) if j not in again]:
+            again.add(j)
+            runner.status(f"{stage}: pair {j + 1} again, beyond the others' spread")
+            d[j], qa[j], qb[j] = one(j, seed + 50_000 + j)
+        if on_pair is not None and on_pair(list(d)):
+            break
+    return d, qa, qb
+
+
+@dataclass
+class Confirmation:
+    """The winner against the baseline on fresh pairs, judged by the group-sequential test."""
+
+    label: str
+    test: Sequential
+    qps_winner: float
+    qps_baseline: float
+
+    @property
+    def confirmed(self) -> bool:
+        return self.test.verdict == "better"
+
+    def row(self) -> dict[str, Any]:
+        t = self.test
+        low, high = t.interval()
+        return {"candidate": self.label, "verdict": t.verdict, "pairs": len(t.d), "ratio": _round(t.ratio),
+                "low": _round(low), "high": _round(high), "pair_sd": _round(t.sd), "effect": t.effect,
+                "alpha": t.alpha, "looks": t.looks, "look_level": _round(t.level), "qps": _round(self.qps_winner),
+                "baseline_qps": _round(self.qps_baseline)}
+
+
+def _round(x: float) -> float | None:
+    return None if x is None or not math.isfinite(x) else round(float(x), 4)
+
+
+def confirm(runner: Runner, candidate: Candidate, baseline: Any, settings: EngineSettings) -> Confirmation:
+    test = Sequential(settings.min_effect, settings.alpha, settings.look_every, settings.max_pairs)
+    runner.status(f"confirming {candidate.label} against the baseline")
+    _, qa, qb = paired_log_ratios(runner, "confirm", baseline, candidate.config, settings.max_pairs,
+                                  settings.seed + 10_000, on_pair=lambda d: test.set(d) != "continue")
+    return Confirmation(candidate.label, test, float(np.mean(qb)), float(np.mean(qa)))
+
+
+@dataclass
+class Decision:
+    """What the engine found: the configuration to ship, and every stage's figures."""
+
+    baseline: Any
+    recommended: Any
+    explored: Explored | None = None
+    confirmations: list[Confirmation] = field(default_factory=list)
+    checks: list[tuple[str, Any]] = field(default_factory=list)  # (label, Capacity) in the order checked
+    baseline_capacity: Any = None
+    capacity: Any = None  # the recommended configuration's
+    indeterminate: str | None = None
+    interrupted: bool = False
+    stage: str = "explore"  # the stage reached: explore | confirm | target | done
+
+
+def _fresh_qps(runner: Runner, config: Any, fallback: float) -> float:
+    """The configuration's latest closed-loop throughput in this run (its confirmation arms are the
+    freshest), else ``fallback``."""
+    key = runner.describe(config)
+    got = [w.qps for w in runner.windows if w.kind == "throughput" and w.config == key and w.qps > 0]
+    tail = got[-4:]
+    return float(np.mean(tail)) if tail else fallback
+
+
+def decide(runner: Runner, baseline: Any, explore: Callable[[Runner], Explored], settings: EngineSettings,
+           label: Callable[[Any], str], decision: Decision | None = None) -> Decision:
+    """Run the four stages (``docs/deciding.md``). ``decision`` is filled as it goes, so that a Ctrl-C
+    leaves in it what was decided."""
+    from tuning.experiments.capacity import check_target
+
+    d = decision or Decision(baseline, baseline)
+    d.explored = explore(runner)
+    key = runner.describe(baseline)
+    ranked = [c for c in d.explored.candidates if runner.describe(c.config) != key]
+    d.indeterminate = _indeterminate(d.explored.candidates, settings)
+    target = runner.target_ms
+
+    def check(config: Any, qps: float, name: str) -> Any:
+        runner.status(f"target check of {name} from {qps:.1f} req/s")
+        cap = check_target(lambda rate, seed: runner.run("target", config, rate, seed), qps, target,
+                           settings.fractions, settings.error_budget, settings.seed)
+        d.checks.append((name, cap))
+        return cap
+
+    for cand in ranked[: settings.candidates]:
+        d.stage = "confirm"
+        conf = confirm(runner, cand, baseline, settings)
+        d.confirmations.append(conf)
+        if not conf.confirmed:
+            continue
+        if settings.objective == "qps":
+            d.recommended = cand.config
+            break
+        d.stage = "target"
+        if d.baseline_capacity is None:
+            d.baseline_capacity = check(baseline, conf.qps_baseline, "baseline")
+        cap = check(cand.config, conf.qps_winner, cand.label)
+        base_cap = d.baseline_capacity.capacity if d.baseline_capacity.met else 0.0
+        if cap.met and cap.capacity > base_cap:
+            d.recommended, d.capacity = cand.config, cap
+            break
+    if settings.objective == "target" and d.baseline_capacity is None:
+        d.stage = "target"
+        d.baseline_capacity = check(baseline, _fresh_qps(runner, baseline, d.explored.baseline_qps), "baseline")
+    if d.capacity is None and d.recommended is baseline:
+        d.capacity = d.baseline_capacity
+    d.stage = "done"
+    return d
+
+
+def _indeterminate(candidates: list[Candidate], settings: EngineSettings) -> str | None:
+    """The two best candidates within the minimum effect of each other: the order between them is not
+    known (said, never hidden)."""
+    if len(candidates) < 2:
+        return None
+    a, b = candidates[0], candidates[1]
+    gap = a.log_ratio - b.log_ratio
+    if math.isfinite(gap) and gap < math.log1p(settings.min_effect):
+        return (f"{a.label} and {b.label} are within {100 * (math.exp(gap) - 1):.1f}% of each other in throughput, "
+                f"under the {100 * settings.min_effect:.0f}% minimum effect: which of the two is faster is not known")
+    return None
