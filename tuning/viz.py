@@ -495,147 +495,68 @@ def _ratio_axis(metric: str | None) -> str:
     return "latency ratio (geometric mean), reference / candidate (×, larger is better)"
 
 
-def ladder_chart(result: Any, device: Any = None) -> go.Figure:
-    """The ladder, one rung per change.
-
-    A ladder result (or its ``to_frame()``) with paired ratios: :func:`ladder_ratio_chart`, what each step
-    was judged on. A frame without ratios (a hand-made one): throughput bars (grey: not kept) with p99
-    when measured online; below, model busy and device busy per rung."""
-    frame = result if isinstance(result, pd.DataFrame) else result.to_frame()
-    if "ratio" in frame.columns and pd.to_numeric(frame["ratio"], errors="coerce").notna().any():
-        return ladder_ratio_chart(result, device=device)
-    rung = _pick(frame, _RUNG_NAMES)
-    labels = [str(v) for v in (frame[rung] if rung else frame.index)]
-    tput = "qps" if "qps" in frame.columns else None
-    p99 = "p99_ms" if "p99_ms" in frame.columns else None
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.06, row_heights=[0.65, 0.35],
-                        specs=[[{"secondary_y": True}], [{}]])
-    if tput:
-        kept = frame["kept"].astype(bool).tolist() if "kept" in frame else [True] * len(frame)
-        values = pd.to_numeric(frame[tput], errors="coerce")
-        fig.add_trace(go.Bar(x=labels, y=values, name=tput.replace("_", " ") + " (req/s; grey: not kept)",
-                             marker_color=["#4c78a8" if k else "#c7c7c7" for k in kept],
-                             texttemplate="%{y:.1f}", textposition="outside"), row=1, col=1, secondary_y=False)
-    if p99 and pd.to_numeric(frame[p99], errors="coerce").notna().any():
-        fig.add_trace(go.Scatter(x=labels, y=pd.to_numeric(frame[p99], errors="coerce"), name="p99 ms",
-                                 mode="markers", marker=dict(symbol="x", size=11, color="#e45756")),
-                      row=1, col=1, secondary_y=True)
-    for col, color, name in (("model_busy", "#f58518", "model busy %"), ("device_busy", "#54a24b", "device busy %")):
-        if col in frame:
-            values = pd.to_numeric(frame[col], errors="coerce")
-            if values.notna().any():
-                fig.add_trace(go.Scatter(x=labels, y=100 * values, name=name, mode="lines+markers",
-                                         line=dict(color=color), connectgaps=True), row=2, col=1)
-    fig.update_yaxes(title_text=(tput or "throughput").replace("_", " ") + " (req/s)", rangemode="tozero",
-                     row=1, col=1, secondary_y=False)
-    fig.update_yaxes(title_text="p99 (ms)", rangemode="tozero", showgrid=False, row=1, col=1, secondary_y=True)
-    fig.update_yaxes(title_text="busy (% of the window)", range=[0, 105], row=2, col=1)
-    fig.update_xaxes(title_text="rung (each changes one thing from the one before)", row=2, col=1)
-    return _finish(fig, _title("The ladder: each change measured against the one before", result, device), 560)
-
-
-def ladder_ratio_chart(result: Any, device: Any = None, min_effect: float | None = None) -> go.Figure:
-    """What each step was judged on: the paired ratio against its reference with its interval (error bars),
-    coloured by the verdict, and the keep line at ``1 + min_effect`` (a step is kept when its interval's
-    lower end clears it). ``result``: a ladder result or its ``to_frame()`` (columns ``step``, ``change``,
-    ``status``, ``ratio``, ``low``, ``high``, ``pairs``, ``min_effect``, ``level``, ``metric``; ``p50_ms``,
-    ``p99_ms``, ``rate``, ``capacity`` in the hover). Steps without a ratio (the baseline, skipped, failed)
-    are left out."""
-    frame = result if isinstance(result, pd.DataFrame) else result.to_frame()
-    ratio = pd.to_numeric(frame["ratio"], errors="coerce") if "ratio" in frame else pd.Series(dtype=float)
-    rows = frame[ratio.notna()].reset_index(drop=True) if len(ratio) else frame.iloc[0:0]
-    col = lambda name: list(rows[name]) if name in rows else [None] * len(rows)  # noqa: E731
-    rung = _pick(rows, _RUNG_NAMES)
-    names = [str(v) for v in (rows[rung] if rung else rows.index)]
-    changes = [str(c) if c else "" for c in col("change")]
-    labels = _unique([f"{n}: {c}" if c else n for n, c in zip(names, changes)])
-    if min_effect is None:
-        effects = [e for e in map(_num, col("min_effect")) if math.isfinite(e)]
-        min_effect = effects[0] if effects else None
-    levels = [v for v in map(_num, col("level")) if math.isfinite(v)]
-    metrics = [m for m in col("metric") if isinstance(m, str) and m != "closed loop"]
-    metric = metrics[0] if metrics else None
-    statuses = [str(s) if s is not None else "" for s in col("status")]
+def effects_chart(result: Any, device: Any = None) -> go.Figure:
+    """The screen's effects (``docs/deciding.md``, stage 1): each factor's and interaction's throughput ratio,
+    high level over low, with its interval, filled when the model kept it; the no-effect line at 1.
+    ``result``: a ``run_ladder`` result or its ``summary()["screen"]``."""
+    tables = result.get("screen") or {} if isinstance(result, Mapping) else (
+        result.decision.explored.tables if result.decision is not None and result.decision.explored is not None else {})
+    rows = tables.get("effects") or []
     fig = go.Figure()
-    hover = []
-    for i in range(len(rows)):
-        at = _num(col("rate")[i])
-        cap = _num(col("capacity")[i])
-        hover.append(f"{labels[i]}<br>{statuses[i]}: {_num(col('ratio')[i]):.3f} [{_num(col('low')[i]):.3f}-"
-                     f"{_num(col('high')[i]):.3f}] after {col('pairs')[i]} pairs"
-                     + (f" at {at:.1f} req/s" if math.isfinite(at) else " (closed loop)")
-                     + f"<br>candidate p50 {_num(col('p50_ms')[i]):.0f} ms, p99 {_num(col('p99_ms')[i]):.0f} ms"
-                     + (f"<br>capacity {cap:.1f} req/s" if math.isfinite(cap) else ""))
-    for status in dict.fromkeys(statuses):
-        idx = [i for i, s in enumerate(statuses) if s == status]
-        take = lambda values: [values[i] for i in idx]  # noqa: E731
+    for kept in (True, False):
+        part = [r for r in rows if bool(r.get("kept")) is kept]
+        if not part:
+            continue
         fig.add_trace(go.Scatter(
-            x=take(labels), y=take(col("ratio")), mode="markers", name=status or "?",
-            marker=dict(size=11, color=STATUS_COLORS.get(status, "#4c78a8"),
-                        symbol="circle" if status == "kept" else "circle-open", line=dict(width=2)),
-            error_y=_error_bars(take(col("ratio")), take(col("low")), take(col("high"))),
-            hovertext=take(hover), hoverinfo="text"))
-    pairs = [_num(p) for p in col("pairs")]
-    ticks = [f"{n}<br>{c.replace(', ', ',<br>')}" + (f"<br>{p:.0f} pairs" if math.isfinite(p) else "")
-             for n, c, p in zip(names, changes, pairs)]
-    fig.add_hline(y=1.0, line=dict(color="grey", dash="dot"), annotation_text="1: no change",
-                  annotation_position="bottom right")
-    if min_effect is not None:
-        fig.add_hline(y=1 + min_effect, line=dict(color="#54a24b", dash="dash"),
-                      annotation_text=f"keep line 1 + min effect = {1 + min_effect:.2f}", annotation_position="top right")
-    if not len(rows):
-        fig.add_annotation(text="no step was measured against its reference", xref="paper", yref="paper", x=0.5,
-                           y=0.5, showarrow=False, font=dict(size=14))
-    fig.update_yaxes(title_text=_ratio_axis(metric), type="log")
-    fig.update_xaxes(title_text="step, change, pairs (each against the configuration kept before it)",
-                     tickvals=labels, ticktext=ticks, tickangle=0)
-    level = f"{100 * levels[0]:.3g}% " if levels else ""
-    at = "at one offered rate" if metric != "qps" else "in a closed loop"
-    return _finish(fig, _title(f"The ladder: each step's paired ratio against its reference {at}, with its {level}"
-                               "interval", result, device), 520)
+            x=[r["term"] for r in part], y=[r["ratio"] for r in part], mode="markers",
+            name="in the model" if kept else "no effect told",
+            marker=dict(size=11, color="#54a24b" if kept else "#9d9d9d", symbol="circle" if kept else "circle-open",
+                        line=dict(width=2)),
+            error_y=_error_bars([r["ratio"] for r in part], [r["low"] for r in part], [r["high"] for r in part]),
+            hovertext=[f"{r['term']}: x{r['ratio']:.3f} [{r['low']:.3f}-{r['high']:.3f}]" for r in part],
+            hoverinfo="text"))
+    fig.add_hline(y=1.0, line=dict(color="black", dash="dash"), annotation_text="no effect",
+                  annotation_position="top left")
+    fig.update_yaxes(title="throughput ratio, high level / low")
+    return _finish(fig, _title(f"The screen: effects on throughput ({len(tables.get('design') or [])} windows)",
+                               result, device))
 
 
-def wait_steps_chart(frame: pd.DataFrame, device: Any = None, min_effect: float | None = None,
-                     target_p99_ms: float | None = None) -> go.Figure:
-    """The ``max_wait_ms`` steps (a ladder's ``waits`` frame: ``max_wait_ms``, ``batch_size``, ``step``,
-    ``status``, ``ratio``, ``low``, ``high``, ``pairs``, ``rate``, ``qps``, ``p50_ms``, ``p99_ms``,
-    ``capacity``): above, each one's paired ratio with its interval and the keep line; below, the
-    candidate's p50 and p99 at the rate it was tested at, with the target."""
-    labels = _unique([f"wait {_num(w):g} ms, batch {b}" for w, b in zip(frame["max_wait_ms"], frame["batch_size"])])
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08, row_heights=[0.55, 0.45],
-                        subplot_titles=["paired ratio against the reference (error bars: its interval)",
-                                        "the candidate's latency at the tested rate"])
-    statuses = [str(s) for s in frame["status"]] if "status" in frame else ["?"] * len(frame)
-    rates = [_num(r) for r in frame["rate"]] if "rate" in frame else [math.nan] * len(frame)
-    caps = [_num(c) for c in frame["capacity"]] if "capacity" in frame else [math.nan] * len(frame)
-    hover = [f"{lab}: {st}, ratio {_num(r):.3f} after {p} pairs"
-             + (f" at {rate:.1f} req/s" if math.isfinite(rate) else " (closed loop)")
-             + (f"; capacity {cap:.1f} req/s" if math.isfinite(cap) else "")
-             for lab, st, r, p, rate, cap in zip(labels, statuses, frame["ratio"], frame["pairs"], rates, caps)]
-    fig.add_trace(go.Scatter(x=labels, y=frame["ratio"], mode="markers", name="ratio",
-                             marker=dict(size=11, color=[STATUS_COLORS.get(s, "#4c78a8") for s in statuses]),
-                             error_y=_error_bars(frame["ratio"], frame["low"], frame["high"]),
-                             hovertext=hover, hoverinfo="text"), row=1, col=1)
-    fig.add_hline(y=1.0, line=dict(color="grey", dash="dot"), row=1, col=1)
-    if min_effect is not None:
-        fig.add_hline(y=1 + min_effect, line=dict(color="#54a24b", dash="dash"), row=1, col=1,
-                      annotation_text=f"keep line {1 + min_effect:.2f}", annotation_position="top left")
-    for key, color, name in (("p50_ms", "#4c78a8", "p50 (ms)"), ("p99_ms", "#e45756", "p99 (ms)")):
-        fig.add_trace(go.Bar(x=labels, y=[_num(v) for v in frame[key]], name=name, marker_color=color,
-                             texttemplate="%{y:.0f}", textposition="outside"), row=2, col=1)
-    if target_p99_ms is not None:
-        fig.add_hline(y=target_p99_ms, line=dict(color="black", dash="dash"), row=2, col=1,
-                      annotation_text=f"p99 target {target_p99_ms:.0f} ms", annotation_position="top left")
-    fig.update_layout(barmode="group")
-    fig.update_yaxes(title_text="ratio (×, larger is better)", type="log", row=1, col=1)
-    fig.update_yaxes(title_text="latency (ms)", rangemode="tozero", row=2, col=1)
-    fig.update_xaxes(title_text="max_wait_ms step (ms) and its batch size", row=2, col=1)
-    at = f"at {rates[0]:.1f} req/s" if rates and math.isfinite(rates[0]) else ""
-    return _finish(fig, _title(f"Dynamic batching: each max wait against its reference {at}".rstrip(), frame,
-                               device), 560)
+def confirm_chart(result: Any, device: Any = None) -> go.Figure:
+    """The confirmation (``docs/deciding.md``, stage 2): each winner's paired throughput ratio over the
+    baseline with its 95% interval and its verdict, against the line at 1 and the minimum effect."""
+    summary = result if isinstance(result, Mapping) else result.summary()
+    rows = summary.get("confirmations") or []
+    fig = go.Figure()
+    for r in rows:
+        ok = r.get("verdict") == "better"
+        fig.add_trace(go.Scatter(
+            x=[r["candidate"]], y=[r["ratio"]], mode="markers", name=f"{r['candidate'][:40]}: {r['verdict']}",
+            marker=dict(size=12, color="#54a24b" if ok else "#9d9d9d", symbol="circle" if ok else "circle-open",
+                        line=dict(width=2)),
+            error_y=_error_bars([r["ratio"]], [r.get("low")], [r.get("high")]),
+            hovertext=[f"{r['candidate']}: x{_num(r['ratio']):.3f} [{_num(r.get('low')):.3f}-{_num(r.get('high')):.3f}]"
+                       f" after {r['pairs']} pairs: {r['verdict']}"], hoverinfo="text"))
+    fig.add_hline(y=1.0, line=dict(color="black", dash="dash"), annotation_text="no gain", annotation_position="top left")
+    effect = next((r.get("effect") for r in rows if r.get("effect")), None)
+    if effect:
+        fig.add_hline(y=1 + effect, line=dict(color="#54a24b", dash="dot"),
+                      annotation_text=f"minimum effect +{100 * effect:.0f}%", annotation_position="bottom right")
+    fig.update_yaxes(title="throughput ratio, winner / baseline")
+    return _finish(fig, _title("The confirmation on fresh interleaved pairs", result, device))
 
 
-# --- capacity at the p99 target ----------------------------------------------------------------
+def target_check_chart(result: Any, device: Any = None) -> go.Figure:
+    """The target checks (``docs/deciding.md``, stage 3): every window's p99 against its rate, per
+    configuration checked, the p99 target line and each capacity found (:func:`capacity_chart`)."""
+    if isinstance(result, Mapping):
+        caps = {c["configuration"]: c for c in result.get("target_checks") or []}
+        target = result.get("target_p99_ms")
+    else:
+        caps = {label: cap for label, cap in (result.decision.checks if result.decision is not None else [])}
+        target = result.target_p99_ms
+    return capacity_chart(caps, device=device if device is not None else result, target_p99_ms=target)
+
 
 def _capacity_summary(obj: Any) -> dict[str, Any] | None:
     """A capacity's ``summary()`` from a capacity object (anything with ``summary()`` giving ``probes``) or
@@ -749,143 +670,53 @@ def _tune_summary(obj: Any) -> dict[str, Any]:
                     f"not {type(obj).__name__}")
 
 
-def _tune_configs(s: Mapping[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, Any] | None, bool]]:
-    """(label, row, capacity summary or None, is the best) per measured configuration, in the order run."""
-    names = list(s.get("space") or {})
-    caps = s.get("capacities") or {}
-    best = s.get("best") or None
-    out = []
-    for row in s.get("rows") or []:
-        label = " ".join(f"{n}={row.get(n)}" for n in names)
-        is_best = best is not None and all(str(best.get(n)) == str(row.get(n)) for n in names)
-        out.append((label, row, caps.get(label), is_best))
-    return out
-
-
 def _first_line(text: Any, limit: int = 160) -> str:
     return _short((str(text or "").strip().splitlines() or [""])[0], limit)
 
 
-def tune_probes_chart(result: Any, device: Any = None) -> go.Figure:
-    """Each configuration's capacity probes, one line per configuration: offered Poisson rate against the
-    open-loop p99 (from the scheduled arrival), a passing probe a circle, a failing one a cross, and one
-    whose p99 is unbounded (more than 1% failed) a triangle on the top edge; the p99 target as a horizontal
-    line; the best configuration drawn thicker. ``result``: a ``TuneResult`` or its summary (tune.json)."""
+def tune_chart(result: Any, device: Any = None) -> go.Figure:
+    """``tune``'s exploration: each configuration's sustained throughput over the baseline's with its 95%
+    interval, the shipped one in green, the capacity at the target written over the configurations checked,
+    a configuration whose server failed a red cross at 1 with its error in the hover. ``result``: a
+    ``TuneResult`` or its summary (tune.json)."""
     s = _tune_summary(result)
-    target = _num(s.get("target_p99_ms"))
-    configs = _tune_configs(s)
-    finite = [v for _, _, cap, _ in configs for p in (cap or {}).get("probes") or []
-              for v in (_num(p.get("p99_ms")),) if math.isfinite(v)]
-    top = 1.15 * max(finite + ([target] if math.isfinite(target) else []) + [1.0])
+    rows = s.get("rows") or []
+    names = list(s.get("space") or {})
+    labels = _unique([" ".join(f"{k}={r.get(k)}" for k in names) for r in rows])
+    best = s.get("best") or {}
+    best_label = " ".join(f"{k}={best.get(k)}" for k in names) if best else None
     fig = go.Figure()
-    for i, (label, _row, cap, is_best) in enumerate(configs):
-        probes = sorted((cap or {}).get("probes") or [], key=lambda p: _num(p.get("rate")))
-        if not probes:
-            continue
-        color = _TUNE_COLORS[i % len(_TUNE_COLORS)]
-        p99 = [_num(p.get("p99_ms")) for p in probes]
-        hover = [_probe_hover(p, v, label) for p, v in zip(probes, p99)]
-        fig.add_trace(go.Scatter(
-            x=[_num(p.get("rate")) for p in probes], y=[v if math.isfinite(v) else top for v in p99],
-            mode="lines+markers", name=label + (" (best)" if is_best else ""),
-            line=dict(color=color, width=3.5 if is_best else 1.5),
-            marker=dict(size=11 if is_best else 9, color=color,
-                        symbol=["circle" if p.get("passed") else "x" if math.isfinite(v) else "triangle-up"
-                                for p, v in zip(probes, p99)]),
-            hovertext=hover, hoverinfo="text"))
-    if math.isfinite(target):
-        fig.add_hline(y=target, line=dict(color="black", dash="dash"), annotation_text=f"p99 target {target:.0f} ms",
-                      annotation_position="top left")
-    if not fig.data:
-        fig.add_annotation(text="no configuration got as far as a capacity probe", xref="paper", yref="paper",
-                           x=0.5, y=0.5, showarrow=False, font=dict(size=14))
-    fig.update_xaxes(title_text="offered Poisson rate (req/s)", rangemode="tozero")
-    fig.update_yaxes(title_text="p99 latency from the scheduled arrival (ms)", range=[0, top * 1.02])
-    fig.update_layout(showlegend=True)
-    unprobed = sum(1 for _, _, cap, _ in configs if not (cap or {}).get("probes"))
-    note = f"; {unprobed} configuration{'s' if unprobed != 1 else ''} without probes (errors)" if unprobed else ""
-    return _finish(fig, _title(f"tune: each configuration's probes, p99 against the offered rate{note}", None, device),
-                   460)
-
-
-def tune_capacity_chart(result: Any, device: Any = None) -> go.Figure:
-    """Capacity at the p99 target per configuration: a bar each, its bracket (highest passing, lowest failing
-    rate) as the error bar (no upper bar: no rate tried failed), the best in green and named; a configuration
-    that met the target at no rate tried a grey stub at zero, one whose server failed a red cross at zero with
-    its error in the hover. ``result``: a ``TuneResult`` or its summary (tune.json)."""
-    s = _tune_summary(result)
-    target = _num(s.get("target_p99_ms"))
-    configs = _tune_configs(s)
-    labels = _unique([c[0] for c in configs])
-    kinds: dict[str, list[int]] = {"best": [], "met": [], "not met": [], "error": []}
-    for i, (_, row, _, is_best) in enumerate(configs):
-        if row.get("error"):  # a server that crashed while measured too: its capacity is no one to ship
-            kinds["error"].append(i)
-        elif row.get("capacity") is not None:
-            kinds["best" if is_best else "met"].append(i)
-        else:
-            kinds["not met"].append(i)
-
-    def hover(i: int) -> str:
-        label, row, _, _ = configs[i]
-        low, high = (row.get("bracket") or [None, None])
-        head = f"{label}: "
-        if row.get("capacity") is not None:
-            head += (f"capacity {_num(row['capacity']):.1f} req/s, bracket {_num(low):.1f}-"
-                     + (f"{_num(high):.1f}" if high is not None else "(none failed)") + " req/s"
-                     + f"<br>at capacity p50 {_ms(row.get('p50_ms'))} ms, p99 {_ms(row.get('p99_ms'))} ms, "
-                       f"{row.get('errors')} errors")
-        elif row.get("error"):
-            head += f"error: {_escape(_first_line(row['error']))}"
-        else:
-            head += ("target not met at any rate tried"
-                     + (f" (the lowest, {_num(high):.1f} req/s, failed)" if high is not None else ""))
-        memory = _num(row.get("peak_memory_mb"))
-        return head + (f"<br>peak memory {memory:.0f} MB" if math.isfinite(memory) else "")
-
-    fig = go.Figure()
-    colors = {"best": "#54a24b", "met": "#4c78a8", "not met": "#bab0ac"}
-    for kind in ("best", "met", "not met"):
-        idx = kinds[kind]
+    ok = [i for i, r in enumerate(rows) if not r.get("error") and r.get("throughput_ratio") is not None]
+    for shipped in (True, False):
+        idx = [i for i in ok if (labels[i] == best_label) is shipped]
         if not idx:
             continue
-        rows = [configs[i][1] for i in idx]
-        caps = [_num(r.get("capacity")) if r.get("capacity") is not None else 0.0 for r in rows]
-        brackets = [r.get("bracket") or [None, None] for r in rows]
-        bars = _error_bars(caps, [b[0] for b in brackets], [b[1] for b in brackets]) if kind != "not met" else None
-        text = ([f"{c:.1f}" + ("" if b[1] is not None else "+") for c, b in zip(caps, brackets)]
-                if kind != "not met" else ["not met"] * len(idx))
-        fig.add_trace(go.Bar(x=[labels[i] for i in idx], y=caps, name={"best": "best", "met": "met the target",
-                                                                        "not met": "target not met"}[kind],
-                             marker_color=colors[kind], error_y=bars, text=text,
-                             textposition="inside" if kind != "not met" else "outside", insidetextanchor="end",
-                             cliponaxis=False, hovertext=[hover(i) for i in idx], hoverinfo="text"))
-    if kinds["error"]:
-        idx = kinds["error"]
-        fig.add_trace(go.Scatter(x=[labels[i] for i in idx], y=[0.0] * len(idx), mode="markers+text", name="error",
-                                 marker=dict(symbol="x", size=14, color="#e45756"), text=["error"] * len(idx),
-                                 textposition="top center", cliponaxis=False, hovertext=[hover(i) for i in idx],
+        part = [rows[i] for i in idx]
+        text = [f"capacity {_num(r['capacity']):.1f}" if r.get("capacity") is not None else
+                ("target not met" if r.get("checked") else "") for r in part]
+        fig.add_trace(go.Bar(
+            x=[labels[i] for i in idx], y=[_num(r["throughput_ratio"]) for r in part],
+            name="shipped" if shipped else "explored", marker_color="#54a24b" if shipped else "#4c78a8",
+            error_y=_error_bars([r["throughput_ratio"] for r in part], [r.get("low") for r in part],
+                                [r.get("high") for r in part]),
+            text=text, textposition="outside", cliponaxis=False,
+            hovertext=[f"{labels[i]}: x{_num(rows[i]['throughput_ratio']):.3f}, {_num(rows[i].get('qps')):.1f} req/s "
+                       f"over {rows[i].get('windows')} windows" for i in idx], hoverinfo="text"))
+    errors = [i for i, r in enumerate(rows) if r.get("error")]
+    if errors:
+        fig.add_trace(go.Scatter(x=[labels[i] for i in errors], y=[1.0] * len(errors), mode="markers", name="error",
+                                 marker=dict(symbol="x", size=14, color="#e45756"),
+                                 hovertext=[f"{labels[i]}: {_escape(_first_line(rows[i]['error']))}" for i in errors],
                                  hoverinfo="text"))
-    best = next(((labels[i], configs[i][1]) for i in kinds["best"]), None)
-    if best is not None:  # above its bracket's upper end
-        high = _num((best[1].get("bracket") or [None, None])[1])
-        fig.add_annotation(x=best[0], y=max(_num(best[1]["capacity"]), high if math.isfinite(high) else 0.0),
-                           text="best", showarrow=True, arrowhead=2, ay=-30, yshift=4, font=dict(color="#54a24b", size=13))
-    if not configs:
+    if not rows:
         fig.add_annotation(text="no configuration was measured", xref="paper", yref="paper", x=0.5, y=0.5,
                            showarrow=False, font=dict(size=14))
-    names = list(s.get("space") or {})
-    fig.update_xaxes(title_text=f"configuration ({', '.join(names)})" if names else "configuration",
-                     type="category", categoryorder="array", categoryarray=labels)
-    within = f" {target:.0f} ms" if math.isfinite(target) else " target"
-    fig.update_yaxes(title_text=f"capacity at p99 ≤{within} (req/s)", rangemode="tozero")
-    fig.update_layout(showlegend=True, barmode="overlay")
-    what = (f"best {best[0]} at {_num(best[1]['capacity']):.1f} req/s" if best is not None
-            else "no configuration met the target")
-    errors = len(kinds["error"])
-    what += f"; {errors} error{'s' if errors != 1 else ''}" if errors else ""
-    return _finish(fig, _title(f"tune: capacity at the p99 target per configuration, bracket as error bars ({what})",
-                               None, device), 460)
+    fig.add_hline(y=1.0, line=dict(color="black", dash="dash"), annotation_text="the baseline",
+                  annotation_position="top left")
+    fig.update_xaxes(title_text=f"configuration ({', '.join(names)})" if names else "configuration", type="category")
+    fig.update_yaxes(title_text="sustained throughput over the baseline's", rangemode="tozero")
+    what = f"shipped: {best_label}" if best_label else "no configuration met the target"
+    return _finish(fig, _title(f"tune: throughput per configuration ({what})", None, device), 460)
 
 
 # --- the knob panel's figure ----------------------------------------------------------------

@@ -16,7 +16,9 @@ import numpy as np
 from scipy import stats
 
 FULL_UP_TO = 4  # up to this many factors: the full 2^k; more: the half fraction of resolution k
-EFFECT_LEVEL = 0.80  # a term stays when its two-sided interval excludes zero: a screening level (the confirmation, not the screen, bounds false ships)
+# a term stays when its two-sided interval at this level excludes zero: a screening level (the confirmation, not
+# the screen, bounds the false ships)
+EFFECT_LEVEL = 0.80
 ROBUST_SCALE = 0.05  # the robust fit's soft-L1 scale in log-throughput (beyond it a residual weighs less)
 
 

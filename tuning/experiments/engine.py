@@ -305,6 +305,7 @@ class Decision:
     baseline_capacity: Any = None
     capacity: Any = None  # the recommended configuration's
     indeterminate: str | None = None
+    failed: dict[str, str] = field(default_factory=dict)  # candidates whose measurement raised: not shipped
     interrupted: bool = False
     stage: str = "explore"  # the stage reached: explore | confirm | target | done
 
@@ -340,7 +341,11 @@ def decide(runner: Runner, baseline: Any, explore: Callable[[Runner], Explored],
 
     for cand in ranked[: settings.candidates]:
         d.stage = "confirm"
-        conf = confirm(runner, cand, baseline, settings)
+        try:
+            conf = confirm(runner, cand, baseline, settings)
+        except Exception as exc:  # noqa: BLE001 - a candidate that cannot be measured is not shipped; the run goes on
+            d.failed[cand.label] = f"{type(exc).__name__}: {exc}"
+            continue
         d.confirmations.append(conf)
         if not conf.confirmed:
             continue
@@ -350,7 +355,11 @@ def decide(runner: Runner, baseline: Any, explore: Callable[[Runner], Explored],
         d.stage = "target"
         if d.baseline_capacity is None:
             d.baseline_capacity = check(baseline, conf.qps_baseline, "baseline")
-        cap = check(cand.config, conf.qps_winner, cand.label)
+        try:
+            cap = check(cand.config, conf.qps_winner, cand.label)
+        except Exception as exc:  # noqa: BLE001
+            d.failed[cand.label] = f"{type(exc).__name__}: {exc}"
+            continue
         base_cap = d.baseline_capacity.capacity if d.baseline_capacity.met else 0.0
         if cap.met and cap.capacity > base_cap:
             d.recommended, d.capacity = cand.config, cap

@@ -46,8 +46,8 @@ from tuning.sim.device import device_for
 
 DEFAULT_OUT = "investigation"
 FED_DEVICE_BUSY = 0.70  # the what-if calls a device "fed" at or above this busy share (diagnose.SATURATED_BUSY)
-WORK_STAGES = ("read", "preprocess", "postprocess")
-CHECKPOINT_REPORT_S = 30.0  # a partial report.html is rewritten at most this often (summary.json every window)  # host stages that do work (queue waits are their symptom)
+WORK_STAGES = ("read", "preprocess", "postprocess")  # host stages that do work (queue waits are their symptom)
+CHECKPOINT_REPORT_S = 30.0  # a partial report.html is rewritten at most this often (summary.json every window)
 
 
 @dataclass

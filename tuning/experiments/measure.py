@@ -43,13 +43,15 @@ def run_one(data: Any, inputs: Any, kw: dict[str, Any]) -> tuple[str, Any, list[
     (:func:`told` raises them on the caller's side)."""
     from tuning.load import generator
 
+    kw = dict(kw)
+    keep = kw.pop("keep_server", False)  # a server kept warm for the next window: its cool-down drains, not abandoned
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
         quiet_expected()
         try:
-            with generator.PipeTarget(data) as target:  # each server lives for one load test: its cool-down is abandoned
+            with generator.PipeTarget(data) as target:
                 reply: tuple[str, Any] = ("ok", generator.run_load(target, inputs, busy_probe=target.busy,
-                                                                    abandon=target.abandon, **kw))
+                                                                    abandon=None if keep else target.abandon, **kw))
         except Exception as exc:  # the parent reports it as the step's error
             reply = ("error", f"{type(exc).__name__}: {exc}")
     return (*reply, [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)])
@@ -183,6 +185,8 @@ class LoadMeasure:
         self.serve_kwargs = {k: v for k, v in (("tokenizer", tokenizer), ("formatter", formatter)) if v is not None}
         self._engines: dict[tuple, Any] = {}
         self._process: LoadProcess | None = None
+        self._server: Any = None  # kept warm while the knobs are unchanged (docs/deciding.md)
+        self._server_knobs: Knobs | None = None
         self.runs = 0
 
     @staticmethod
@@ -200,13 +204,14 @@ class LoadMeasure:
             self._engines[key] = Engine(knobs, self.model)
         return self._engines[key]
 
-    def _load(self, server: Any, **kw: Any) -> Any:
+    def _load(self, server: Any, keep: bool = False, **kw: Any) -> Any:
         from tuning.load.generator import run_load
 
         if not self.separate_process:
             with warnings.catch_warnings():
                 quiet_expected()
-                return run_load(server, self.inputs, abandon=lambda: server.close(drain=False), **kw)
+                return run_load(server, self.inputs, abandon=None if keep else lambda: server.close(drain=False), **kw)
+        kw["keep_server"] = keep
         if self._process is None or not self._process.alive():
             self._process = LoadProcess(self.inputs)
         try:
@@ -225,30 +230,59 @@ class LoadMeasure:
         want = max(self.duration_s, self.min_outcomes / rate)
         return min(want, self.max_window_s) if self.max_window_s else want
 
+    def warm_server(self, knobs: Knobs) -> Any:
+        """The server of ``knobs``, kept across windows while the knobs are unchanged (its model, threads and
+        caches warm; the engine asks for windows of one configuration in a row where it can); another
+        configuration closes it first."""
+        from tuning.online.serve import Server
+
+        if self._server is not None and self._server_knobs == knobs:
+            return self._server
+        self.close_server()
+        self._server = Server(knobs, engine=self.engine(knobs), **self.serve_kwargs).__enter__()
+        self._server_knobs = knobs
+        return self._server
+
+    def close_server(self) -> None:
+        if self._server is not None:
+            server, self._server, self._server_knobs = self._server, None, None
+            server.__exit__(None, None, None)
+
     def __call__(self, knobs: Knobs, *, rate: float | None = None, record: bool = False,
-                 seed: int | None = None) -> Trial:
+                 seed: int | None = None, window_s: float | None = None) -> Trial:
         """One load test of ``knobs``: closed loop (``rate=None``) or Poisson arrivals at ``rate`` req/s drawn
-        from ``seed`` (default: the measurement's own); ``record`` runs the profilers."""
+        from ``seed`` (default: the measurement's own), for ``window_s`` (default: :meth:`window_s`);
+        ``record`` runs the profilers, on a server of its own. Otherwise the server is kept warm for the next
+        window of the same knobs (:meth:`warm_server`)."""
         from tuning.online.serve import Server
 
         if rate is not None and not (math.isfinite(rate) and rate > 0):
             raise ValueError(f"rate={rate!r} must be a number > 0 (requests per second)")
+        if window_s is not None and not (math.isfinite(window_s) and window_s > 0):
+            raise ValueError(f"window_s={window_s!r} must be a number of seconds > 0")
         if self.on_start:
             self.on_start(knobs)
         self.runs += 1
-        kw: dict[str, Any] = {"duration_s": self.window_s(rate), "warmup_s": self.warmup_s, "rate": rate,
+        kw: dict[str, Any] = {"duration_s": window_s or self.window_s(rate), "warmup_s": self.warmup_s, "rate": rate,
                               "concurrency": self.concurrency if rate is None else self.open_concurrency,
                               "seed": self.seed if seed is None else seed,
                               # warm-up arrivals, but never more than 2 x warmup_s of them at this rate
                               "warmup_requests": (min(self.warmup_requests, math.ceil(rate * 2 * self.warmup_s))
                                                   if rate is not None else 0)}
-        with Server(knobs, engine=self.engine(knobs), **self.serve_kwargs) as server, StealWatch() as steal:
-            if not record:
-                result = self._load(server, **kw)
-                trial = Trial.from_load(result)
-            else:
-                from tuning.profile import Recorder
+        if not record:
+            server = self.warm_server(knobs)
+            try:
+                with StealWatch() as steal:
+                    result = self._load(server, keep=True, **kw)
+            except BaseException:
+                self.close_server()  # a broken window leaves the server's state unknown: the next one starts afresh
+                raise
+            trial = Trial.from_load(result)
+        else:
+            from tuning.profile import Recorder
 
+            self.close_server()
+            with Server(knobs, engine=self.engine(knobs), **self.serve_kwargs) as server, StealWatch() as steal:
                 with warnings.catch_warnings():  # no NVML here: the report says so
                     warnings.filterwarnings("ignore", message="GPU sampling (off|stopped)", category=RuntimeWarning)
                     with Recorder() as recorder:
@@ -259,7 +293,8 @@ class LoadMeasure:
         return trial
 
     def close(self) -> None:
-        """End the load process (it also ends with this process)."""
+        """Close the kept server and end the load process (it also ends with this process)."""
+        self.close_server()
         if self._process is not None:
             self._process.close()
             self._process = None

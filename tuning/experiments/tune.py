@@ -1,25 +1,22 @@
-"""``python -m tuning tune``: a service's own knobs, each configuration measured by its capacity at the p99 target.
+"""``python -m tuning tune``: a service's own knobs, decided by the engine (``docs/deciding.md``).
 
     python -m tuning tune --cmd "python server.py --port {port} --max-batch-size {batch} --batch-timeout {timeout}" \\
         --space batch=1,4,8 --space timeout=0.002,0.05 --url "http://127.0.0.1:{port}/predict" \\
         --body '{"input": "{text}"}' --target-p99-ms 500
 
-For each configuration: the command starts in its own process group on a free port (``{port}`` and each
-``--space`` name are filled in; nothing else), it is waited for until it answers (``--ready-url``, or the
-first ok request, within ``startup_timeout_s``), warmed up by a short closed loop whose completion rate
-brackets the search, measured by :func:`tuning.experiments.capacity.capacity_at_target` (open loop, latency
-from the scheduled arrival), and the whole group is stopped (SIGTERM, then SIGKILL: a LitServe parent killed
-alone leaves its workers behind). The peak memory of the group is sampled meanwhile. A configuration whose
-server never comes up, or dies, is that configuration's error with the last lines of its output; the rest go
-on. The search: every configuration up to :data:`EXHAUSTIVE_MAX`; beyond, coordinate descent from the first
-value of each knob (each knob's values in turn, the others fixed, until a round changes nothing), then the
-best's neighbours (the adjacent value of each knob). Then the best is raced against the runner-up in
-interleaved pairs 20% past the rate where the runner-up failed (:func:`confirm_best`): two capacities searched one
-after the other are unpaired, and the result says whether the best held where the runner-up did not, or
-that the two are tied within the noise.
+The first value of every ``--space`` is the baseline (your configuration today). Each configuration's command
+starts in its own process group on a free port (``{port}`` and each ``--space`` name are filled in; nothing
+else) and is waited for until it answers (``--ready-url``, or the first ok request, within
+``startup_timeout_s``); it is kept running while the engine measures it and stopped (SIGTERM, then SIGKILL,
+the whole group: a LitServe parent killed alone leaves its workers behind) when another configuration is
+asked for. The engine explores the space on throughput (:mod:`tuning.experiments.search`: the grid, or
+coordinate descent beyond :data:`~tuning.experiments.search.GRID_MAX` configurations), confirms the best
+against the baseline on interleaved pairs, and checks the target of both on a warm server at descending
+fractions of their throughput. A configuration whose server never comes up, or dies, is that configuration's
+error with the last lines of its output; the rest go on.
 
-``--out DIR`` writes ``DIR/tune.json`` after every configuration (and Ctrl-C leaves what was measured there);
-``--resume DIR`` goes on from it: the configurations it holds are kept, the rest measured (:func:`run_tune`).
+``--out DIR`` writes ``DIR/tune.json`` after every window (and Ctrl-C leaves what was measured there);
+``--resume DIR`` replays its windows and goes on (:func:`run_tune`).
 """
 
 from __future__ import annotations
@@ -27,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import itertools
 import json
 import math
 import os
@@ -43,46 +39,35 @@ from typing import Any, Callable, Sequence
 
 from tuning.base.format import rounded
 from tuning.base.net import free_port
-from tuning.experiments.capacity import (
-    Capacity,
-    CapacitySettings,
-    capacity_at_target,
-    pooled_figures,
-    race_at,
-    saturation_rate,
-)
+from tuning.experiments.engine import Decision, EngineSettings, Runner, Window, decide
+from tuning.experiments.search import SEARCHES, ConfigError, combos, strategy_for
 from tuning.experiments.trial import Trial
 
-EXHAUSTIVE_MAX = 16
-CHECKPOINT = "tune.json"  # what ``--out DIR`` writes after every configuration and ``--resume DIR`` reads
+CHECKPOINT = "tune.json"  # what ``--out DIR`` writes after every window and ``--resume DIR`` reads
 
 
 @dataclass(frozen=True)
 class TuneSettings:
-    duration_s: float = 5.0  # one load window (open loop: stretched to min_outcomes arrivals, up to max_window_s)
+    """The engine's settings and the load's: the closed loop's concurrency, the warm-up before every window,
+    how long a server may take to come up."""
+
+    engine: EngineSettings = field(default_factory=lambda: EngineSettings.full(candidates=1))
+    concurrency: int = 16  # the closed loop of the throughput windows
     warmup_s: float = 1.0
-    concurrency: int = 16  # the closed loop that warms the service and brackets its capacity
-    min_outcomes: int = 300
-    max_window_s: float = 10.0
     startup_timeout_s: float = 180.0
-    capacity: CapacitySettings = field(default_factory=CapacitySettings.quick)
-    # the best against the runner-up in interleaved pairs (see confirm_best); 0: not raced
-    confirm_pairs: int = 6
-    # ...at this multiple of the runner-up's failing rate, as the ladder's race (LadderSettings.race_at): at
-    # the failing rate itself a runner-up whose one failing probe was unlucky still holds in most pairs
-    confirm_at: float = 1.2
     quick_mode: bool = False  # made by quick() (``--quick``): recorded in tune.json, so a resume keeps to it
+    strategy: str | None = None  # grid | coordinate (None: by the space's size)
 
     @classmethod
     def quick(cls) -> "TuneSettings":
-        return cls(duration_s=2.0, warmup_s=0.5, concurrency=8, min_outcomes=100, max_window_s=4.0, confirm_pairs=4,
-                   quick_mode=True)
+        return cls(engine=EngineSettings.quick(window_s=2.0, target_outcomes=600, target_max_s=6.0),
+                   concurrency=8, warmup_s=0.5, quick_mode=True)
 
     def windows(self) -> dict[str, Any]:
-        """The settings that decide what a measured capacity means (load windows, warm-up, the search's rules):
-        capacities measured under other ones are not comparable. Not the race's pairs nor the start-up timeout."""
-        keys = ("duration_s", "warmup_s", "concurrency", "min_outcomes", "max_window_s")
-        return {**{k: getattr(self, k) for k in keys}, "capacity": dataclasses.asdict(self.capacity)}
+        """The settings that decide what a measured window means: windows measured under other ones are not
+        comparable (a resume refuses them). Not the start-up timeout."""
+        return {"concurrency": self.concurrency, "warmup_s": self.warmup_s,
+                "engine": json.loads(json.dumps(dataclasses.asdict(self.engine)))}
 
 
 def parse_space(items: Sequence[str]) -> dict[str, list[str]]:
@@ -174,106 +159,79 @@ class ServiceGroup:
             os.unlink(self.log.name)
 
 
+
+
 @dataclass
 class TuneRow:
-    """One configuration: its values, the exact command, and its capacity or its error."""
+    """One configuration: its values, the exact command of its last start, its throughput as explored, its
+    capacity when the target check ran on it, or its error."""
 
     values: dict[str, str]
-    command: str
-    capacity: Capacity | None = None
+    command: str = ""
+    qps: float = math.nan
+    ratio: float | None = None  # throughput over the baseline's, with its 95% interval
+    low: float | None = None
+    high: float | None = None
+    windows: int = 0
+    capacity: Any = None  # tuning.experiments.capacity.Capacity, for the configurations checked at the target
     error: str | None = None
     peak_memory_mb: float = math.nan
     startup_s: float = math.nan
-    wall_s: float = math.nan
-    load_tests: int = 0
-    resumed: bool = False  # measured by the earlier run that ``resume`` went on from
+    starts: int = 0
 
     def row(self) -> dict[str, Any]:
         cap = self.capacity
         best = cap.best if cap is not None else None
-        return {**self.values, "capacity": rounded(cap.capacity) if cap else None,
-                "bracket": [rounded(cap.low), rounded(cap.high)] if cap else None, "met": bool(cap and cap.met),
-                "p50_ms": rounded(best.p50_ms) if best else None, "p99_ms": rounded(best.p99_ms) if best else None,
-                "errors": best.errors if best else None, "peak_memory_mb": rounded(self.peak_memory_mb),
-                "startup_s": rounded(self.startup_s), "load_tests": self.load_tests, "wall_s": rounded(self.wall_s),
-                "error": self.error, "command": self.command, "resumed": self.resumed}
+        return {**self.values, "qps": rounded(self.qps), "throughput_ratio": self.ratio, "low": self.low,
+                "high": self.high, "windows": self.windows,
+                "capacity": rounded(cap.capacity) if cap else None, "checked": cap is not None,
+                "met": bool(cap and cap.met), "p50_ms": rounded(best.p50_ms) if best else None,
+                "p99_ms": rounded(best.p99_ms) if best else None, "errors": best.errors if best else None,
+                "peak_memory_mb": rounded(self.peak_memory_mb), "startup_s": rounded(self.startup_s),
+                "starts": self.starts, "error": self.error, "command": self.command}
 
 
-@dataclass
-class Confirmation:
-    """The best configuration against the runner-up in interleaved pairs at the runner-up's failing rate: two
-    capacities searched one after the other are two unpaired measurements, and on a busy machine the order
-    of the search alone can put one above the other. ``confirmed``: the best kept p99 within the target by
-    the probe's rule in those pairs while the runner-up, in the same pairs, did not; or both failed there and the
-    best was clearly faster (the paired latency ratio, runner-up over best, ``latency_ratio``: ratio, low, high)."""
+def label(values: dict[str, str]) -> str:
+    return " ".join(f"{k}={v}" for k, v in values.items())
 
-    best: dict[str, str]
-    runner_up: dict[str, str]
-    rate: float | None
-    verdict: str  # candidate | candidate faster (the best confirmed) | candidate fails | reference passed | undecided
-    # | not raced | error
-    pairs: int = 0
-    best_exceed: str = ""
-    runner_up_exceed: str = ""
-    note: str = ""
-    latency_ratio: tuple[float, float, float] | None = None
 
-    @property
-    def confirmed(self) -> bool:
-        return self.verdict in ("candidate", "candidate faster")
-
-    def sentence(self, target_p99_ms: float) -> str:
-        b, r = _label(self.best), _label(self.runner_up)
-        if self.verdict in ("not raced", "error"):
-            return f"not confirmed against the runner-up {r}: {self.note}"
-        at = (f"at {self.rate:.1f} req/s (past the rate where the runner-up failed its probe), {self.pairs} interleaved pairs: "
-              f"best {self.best_exceed} over {target_p99_ms:.0f} ms, runner-up {self.runner_up_exceed}")
-        if self.verdict == "candidate faster" and self.latency_ratio is not None:
-            ratio, lo, hi = self.latency_ratio
-            return (f"confirmed against the runner-up {r} {at}: both miss the target there, the best clearly "
-                    f"faster (latency ratio, runner-up / best, {ratio:.2f} [{lo:.2f}-{hi:.2f}])")
-        if self.confirmed:
-            return f"confirmed against the runner-up {r} {at}"
-        why = {"candidate fails": "the best failed there too", "reference passed": "the runner-up passed there",
-               "undecided": "no decision within the pairs"}.get(self.verdict, self.verdict)
-        return (f"NOT DISTINGUISHABLE from the runner-up {r} {at}: {why}; {b} and {r} are tied within this "
-                "machine's noise, so choose between them on other grounds (memory, simplicity)")
-
-    def to_dict(self, target_p99_ms: float) -> dict[str, Any]:
-        return {"best": self.best, "runner_up": self.runner_up, "rate": rounded(self.rate), "verdict": self.verdict,
-                "confirmed": self.confirmed, "pairs": self.pairs, "best_exceed": self.best_exceed,
-                "runner_up_exceed": self.runner_up_exceed,
-                "latency_ratio": None if self.latency_ratio is None else [rounded(x) for x in self.latency_ratio],
-                "sentence": self.sentence(target_p99_ms)}
+_label = label
 
 
 @dataclass
 class TuneResult:
     space: dict[str, list[str]]
-    rows: list[TuneRow]
     search: str
     target_p99_ms: float
+    settings: TuneSettings
+    rows: list[TuneRow] = field(default_factory=list)
+    decision: Decision | None = None
+    windows_log: list[Window] = field(default_factory=list)
     interrupted: bool = False
-    confirmation: Confirmation | None = None
+    error: str | None = None  # the run could not decide (the baseline never came up)
     # what identifies the run, so that ``resume`` goes on only from the same one (see :func:`check_resumable`)
     cmd: str | None = None
     url: str | None = None
     api: dict[str, Any] | None = None
-    quick: bool | None = None  # ``--quick``'s short windows (TuneSettings.quick)
-    windows: dict[str, Any] | None = None  # TuneSettings.windows(): what the capacities were measured with
     requests: dict[str, Any] | None = None  # requests_block(bodies): how many were sent and their digest
-    resumed: int = 0  # configurations taken from the earlier run, not measured again
-    retried: int = 0  # configurations that ended in an error in the earlier run, measured again
+    resumed: int = 0  # windows replayed from the earlier run, not measured again
+
+    @property
+    def quick(self) -> bool:
+        return self.settings.quick_mode
+
+    def row_of(self, values: dict[str, str]) -> TuneRow | None:
+        return next((r for r in self.rows if r.values == values), None)
 
     @property
     def best(self) -> TuneRow | None:
-        """The highest capacity that met the target, of the configurations without an error (a server that crashed
-        while measured keeps its capacity in the table, but is not one to ship)."""
-        return max(self.met(), key=lambda r: r.capacity.capacity, default=None)
-
-    def met(self) -> list[TuneRow]:
-        """The configurations that met the target and did not fail."""
-        return [r for r in self.rows if r.capacity is not None and r.capacity.met and not r.error]
+        """The configuration to ship: the engine's recommendation, when it met the target (``qps``: always)."""
+        d = self.decision
+        if d is None or d.stage != "done":
+            return None
+        if self.settings.engine.objective == "target" and not (d.capacity is not None and d.capacity.met):
+            return None
+        return self.row_of(d.recommended)
 
     def to_frame(self) -> Any:
         import pandas as pd
@@ -282,19 +240,20 @@ class TuneResult:
 
     def summary(self) -> dict[str, Any]:
         best = self.best
+        d = self.decision
         return {"command": "tune", "search": self.search, "space": self.space, "target_p99_ms": self.target_p99_ms,
-                "cmd": self.cmd, "url": self.url, "api": self.api, "quick": self.quick, "windows": self.windows,
-                "requests": self.requests, "configurations": len(self.rows), "resumed": self.resumed, "retried": self.retried,
-                "interrupted": self.interrupted,
+                "cmd": self.cmd, "url": self.url, "api": self.api, "quick": self.quick,
+                "windows": self.settings.windows(), "requests": self.requests, "configurations": len(self.rows),
+                "resumed": self.resumed, "interrupted": self.interrupted, "error": self.error,
+                "stage": d.stage if d is not None else "explore",
                 "best": best.row() if best else None, "target_met": best is not None,
-                "confirmation": ({**self.confirmation.to_dict(self.target_p99_ms), "note": self.confirmation.note}
-                                 if self.confirmation else None),
+                "indeterminate": d.indeterminate if d is not None else None,
+                "confirmations": [c.row() for c in d.confirmations] if d is not None else [],
+                "target_checks": [{"configuration": lab, **cap.summary()} for lab, cap in d.checks] if d else [],
+                "errors": (d.explored.tables.get("errors") if d is not None and d.explored is not None else {}),
                 "rows": [r.row() for r in self.rows],
-                "capacities": {_label(r.values): r.capacity.summary() for r in self.rows if r.capacity is not None}}
-
-
-def _label(values: dict[str, str]) -> str:
-    return " ".join(f"{k}={v}" for k, v in values.items())
+                "capacities": {label(r.values): r.capacity.summary() for r in self.rows if r.capacity is not None},
+                "state": {"log": [w.to_dict() for w in self.windows_log]}}
 
 
 # --- going on from an earlier run (``--resume DIR``) ------------------------------------------------
@@ -388,185 +347,38 @@ def check_resumable(previous: dict[str, Any], cmd: str, space: dict[str, list[st
                          + ". Give the same settings, or run without --resume (a new --out)")
 
 
-def _nan(value: Any) -> float:
-    return math.nan if value is None else float(value)
-
-
-def restore_rows(previous: dict[str, Any], names: Sequence[str]) -> list[TuneRow]:
-    """The configurations ``previous`` measured, as rows (capacities with their probes' figures, not their runs),
-    marked ``resumed``."""
-    capacities = previous.get("capacities") or {}
-    rows = []
-    for r in previous.get("rows") or []:
-        values = {n: str(r[n]) for n in names}
-        cap = capacities.get(_label(values))
-        rows.append(TuneRow(values, r.get("command") or "", Capacity.from_summary(cap) if cap else None, r.get("error"),
-                            _nan(r.get("peak_memory_mb")), _nan(r.get("startup_s")), _nan(r.get("wall_s")),
-                            int(r.get("load_tests") or 0), resumed=True))
-    return rows
-
-
-def restore_confirmation(d: dict[str, Any] | None) -> Confirmation | None:
-    """A :class:`Confirmation` back from the summary's ``confirmation``."""
-    if not d:
-        return None
-    known = {f.name for f in dataclasses.fields(Confirmation)}
-    return Confirmation(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in known})
 
 
 class HttpMeasure:
-    """``measure(config, *, rate=None, record=False, seed=None) -> Trial`` against a URL: closed loop at
-    ``concurrency`` or Poisson arrivals at ``rate`` (windows sized by outcomes), through ``api``."""
+    """``measure(config, *, rate=None, record=False, seed=None, window_s=None) -> Trial`` against a URL: a closed
+    loop at ``concurrency`` or Poisson arrivals at ``rate``, through ``api``."""
 
     def __init__(self, url: str, bodies: Sequence[Any], api: Any, settings: TuneSettings):
         self.url, self.bodies, self.api, self.settings = url, list(bodies), api, settings
         self.runs = 0
 
     def __call__(self, config: Any = None, *, rate: float | None = None, record: bool = False,
-                 seed: int | None = None) -> Trial:
+                 seed: int | None = None, window_s: float | None = None) -> Trial:
         import warnings
 
         from tuning.load.generator import run_load
 
         s = self.settings
-        duration = s.duration_s if rate is None else min(max(s.duration_s, s.min_outcomes / rate), s.max_window_s)
         self.runs += 1
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             result = run_load(self.url, self.bodies, concurrency=s.concurrency if rate is None else 256,
-                              duration_s=duration, rate=rate, warmup_s=s.warmup_s, seed=seed or 0, api=self.api)
+                              duration_s=window_s or s.engine.window_s, rate=rate, warmup_s=s.warmup_s,
+                              seed=seed or 0, api=self.api)
         return Trial.from_load(result)
 
 
-def run_tune(cmd: str, space: dict[str, list[str]], url: str, bodies: Sequence[Any], api: Any, target_p99_ms: float,
-             settings: TuneSettings = TuneSettings(), ready_url: str | None = None,
-             say: Callable[[str], None] | None = None, on_row: Callable[[TuneResult], None] | None = None,
-             resume: dict[str, Any] | None = None) -> TuneResult:
-    """Measure each configuration of ``space`` (see the module docstring); Ctrl-C keeps what was measured.
-
-    ``resume``: an earlier run's tune.json, loaded (:func:`read_checkpoint`), with the same command, space, URL,
-    API, target and ``--quick`` (else ValueError naming the difference): its configurations are kept as they were,
-    not measured again, except those that ended in an error (the server never came up, or crashed), which are
-    measured again with the rest. The earlier race of the best is kept when nothing new was measured."""
-    say = say or (lambda line: None)
-    names = list(space)
-    combos = [dict(zip(names, vals)) for vals in itertools.product(*space.values())]
-    search = "exhaustive" if len(combos) <= EXHAUSTIVE_MAX else "coordinate descent, then the best's neighbours"
-    result = TuneResult(space, [], search, target_p99_ms, cmd=cmd, url=url, api=api_block(api), quick=settings.quick_mode,
-                        windows=settings.windows(), requests=requests_block(bodies))
-    done: dict[tuple, TuneRow] = {}
-    if resume is not None:
-        check_resumable(resume, cmd, space, url, api, target_p99_ms, settings, bodies)
-        for row in restore_rows(resume, names):
-            key = tuple(row.values[n] for n in names)
-            if key in done:
-                continue
-            if row.error:  # a server that never came up or crashed: perhaps the machine's moment, so again
-                result.retried += 1
-                say(f"{_label(row.values)}: an error in the earlier run ({_error_head(row.error)}), measured again")
-                continue
-            done[key] = row
-            result.rows.append(row)
-            say(f"(resumed) {_row_line(row)}")
-        result.resumed = len(result.rows)
-        again = f"; {result.retried} that ended in an error there measured again" if result.retried else ""
-        say(f"resumed: {result.resumed} configurations from the earlier run, not measured again{again}")
-        if on_row and result.rows:
-            on_row(result)
-
-    def evaluate(values: dict[str, str]) -> TuneRow:
-        key = tuple(values[n] for n in names)
-        if key in done:
-            return done[key]
-        row = measure_config(cmd, values, url, bodies, api, target_p99_ms, settings, ready_url, say)
-        done[key] = row
-        result.rows.append(row)
-        say(_row_line(row))
-        if on_row:
-            on_row(result)
-        return row
-
-    def score(row: TuneRow) -> float:
-        return row.capacity.capacity if row.capacity is not None and row.capacity.met and not row.error else -1.0
-
-    try:
-        if search == "exhaustive":
-            for values in combos:
-                evaluate(values)
-        else:
-            current = {n: space[n][0] for n in names}
-            best = evaluate(current)
-            for _ in range(3):
-                changed = False
-                for n in names:
-                    for v in space[n]:
-                        row = evaluate({**current, n: v})
-                        if score(row) > score(best):
-                            best, current, changed = row, {**current, n: v}, True
-                if not changed:
-                    break
-            for n in names:  # the best's neighbours: the adjacent value of each knob
-                i = space[n].index(current[n])
-                for j in (i - 1, i + 1):
-                    if 0 <= j < len(space[n]):
-                        evaluate({**current, n: space[n][j]})
-        earlier = restore_confirmation((resume or {}).get("confirmation"))
-        if earlier is not None and len(result.rows) == result.resumed:
-            result.confirmation = earlier  # nothing new was measured: the earlier race stands
-            say("(resumed) " + earlier.sentence(target_p99_ms))
-        elif settings.confirm_pairs:
-            result.confirmation = confirm_best(result, SwitchingMeasure(cmd, url, bodies, api, settings, ready_url, say),
-                                               settings, say)
-    except KeyboardInterrupt:
-        result.interrupted = True
-        say("interrupted: what was measured is kept")
-    return result
-
-
-def confirm_best(result: TuneResult, measure: Callable[..., Trial], settings: TuneSettings,
-                 say: Callable[[str], None] | None = None) -> Confirmation | None:
-    """Race the best configuration against the runner-up (the next capacity that met the target) in
-    interleaved pairs (:func:`~tuning.experiments.capacity.race_at`, at most ``settings.confirm_pairs``) at a rate
-    20% past the one where the runner-up failed its probe (``settings.confirm_at``). None with fewer than two
-    configurations that met the target. ``measure(values, rate=..., seed=...)`` runs a configuration
-    (:class:`SwitchingMeasure` starts its server)."""
-    say = say or (lambda line: None)
-    met = sorted(result.met(), key=lambda r: r.capacity.capacity, reverse=True)
-    if len(met) < 2:
-        return None
-    best, runner = met[0], met[1]
-    failing = runner.capacity.high
-    if failing is None or not math.isfinite(failing):
-        return Confirmation(best.values, runner.values, None, "not raced",
-                            note=f"the runner-up passed every probe (capacity at least {runner.capacity.capacity:.1f} "
-                                 "req/s): no failing rate to race at")
-    rate = settings.confirm_at * failing
-    say(f"confirming the best ({_label(best.values)}) against the runner-up ({_label(runner.values)}) at {rate:.1f} req/s")
-    try:
-        race = race_at(measure, runner.values, best.values, rate=rate, target_p99_ms=result.target_p99_ms,
-                       settings=settings.capacity, max_pairs=max(settings.confirm_pairs, 2),
-                       status=lambda t: say(f"confirm: {t}"))
-    except KeyboardInterrupt:
-        raise
-    except Exception as exc:  # a server that does not come back: the table stands, unconfirmed
-        return Confirmation(best.values, runner.values, rate, "error", note=f"{type(exc).__name__}: {exc}")
-    finally:
-        close = getattr(measure, "close", None)
-        if close is not None:
-            close()
-
-    def told(trials: list[Trial], by: tuple[str, str]) -> str:
-        f = pooled_figures(trials, result.target_p99_ms)
-        return f"{f['exceed']} of {f['n']} ({by[0]} by {by[1]})"
-    ratio = (race.ratio, race.low, race.high) if math.isfinite(race.ratio) else None
-    return Confirmation(best.values, runner.values, rate, race.verdict, race.pairs,
-                        told(race.candidate, race.candidate_by), told(race.reference, race.reference_by), latency_ratio=ratio)
-
-
 class SwitchingMeasure:
-    """``measure(values, *, rate=None, seed=None) -> Trial`` with that configuration's server running: when
-    another configuration is asked for, the running one is stopped (its whole process group) and the asked one
-    started on a free port and waited for, as :func:`measure_config` does. ``starts`` counts the starts."""
+    """``measure(values, *, rate=None, seed=None, window_s=None) -> Trial`` with that configuration's server
+    running: kept while the same configuration is asked for, else the running one is stopped (its whole
+    process group) and the asked one started on a free port and waited for. A server that does not come up,
+    or dies, raises :class:`~tuning.experiments.search.ConfigError` (that configuration's error). ``rows``:
+    what each configuration's starts cost (command, start-up time, peak memory)."""
 
     def __init__(self, cmd: str, url: str, bodies: Sequence[Any], api: Any, settings: TuneSettings,
                  ready_url: str | None, say: Callable[[str], None]):
@@ -575,68 +387,133 @@ class SwitchingMeasure:
         self.values: dict[str, str] | None = None
         self.group: ServiceGroup | None = None
         self.measure: HttpMeasure | None = None
+        self.rows: dict[str, TuneRow] = {}
         self.starts = 0
 
-    def __call__(self, values: dict[str, str], *, rate: float | None = None, record: bool = False,
-                 seed: int | None = None) -> Trial:
-        if values != self.values or self.group is None or not self.group.alive():
+    def row(self, values: dict[str, str]) -> TuneRow:
+        return self.rows.setdefault(label(values), TuneRow(dict(values)))
+
+    def _start(self, values: dict[str, str]) -> None:
+        self.close()
+        port = free_port()
+        row = self.row(values)
+        row.command = fill(self.cmd, values, port)
+        self.say(f"starting: {row.command}")
+        t0 = time.perf_counter()
+        self.group = ServiceGroup(row.command)
+        self.measure = HttpMeasure(self.api.url(fill(self.url, values, port)), self.bodies, self.api, self.settings)
+        self.starts += 1
+        row.starts += 1
+        error = _wait_ready(self.group, self.measure, fill(self.ready_url, values, port) if self.ready_url else None,
+                            self.settings.startup_timeout_s)
+        row.startup_s = time.perf_counter() - t0
+        if error:
             self.close()
-            port = free_port()
-            self.group = ServiceGroup(fill(self.cmd, values, port))
-            self.measure = HttpMeasure(self.api.url(fill(self.url, values, port)), self.bodies, self.api, self.settings)
-            self.starts += 1
-            error = _wait_ready(self.group, self.measure, fill(self.ready_url, values, port) if self.ready_url else None,
-                                self.settings.startup_timeout_s)
-            if error:
-                self.close()
-                raise RuntimeError(f"{_label(values)} did not come back: {error}")
-            self.values = dict(values)
-        return self.measure(values, rate=rate, seed=seed)
+            row.error = error
+            raise ConfigError(error)
+        self.values = dict(values)
+
+    def __call__(self, values: dict[str, str], *, rate: float | None = None, record: bool = False,
+                 seed: int | None = None, window_s: float | None = None) -> Trial:
+        if values != self.values or self.group is None or not self.group.alive():
+            self._start(values)
+        trial = self.measure(values, rate=rate, seed=seed, window_s=window_s)
+        if not self.group.alive():
+            row = self.row(values)
+            row.error = (f"the server exited with {self.group.proc.returncode} while measured; its output ends: "
+                         f"{self.group.tail()}")
+            self.close()
+            raise ConfigError(row.error)
+        if trial.ok == 0 and rate is None:
+            row = self.row(values)
+            row.error = f"no ok answer under load (first reason: {trial.first_error}); its output ends: {self.group.tail()}"
+            self.close()
+            raise ConfigError(row.error)
+        return trial
 
     def close(self) -> None:
         if self.group is not None:
+            row = self.rows.get(label(self.values)) if self.values is not None else None
+            if row is not None and self.group.peak_rss:
+                row.peak_memory_mb = max(row.peak_memory_mb if math.isfinite(row.peak_memory_mb) else 0.0,
+                                         self.group.peak_rss / 2**20)
             self.group.stop()
         self.group, self.values = None, None
 
 
-def measure_config(cmd: str, values: dict[str, str], url: str, bodies: Sequence[Any], api: Any, target_p99_ms: float,
-                   settings: TuneSettings, ready_url: str | None, say: Callable[[str], None]) -> TuneRow:
-    """One configuration from start to stop (its error, not an exception, when the server fails)."""
-    port = free_port()
-    command = fill(cmd, values, port)
-    target = api.url(fill(url, values, port))
-    t0 = time.perf_counter()
-    row = TuneRow(dict(values), command)
-    say(f"starting: {command}")
-    group = ServiceGroup(command)
+def run_tune(cmd: str, space: dict[str, list[str]], url: str, bodies: Sequence[Any], api: Any, target_p99_ms: float,
+             settings: TuneSettings = TuneSettings(), ready_url: str | None = None,
+             say: Callable[[str], None] | None = None, on_row: Callable[[TuneResult], None] | None = None,
+             resume: dict[str, Any] | None = None, measure: Callable[..., Trial] | None = None) -> TuneResult:
+    """Decide on ``space`` with the engine (see the module docstring); Ctrl-C keeps what was measured.
+
+    ``resume``: an earlier run's tune.json, loaded (:func:`read_checkpoint`), with the same command, space, URL,
+    API, target, ``--quick`` and requests (else ValueError naming the difference): its windows are replayed, the
+    rest measured. ``on_row(result)`` runs after every window. ``measure``: replaces the servers (tests)."""
+    say = say or (lambda line: None)
+    search = strategy_for(space, settings.strategy)
+    result = TuneResult(space, search, target_p99_ms, settings, cmd=cmd, url=url, api=api_block(api),
+                        requests=requests_block(bodies))
+    replay: list[dict[str, Any]] = []
+    if resume is not None:
+        check_resumable(resume, cmd, space, url, api, target_p99_ms, settings, bodies)
+        replay = list(((resume.get("state") or {}).get("log")) or [])
+        result.resumed = len(replay)
+        say(f"resumed: {len(replay)} windows from the earlier run are replayed, not measured again")
+    switching = SwitchingMeasure(cmd, url, bodies, api, settings, ready_url, say) if measure is None else None
+    measure_fn = measure or switching
+    baseline = combos(space)[0]
+
+    def on_window(w: Window) -> None:
+        _refresh_rows(result, switching)
+        if on_row:
+            on_row(result)
+
+    runner = Runner(measure_fn, dict, settings.engine, target_p99_ms, on_window, replay, say)
+    result.windows_log = runner.windows
+    result.decision = Decision(baseline, baseline)
     try:
-        measure = HttpMeasure(target, bodies, api, settings)
-        error = _wait_ready(group, measure, fill(ready_url, values, port) if ready_url else None,
-                            settings.startup_timeout_s)
-        row.startup_s = time.perf_counter() - t0
-        if error:
-            row.error = error
-            return row
-        closed = measure(values)
-        if closed.ok == 0:
-            row.error = f"no ok answer under load (first reason: {closed.first_error}); its output ends: {group.tail()}"
-            return row
-        say("open loop past saturation")
-        saturation, _ = saturation_rate(measure, values, closed.qps)  # the closed loop reads low: the top is past it
-        row.capacity = capacity_at_target(measure, values, target_p99_ms, saturation=saturation,
-                                          settings=settings.capacity, status=say)
-        if not group.alive():
-            row.error = f"the server exited with {group.proc.returncode} while measured; its output ends: {group.tail()}"
+        decide(runner, baseline, SEARCHES[search](space, settings.engine, label), settings.engine, label,
+               result.decision)
     except KeyboardInterrupt:
-        raise
-    except Exception as exc:  # this configuration's error; the rest go on
-        row.error = f"{type(exc).__name__}: {exc}"
+        result.interrupted = True
+        say("interrupted: what was measured is kept")
+    except ConfigError as exc:
+        result.error = str(exc)
+        say(f"cannot decide: {exc}")
     finally:
-        row.peak_memory_mb = group.peak_rss / 2**20 if group.peak_rss else math.nan
-        group.stop()
-        row.wall_s = time.perf_counter() - t0
-        row.load_tests = measure.runs if "measure" in locals() else 0
-    return row
+        if switching is not None:
+            switching.close()
+        _refresh_rows(result, switching)
+    return result
+
+
+def _refresh_rows(result: TuneResult, switching: SwitchingMeasure | None) -> None:
+    """The table: every configuration measured (its windows' throughput, its ratio over the baseline as
+    explored, its capacity when checked), with what its starts cost."""
+    d = result.decision
+    ranked = {c.label: c for c in (d.explored.candidates if d is not None and d.explored is not None else [])}
+    checks = {lab: cap for lab, cap in (d.checks if d is not None else [])}
+    seen: dict[str, TuneRow] = {}
+    for w in result.windows_log:
+        key = label(w.config)
+        row = seen.get(key) or (switching.row(w.config) if switching is not None else TuneRow(dict(w.config)))
+        seen[key] = row
+    if switching is not None:
+        for key, row in switching.rows.items():
+            seen.setdefault(key, row)
+    for key, row in seen.items():
+        ws = [w.qps for w in result.windows_log if label(w.config) == key and w.kind == "throughput" and w.qps > 0]
+        row.windows = len(ws)
+        row.qps = float(sum(ws) / len(ws)) if ws else math.nan
+        c = ranked.get(key)
+        if c is not None:
+            row.ratio = rounded(math.exp(c.log_ratio))
+            row.low = rounded(math.exp(c.low)) if math.isfinite(c.low) else None
+            row.high = rounded(math.exp(c.high)) if math.isfinite(c.high) else None
+        baseline_key = label(d.baseline) if d is not None else None
+        row.capacity = checks.get("baseline" if key == baseline_key and "baseline" in checks else key, row.capacity)
+    result.rows = list(seen.values())
 
 
 def _wait_ready(group: ServiceGroup, measure: HttpMeasure, ready_url: str | None, timeout_s: float) -> str | None:
@@ -678,8 +555,9 @@ def _error_head(error: str) -> str:
     return (error.strip().splitlines() or [""])[0].split(";")[0][:120]
 
 
-def _row_line(row: TuneRow) -> str:
-    head = _label(row.values)
+def row_line(row: TuneRow) -> str:
+    head = label(row.values)
     if row.error:
         return f"{head}: error: {row.error.splitlines()[0][:200]}"
-    return f"{head}: {row.capacity.sentence()}; peak memory {row.peak_memory_mb:.0f} MB"
+    cap = f"; {row.capacity.sentence()}" if row.capacity is not None else ""
+    return f"{head}: {row.qps:.1f} req/s sustained over {row.windows} windows{cap}"

@@ -140,17 +140,12 @@ def ledger_sentence(loads: dict[str, Any]) -> str:
     return "; ".join(parts) + "." if parts else "No successful requests to account for."
 
 
-def _judged(ladder: Any) -> list[Any]:
-    """The steps measured against a reference (the ones with a paired ratio)."""
-    return [x for x in ladder.steps if x.status != "baseline" and _finite(x.figures.get("ratio"))]
-
-
 def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _interval(f: dict[str, Any], digits: int = 2) -> str:
-    """``ratio [low-high]`` of a step's frozen figures, or ''."""
+    """``ratio [low-high]`` of a row's figures, or ''."""
     if not _finite(f.get("ratio")):
         return ""
     return f"{f['ratio']:.{digits}f} [{fixed(f.get('low'), f'.{digits}f')}-{fixed(f.get('high'), f'.{digits}f')}]"
@@ -168,48 +163,37 @@ def _p99_span(p99: Any, low: Any, high: Any) -> str:
 
 
 def _capacity_text(cap: Any) -> str:
-    """``16.7 req/s (next failing rate 18.2)`` or ``none``."""
+    """``16.7 req/s (the next rate up, 18.2, did not pass)`` or ``none``."""
     if cap is None:
-        return "not searched"
+        return "not checked"
     if not cap.met:
         return "none (no rate met the target)"
-    hi = f"next failing rate {cap.high:.1f} req/s" if cap.high is not None else "no failing rate found above it"
+    hi = (f"the next rate up, {cap.high:.1f}, did not pass" if cap.high is not None
+          else "the highest fraction of its throughput passed")
     return f"{cap.capacity:.1f} req/s ({hi})"
 
 
-def _compare_rate(ladder: Any) -> str:
-    share = getattr(ladder.settings, "compare_at", None)
-    at = (f"{100 * share:.0f}% of the reference's capacity" if isinstance(share, (int, float)) and share != 1
-          else "the reference's capacity")
-    return at + " (where the reference has none, its lowest probed rate)"
+def screen_sentence(ladder: Any) -> str:
+    """What the screen found: the factors in the model with their ratios, and the winner."""
+    d = ladder.decision
+    if d is None or d.explored is None:
+        return "The screen did not run."
+    tables = d.explored.tables
+    kept = [e for e in tables.get("effects", []) if e["kept"]]
+    said = "; ".join(f"{e['term']} x{e['ratio']:.2f} [{e['low']:.2f}-{e['high']:.2f}]" for e in kept) or "none"
+    again = tables.get("measured_again") or []
+    return (f"{len(tables.get('design', []))} windows screened {len(tables.get('factors', []))} factors; terms in the "
+            f"model: {said}" + (f"; {len(again)} window(s) the model could not explain were measured again" if again
+                                else "") + f". Ranked first: {d.explored.candidates[0].label}."
+            if d.explored.candidates else ".")
 
 
-def ladder_sentence(ladder: Any) -> str:
-    steps = [x for x in ladder.steps if x.status != "baseline"]
-    judged = _judged(ladder)
-    kept = [x for x in judged if x.status == "kept"]
-    failed = [x for x in steps if x.status == "failed"]
-    text = f"{len(kept)} of {len(judged)} measured steps were kept"
-    others = len(steps) - len(judged) - len(failed)
-    if others or failed:
-        text += f" ({others} skipped or refused" + (f", {len(failed)} failed while measuring" if failed else "") + ")"
-    if ladder.objective == "target":
-        text += (f"; capacity at p99 <= {ladder.target_p99_ms:.0f} ms: {_capacity_text(ladder.baseline_capacity)} "
-                 f"at baseline, {_capacity_text(ladder.capacity)} recommended")
-    else:
-        b, r = ladder.baseline_figures.get("qps"), ladder.final_figures.get("qps")
-        text += f"; closed-loop QPS {fixed(b)} -> {fixed(r)}"
-    if judged:
-        best = max(judged, key=lambda x: x.figures["ratio"])
-        f = best.figures
-        text += (f"; the largest paired ratio was {best.name} ({best.change}): {_interval(f)} after {f.get('pairs')} "
-                 f"pairs, {best.status}")
-        level, effect = f.get("level"), f.get("min_effect")
-        if _finite(level) and _finite(effect):
-            text += (f". A step is kept when the lower end of its {100 * level:.1f}% interval clears "
-                     f"{1 + effect:.2f}" + (" and it meets the target at that rate" if ladder.objective == "target"
-                                            else ""))
-    return text + "."
+def confirm_sentence(ladder: Any) -> str:
+    d = ladder.decision
+    if d is None or not d.confirmations:
+        return "No confirmation ran: the screen's best is the baseline."
+    return "; ".join(f"{c.label}: {c.row()['verdict']} after {c.row()['pairs']} pairs, "
+                     f"x{_interval(c.row()) or '?'} over the baseline" for c in d.confirmations) + "."
 
 
 def capacity_sentence(caps: dict[str, Any]) -> str:
@@ -218,10 +202,10 @@ def capacity_sentence(caps: dict[str, Any]) -> str:
         text = f"{label}: {cap.sentence()}"
         if cap.note:
             text += f" ({cap.note})"
-        estimated = [p for p in cap.probes if p.by == "estimate"]
-        if estimated:
-            text += (f"; {len(estimated)} of {len(cap.probes)} probes had too few outcomes to count and were decided "
-                     "on the p99 estimate")
+        open_ = [p for p in cap.probes if p.verdict == "indeterminate"]
+        if open_:
+            text += (f"; {len(open_)} of {len(cap.probes)} windows were indeterminate (the blocks' interval held "
+                     "the 1% share), which does not pass")
         parts.append(text)
     return "; ".join(parts) + "."
 
@@ -237,18 +221,8 @@ def sweep_sentence(sweep: Any) -> str:
             f"smallest batch within 5% of the best, is batch {sweep.knee}.")
 
 
-def waits_sentence(frame: pd.DataFrame, target: float, chosen: str) -> str:
-    parts = []
-    for r in frame.itertuples():
-        f = {"ratio": r.ratio, "low": r.low, "high": r.high}
-        at = f" at {r.rate:.1f} req/s" if _finite(r.rate) else " (closed loop)"
-        parts.append(f"max_wait_ms={r.max_wait_ms:g} (batch {r.batch_size}): ratio {_interval(f)} after {r.pairs} "
-                     f"pairs{at}, p99 {fixed(r.p99_ms, '.0f')} ms, {r.status}")
-    return "; ".join(parts) + f" (p99 target {target:.0f} ms; kept: {chosen})."
-
-
 def precision_sentence(report: Any) -> str:
-    from tuning.experiments.ladder import MIN_COSINE
+    from tuning.experiments.factors import MIN_COSINE
 
     frame = report.to_frame()
     ok = frame[frame.status == "ok"]
@@ -263,103 +237,51 @@ def what_if_sentence(what_if: dict[str, Any]) -> str:
 
 # --- the report -----------------------------------------------------------------------------------
 
-def _confirm(inv: Any) -> dict[str, Any] | None:
-    """The confirm run's pooled figures (p50, p99 with its interval, failures) at the target, or None: the
-    probe with the recorder off where there is one (``inv.confirm``), else the run under the recorder; with
-    ``recorder`` (on or off), and ``recorder_p99_ms`` (the run under the recorder's p99) beside a probe."""
-    from tuning.experiments.capacity import pooled_figures
-
-    c = inv.confirm
-    trials = c.trials if c is not None and c.trials else [inv.after] if inv.after is not None else []
-    if not trials:
-        return None
-    f = pooled_figures(trials, inv.ladder.target_p99_ms)
-    f["failed"], f["submitted"] = sum(t.failed for t in trials), sum(t.submitted for t in trials)
-    f["recorder"] = "recorder off" if c is not None else "recorder on"
-    f["verdict"] = f" ({c.verdict} by {c.by}, {len(trials)} windows)" if c is not None else ""
-    f["recorder_p99_ms"] = inv.after.p99_ms if c is not None and inv.after is not None else None
-    recorder_rate = getattr(inv, "recorder_rate", None)
-    f["recorder_at"] = ("same rate" if recorder_rate is None or recorder_rate == inv.confirm_rate else
-                        f"at {recorder_rate:.1f} req/s, the rate that held")
-    return f
-
-
-def _confirm_text(conf: dict[str, Any], mode: str) -> str:
-    under = (f"; under the recorder, {conf['recorder_at']}: p99 {fixed(conf['recorder_p99_ms'], '.0f')} ms"
-             if conf["recorder_p99_ms"] is not None else "")
-    return (f"Confirm run of the recommended ({_esc(mode)}, {conf['recorder']}){_esc(conf['verdict'])}: p99 "
-            f"<b>{_esc(_p99_span(conf['p99_ms'], conf['p99_low_ms'], conf['p99_high_ms']))} ms</b> (95% interval), p50 "
-            f"{fixed(conf['p50_ms'], '.0f')} ms, {conf['failed']} of {conf['submitted']} failed{_esc(under)}.")
-
-
-def _descent_text(inv: Any) -> str:
-    """The probes below a confirm that failed (one capacity-bracket step each), and the rate that held."""
-    text = inv.descent_sentence()
-    if not text:
-        return ""
-    held = inv.held
-    text = _esc(text[0].upper() + text[1:])
-    if held is not None:  # the rate to plan on, in bold
-        said = _esc(f"{held.rate:.1f} req/s held")
-        text = text.replace(said, f"<b>{said}</b>", 1)
-    return f" {text}."
-
-
 def _headline(inv: Any) -> str:
-    """The confirm run against the baseline: capacity (with its bracket) and p99 (with its interval)."""
+    """Capacity at the target before and after (the target checks), and the run under the recorder."""
     ladder = inv.ladder
     t = ladder.target_p99_ms
-    conf = _confirm(inv)
     if ladder.objective == "target":
         base, rec = ladder.baseline_capacity, ladder.capacity
-        best = base.best if base is not None else None
         text = (f"Capacity at p99 ≤ {t:.0f} ms (errors within {100 * ladder.settings.error_budget:.1f}%): baseline "
                 f"<b>{_esc(_capacity_text(base))}</b> → recommended <b>{_esc(_capacity_text(rec))}</b>.")
+        best = rec.best if rec is not None else None
         if best is not None:
-            where = "at its capacity" if base.met else f"closest, at {best.rate:.1f} req/s"
-            text += (f" Baseline {where}: p99 {_esc(_p99_span(best.p99_ms, best.p99_low_ms, best.p99_high_ms))} ms, "
-                     f"{best.errors} of {best.n} failed.")
+            text += (f" There: p99 {_esc(_p99_span(best.p99_ms, best.p99_low_ms, best.p99_high_ms))} ms (95% "
+                     f"interval), {best.errors} of {best.n} failed.")
     else:
         b, r = ladder.baseline_figures, ladder.final_figures
         text = (f"Closed-loop QPS at concurrency {ladder.settings.concurrency}: baseline <b>{fixed(b.get('qps'))}</b> → "
-                f"recommended <b>{fixed(r.get('qps'))}</b> (p99 target {t:.0f} ms). Baseline p99 "
-                f"{_esc(_p99_span(b.get('p99_ms'), b.get('p99_low_ms'), b.get('p99_high_ms')))} ms.")
-    if conf is not None:
-        at = f"open loop at {inv.confirm_rate:.1f} req/s" if inv.confirm_rate else "closed loop"
-        text += " " + _confirm_text(conf, at) + _descent_text(inv)
-    else:
-        text += " No confirm run (the investigation was cut short)."
+                f"recommended <b>{fixed(r.get('qps'))}</b> (p99 target {t:.0f} ms).")
+    if inv.after is not None:
+        at = f"open loop at {inv.recorder_rate:.1f} req/s" if inv.recorder_rate else "closed loop"
+        text += (f" Under the recorder ({_esc(at)}): p99 {fixed(inv.after.p99_ms, '.0f')} ms, "
+                 f"{inv.after.failed} of {inv.after.submitted} failed.")
     if "-?]" in text or "[?-" in text:
         text += " (Intervals are 95%; '?': too few outcomes to bound that end.)"
     return text
 
 
+def _share(p: Any) -> str | None:
+    if p.share is None:
+        return None
+    return f"{100 * p.share:.2f} [{100 * (p.share_low or 0):.2f}-{100 * (p.share_high or 0):.2f}]"
+
+
 def _probe_rows(cap: Any) -> list[dict[str, Any]]:
-    return [{"rate": round(p.rate, 1), "passed": p.passed, "verdict": p.verdict, "by": p.by, "windows": p.windows, "n": p.n,
-             "exceed": p.exceed if p.exceed >= 0 else None, "errors": p.errors, "p50": fixed(p.p50_ms, ".0f"),
-             "p99": _p99_span(p.p99_ms, p.p99_low_ms, p.p99_high_ms)} for p in sorted(cap.probes, key=lambda p: p.rate)]
+    return [{"rate": round(p.rate, 1), "passed": p.passed, "verdict": p.verdict, "n": p.n, "share": _share(p),
+             "errors": p.errors, "p50": fixed(p.p50_ms, ".0f"), "p99": _p99_span(p.p99_ms, p.p99_low_ms, p.p99_high_ms),
+             "lag": fixed(p.lag_p99_ms, ".1f") if p.lag_p99_ms is not None else None} for p in cap.probes]
 
 
-_PROBE_COLUMNS = [("rate", "offered rate (req/s)"), ("passed", "passed"), ("verdict", "verdict"), ("by", "decided by"),
-                  ("windows", "windows"), ("n", "outcomes"), ("exceed", "over target or failed"), ("errors", "failed"),
-                  ("p50", "p50 (ms)"), ("p99", "p99 [95% interval] (ms)")]
+_PROBE_COLUMNS = [("rate", "offered rate (req/s)"), ("passed", "passed"), ("verdict", "verdict"), ("n", "outcomes"),
+                  ("share", "% over target or failed [one-sided 95% bounds]"), ("errors", "failed"),
+                  ("p50", "p50 (ms)"), ("p99", "p99 [95% interval] (ms)"), ("lag", "client send lag p99 (ms)")]
 
 
-def _ladder_rows(ladder: Any) -> list[dict[str, Any]]:
-    rows = []
-    for x in ladder.steps:
-        f = x.figures
-        measured = bool(f) and _finite(f.get("n") if f.get("n") is not None else f.get("p99_ms"))
-        rows.append({
-            "step": x.name, "change": x.change or ("(baseline)" if x.status == "baseline" else ""), "status": x.status,
-            "ratio": _interval(f), "pairs": f.get("pairs"),
-            "rate": round(f["rate"], 1) if _finite(f.get("rate")) else None,
-            "p50": fixed(f.get("p50_ms"), ".0f") if _finite(f.get("p50_ms")) else None,
-            "p99": _p99_span(f.get("p99_ms"), f.get("p99_low_ms"), f.get("p99_high_ms")) if measured else None,
-            "errors": (f"{f.get('errors', 0)} / {f.get('timeouts', 0)} of {f.get('n')}" if measured else None),
-            "capacity": round(f["capacity"], 1) if _finite(f.get("capacity")) else None,
-            "why": x.reason, "kept": x.kept, "failed": x.status == "failed"})
-    return rows
+def _step_rows(ladder: Any) -> list[dict[str, Any]]:
+    return [{"step": x.name, "change": x.change, "status": x.status, "ratio": _interval(x.figures) or None,
+             "why": x.reason, "kept": x.status in ("shipped", "moved", "confirmed", "met")} for x in ladder.steps]
 
 
 def render_report(inv: Any) -> str:
@@ -395,92 +317,51 @@ def render_report(inv: Any) -> str:
     if inv.after is not None and inv.after.load is not None:
         loads["recommended"] = inv.after.load
     loads = {k: v for k, v in loads.items() if v is not None}
-    recorder_rate = getattr(inv, "recorder_rate", None) or inv.confirm_rate
-    confirm_mode = (f"open loop at {recorder_rate:.1f} req/s" if recorder_rate else "closed loop")
+    recorder_rate = getattr(inv, "recorder_rate", None)
+    mode = (f"open loop at {recorder_rate:.1f} req/s" if recorder_rate else "closed loop")
     body = ["<p>Per-request time by stage (ok requests), p50 next to p99: where a request spends its time. "
             f"Baseline: closed loop at concurrency {settings.concurrency}, recorder on"
-            + (f"; recommended: its run under the recorder, {_esc(confirm_mode)} (the confirm probe above ran with the recorder "
-               "off)" if "recommended" in loads else "")
+            + (f"; recommended: its run under the recorder, {_esc(mode)} (the target check's windows ran with the "
+               "recorder off)" if "recommended" in loads else "")
             + ".</p>"]
     if loads:
         body.append(charts.block(lambda: viz.ledger_chart(loads, device=dev), lambda: ledger_sentence(loads)))
     sections.append(_section("ledger", "The stage ledger, before and after", "".join(body)))
 
-    # capacity at the target
-    caps: dict[str, Any] = {}
-    if ladder.baseline_capacity is not None:
-        same = ladder.capacity is None or ladder.capacity is ladder.baseline_capacity
-        caps["baseline" + (" = recommended" if same and ladder.recommended == ladder.baseline
-                           else "")] = ladder.baseline_capacity
-        if not same:
-            caps["recommended"] = ladder.capacity
+    # the decision: screen, line search, confirmation, target checks
+    body = ["<p>How the engine decides is on one page, <code>docs/deciding.md</code>: a two-level factorial screen "
+            "of the knobs on sustained throughput (closed loop, ok answers a second), a line search along batch size "
+            "and max wait, one confirmation of the winner against the baseline on fresh interleaved pairs (a "
+            f"group-sequential test at a {100 * settings.engine.alpha:.1f}% false-'better' rate), and a target check "
+            "of the winner and the baseline on a warm server at descending fractions of their throughput, each window "
+            "cut into 5 blocks; the capacity is the highest rate that passed.</p>",
+            _table(_step_rows(ladder), [("step", "step"), ("change", "change"), ("status", "status"),
+                                        ("ratio", "ratio [interval]"), ("why", "why")],
+                   lambda r: "kept" if r["kept"] else "dropped")]
+    d = ladder.decision
+    if d is not None and d.explored is not None and d.explored.tables.get("effects"):
+        body.append(charts.block(lambda: viz.effects_chart(ladder, device=dev), lambda: screen_sentence(ladder)))
+        top = ladder.top()
+        if len(top):
+            body.append("<p>The configurations ranked by the screen's model (throughput over the baseline's):</p>")
+            body.append(_table(top.to_dict("records"), [("rank", "rank"), ("change", "change"),
+                                                        ("throughput_ratio", "throughput ratio"), ("qps", "QPS")]))
+    if d is not None and d.confirmations:
+        body.append(charts.block(lambda: viz.confirm_chart(ladder, device=dev), lambda: confirm_sentence(ladder)))
+    caps = {label: cap for label, cap in (d.checks if d is not None else [])}
     if caps:
-        body = [f"<p>A configuration's capacity is the highest Poisson arrival rate whose open-loop p99 (from the "
-                f"scheduled arrival, over every outcome: a failure counts as over the target) stays within "
-                f"{target:.0f} ms with failures within the {100 * settings.error_budget:.1f}% budget. Each probe "
-                "passes or fails on a count of its outcomes over the target (a p99 within the target lets fewer than "
-                "1% exceed it); it fails fast past the knee, over the error budget, or when the load client fell "
-                "behind; a probe with too few outcomes to count is decided on its p99 estimate ('estimate'). The "
-                "search brackets the capacity and bisects it geometrically."
-                + (" No step was kept: the recommended configuration is the baseline." if len(caps) == 1
-                   and ladder.recommended == ladder.baseline else "") + "</p>",
-                charts.block(lambda: viz.capacity_chart(caps, device=dev, target_p99_ms=target),
-                             lambda: capacity_sentence(caps))]
+        body.append(charts.block(lambda: viz.target_check_chart(ladder, device=dev), lambda: capacity_sentence(caps)))
         for label, cap in caps.items():
             body.append(f"<p><b>{_esc(label)}</b>: {_esc(cap.sentence())}</p>")
             body.append(_table(_probe_rows(cap), _PROBE_COLUMNS, lambda r: "kept" if r["passed"] else "dropped"))
-        conf = _confirm(inv)
-        if conf is not None:
-            body.append(f"<p>{_confirm_text(conf, confirm_mode)}</p>")
-    else:
-        body = [f"<p>Objective {_esc(ladder.objective)}: no capacity search; every configuration was measured in a "
-                f"closed loop at concurrency {settings.concurrency}, its p99 checked against {target:.0f} ms.</p>"]
-    sections.append(_section("capacity", f"Capacity at the p99 target ({target:.0f} ms)", "".join(body)))
-
-    # ladder
-    table = _table(_ladder_rows(ladder),
-                   [("step", "step"), ("change", "change"), ("status", "status"), ("ratio", "ratio [interval]"),
-                    ("pairs", "pairs"), ("rate", "tested at (req/s)"), ("p50", "p50 (ms)"),
-                    ("p99", "p99 [95% interval] (ms)"), ("errors", "errors / timeouts of n"),
-                    ("capacity", "capacity (req/s)"), ("why", "why")],
-                   lambda r: "failed" if r["failed"] else "kept" if r["kept"] else "dropped")
-    level = next((x.figures.get("level") for x in _judged(ladder)), None)
-    level_text = f"{100 * level:.1f}%" if _finite(level) else "the comparison's"
-    if ladder.objective == "target":
-        how = (f"Each step is measured against its reference (the configuration kept before it) in interleaved pairs "
-               f"(AB BA BA AB ...), both arms open loop at the same offered Poisson rate, {_esc(_compare_rate(ladder))}; "
-               f"windows of at least {settings.duration_s:g} s (stretched to {settings.min_outcomes} arrivals where the "
-               f"rate allows) after a warm-up, the same arrivals for both arms of a pair, "
-               f"{settings.min_pairs} to {settings.max_pairs} pairs. The figure per pair is the ratio of the geometric-mean "
-               f"latency over every outcome, reference / candidate (above 1: the candidate is faster). A step is kept "
-               f"when the lower end of the ratio's {level_text} interval clears 1 + {settings.min_effect:g} and the "
-               f"candidate meets the {target:.0f} ms target at that rate (by the count over its pooled runs), or when it "
-               "meets the target where the reference did not; a step that misses the target is never kept. A kept "
-               "step's own capacity is then searched (a step whose capacity comes out below the reference's is "
-               "refused after all), and it becomes the next reference.")
-    else:
-        how = (f"Each step is measured against its reference in interleaved pairs (AB BA BA AB ...) in a closed loop "
-               f"at concurrency {settings.concurrency}, {settings.duration_s:g} s measured per run after "
-               f"{settings.warmup_s:g} s of warm-up, {settings.min_pairs} to {settings.max_pairs} pairs. The figure "
-               f"per pair is the QPS ratio candidate / reference; a step is kept when the lower end of its "
-               f"{level_text} interval clears 1 + {settings.min_effect:g}, and never when it takes a p99 that met "
-               f"the {target:.0f} ms target over it.")
-    body = [f"<p>{how} Errors count every outcome other than ok, timeouts included; the p50 and p99 are the "
-            "candidate's, pooled over its pair runs (the baseline's: its closed-loop run and its probe at its "
-            "capacity).</p>", table]
-    if _judged(ladder):
-        body.append(charts.block(lambda: viz.ladder_ratio_chart(ladder, device=dev), lambda: ladder_sentence(ladder)))
-    else:
-        body.append(f"<p>{_esc(ladder_sentence(ladder))}</p>")
-    if ladder.waits is not None:
-        kept_waits = [x.change for x in ladder.steps if x.status == "kept" and "max_wait_ms" in x.change]
-        chosen = ", ".join(kept_waits) or "none"
-        body.append(charts.block(lambda: viz.wait_steps_chart(ladder.waits, device=dev, min_effect=settings.min_effect,
-                                                              target_p99_ms=target),
-                                 lambda: waits_sentence(ladder.waits, target, chosen)))
+    if d is not None and d.indeterminate:
+        body.append(f'<p class="note">{_esc(d.indeterminate)}</p>')
+    why = ladder.why_unchanged()
+    if why:
+        body.append(f"<p>Nothing changed: {_esc(why)}.</p>")
     if hasattr(ladder.precision, "cosines"):
         body.append(charts.block(lambda: viz.precision_chart(ladder.precision), lambda: precision_sentence(ladder.precision)))
-    sections.append(_section("ladder", "The ladder: one change at a time", "".join(body)))
+    sections.append(_section("decision", "The decision: screen, confirmation, target check", "".join(body)))
 
     # batch sweep and buckets
     body = []
@@ -537,19 +418,7 @@ def render_report(inv: Any) -> str:
              "<p>or from Python:</p>",
              f"<pre>import tuning\nknobs = {_esc(rec['python_call'])}</pre>",
              _table(change_rows, [("knob", "knob"), ("baseline", "baseline"), ("recommended", "recommended")])
-             if change_rows else "<p>No step was kept: keep the baseline.</p>"]
-    top = ladder.top()
-    if len(top):
-        key = "capacity" if ladder.objective == "target" else "qps"
-        top_rows = top.astype(object).where(top.notna(), None).to_dict("records")
-        for r in top_rows:
-            for k in (key, "p99_ms", "ratio"):
-                r[k] = round(r[k], 2 if k == "ratio" else 1) if _finite(r.get(k)) else None
-        body += [f"<p>The best configurations measured (by {'capacity, req/s' if key == 'capacity' else 'QPS'}; "
-                 "a capacity is searched only for a kept step):</p>",
-                 _table(top_rows, [("step", "step"), ("change", "change"), ("status", "status"),
-                                   (key, "capacity (req/s)" if key == "capacity" else "QPS (req/s)"),
-                                   ("p99_ms", "p99 (ms)"), ("ratio", "ratio"), ("knobs", "knobs vs baseline")])]
+             if change_rows else "<p>No change was confirmed: keep the baseline.</p>"]
     sections.append(_section("ship", "What to ship", "".join(body)))
 
     # environment
@@ -595,41 +464,40 @@ def _page(title: str, body: str) -> str:
 
 
 def tune_probes_sentence(s: dict[str, Any]) -> str:
-    """What the probes chart shows, from tune's summary."""
-    caps = s.get("capacities") or {}
-    probes = sum(len(c.get("probes") or []) for c in caps.values())
+    """What the target checks' chart shows, from tune's summary."""
+    checks = s.get("target_checks") or []
+    windows = sum(len(c.get("probes") or []) for c in checks)
     t = s.get("target_p99_ms")
     best = s.get("best")
-    tail = (f" The best held p99 {fixed(best.get('p99_ms'), '.0f')} ms at {fixed(best.get('capacity'), '.1f')} req/s."
-            if best else f" No configuration kept p99 within {fixed(t, '.0f')} ms at any rate tried.")
-    return (f"{probes} probes over {len(caps)} configurations: each offered Poisson rate against its open-loop p99 "
-            f"(from the scheduled arrival, every outcome), the {fixed(t, '.0f')} ms target dashed." + tail)
+    tail = (f" The shipped configuration held p99 {fixed(best.get('p99_ms'), '.0f')} ms at "
+            f"{fixed(best.get('capacity'), '.1f')} req/s." if best else
+            f" No configuration checked kept p99 within {fixed(t, '.0f')} ms at any rate tried.")
+    return (f"{windows} target windows over {len(checks)} configurations, at descending fractions of each one's "
+            f"sustained throughput: each rate against its open-loop p99 (from the scheduled arrival, every outcome), "
+            f"the {fixed(t, '.0f')} ms target dashed." + tail)
 
 
-def tune_capacity_sentence(s: dict[str, Any]) -> str:
-    """What the capacity chart shows, from tune's summary."""
+def tune_throughput_sentence(s: dict[str, Any]) -> str:
+    """What the throughput chart shows, from tune's summary."""
     rows = s.get("rows") or []
-    met = [r for r in rows if r.get("capacity") is not None and not r.get("error")]
     errors = [r for r in rows if r.get("error")]
-    best = s.get("best")
-    names = list(s.get("space") or {})
-    head = (f"{len(met)} of {len(rows)} configurations met p99 ≤ {fixed(s.get('target_p99_ms'), '.0f')} ms"
+    head = (f"{len(rows)} configurations explored on sustained throughput ({s.get('search')})"
             + (f", {len(errors)} failed (their error in the table)" if errors else "") + ".")
-    if best:
-        values = " ".join(f"{n}={best.get(n)}" for n in names)
-        others = sorted((r["capacity"] for r in met if r.get("command") != best.get("command")), reverse=True)
-        runner = f"; the next best {others[0]:.1f} req/s" if others else ""
-        head += f" Best: {values} at {best['capacity']:.1f} req/s{runner}."
-    return head + " Error bars: the bracket (highest passing rate to lowest failing one)."
+    for c in s.get("confirmations") or []:
+        head += (f" Confirmation of {c['candidate']} against the baseline: {c['verdict']} after {c['pairs']} pairs, "
+                 f"x{fixed(c.get('ratio'), '.3f')} [{fixed(c.get('low'), '.3f')}-{fixed(c.get('high'), '.3f')}].")
+    if s.get("indeterminate"):
+        head += f" Note: {s['indeterminate']}."
+    return head + " Error bars: 95% intervals of each configuration's throughput over the baseline's."
 
 
-_TUNE_COLUMNS_TAIL = ["capacity req/s", "bracket", "p50 ms", "p99 ms", "errors", "peak MB", "load tests", "measured"]
+_TUNE_COLUMNS_TAIL = ["throughput req/s", "ratio [95%]", "windows", "capacity req/s", "p99 ms", "peak MB", "starts"]
 
 
 def render_tune(result: Any, resume_dir: Any = None) -> str:
-    """``tune``'s page (tune.html): the table, each configuration's probes, the capacities, the best command line.
-    ``result``: a ``TuneResult`` or its summary (tune.json, loaded); ``resume_dir``: where ``--resume`` would go on
-    from (named in the banner of a run cut short)."""
+    """``tune``'s page (tune.html): the table, the exploration, the confirmation, the target checks, the
+    command line to run. ``result``: a ``TuneResult`` or its summary (tune.json, loaded); ``resume_dir``: where
+    ``--resume`` would go on from (named in the banner of a run cut short)."""
     from tuning import viz
     from tuning.present.tables import tune_rows
 
@@ -638,46 +506,47 @@ def render_tune(result: Any, resume_dir: Any = None) -> str:
     target = s.get("target_p99_ms")
     charts = _Charts()
     rows = tune_rows(s.get("rows") or [], space)
-    columns = [(k, k) for k in space] + [(k, k) for k in _TUNE_COLUMNS_TAIL if k != "measured" or s.get("resumed")]
+    columns = [(k, k) for k in space] + [(k, k) for k in _TUNE_COLUMNS_TAIL]
     errors = [r for r in s.get("rows") or [] if r.get("error")]
     best = s.get("best")
-    table = _table(rows, columns, lambda r: "failed" if r["capacity req/s"] == "error"
-                   else "dropped" if r["capacity req/s"] == "none" else "kept")
-    body = [f"<p>Per configuration: the capacity at p99 ≤ {fixed(target, '.0f')} ms (the highest Poisson arrival rate "
-            "whose open-loop p99 and error rate stayed within the target and budget) with its bracket, p50/p99 at "
-            "capacity, errors, and the peak memory of the server's process group.</p>", table]
+    table = _table(rows, columns, lambda r: "failed" if r["throughput req/s"] == "error" else "kept")
+    body = ["<p>How tune decides is on one page, <code>docs/deciding.md</code>: every configuration's sustained "
+            "throughput (closed loop, its server started once and kept warm), the best confirmed against the "
+            "baseline (the first value of every <code>--space</code>) on interleaved pairs, then the target checked "
+            f"for both at descending fractions of their throughput (p99 ≤ {fixed(target, '.0f')} ms).</p>", table]
     if errors:
         body.append("<ul>" + "".join(f"<li>error in {_esc(' '.join(f'{k}={r.get(k)}' for k in space))}: "
                                      f"<pre>{_esc(r['error'])}</pre></li>" for r in errors) + "</ul>")
     sections = [_section("configurations", "Configurations", "".join(body)),
-                _section("probes", "Each configuration's probes",
-                         charts.block(lambda: viz.tune_probes_chart(s), lambda: tune_probes_sentence(s))),
-                _section("capacity", "Capacity per configuration",
-                         charts.block(lambda: viz.tune_capacity_chart(s), lambda: tune_capacity_sentence(s)))]
-    conf = s.get("confirmation")
+                _section("throughput", "Exploration and confirmation",
+                         charts.block(lambda: viz.tune_chart(s), lambda: tune_throughput_sentence(s))),
+                _section("target", "Target checks",
+                         charts.block(lambda: viz.target_check_chart(s), lambda: tune_probes_sentence(s)))]
     if best:
         ship = [f"<p>{best['capacity']:.1f} req/s at p99 ≤ {fixed(target, '.0f')} ms. Run it:</p>",
                 f"<pre>{_esc(best.get('command'))}</pre>"]
-        if conf:
-            ship.append(f"<p>{_esc(conf.get('sentence'))}</p>")
+        if s.get("indeterminate"):
+            ship.append(f'<p class="note">{_esc(s["indeterminate"])}.</p>')
         sections.append(_section("ship", "What to run", "".join(ship)))
     alerts = ""
     if s.get("interrupted"):
         again = f" Go on with <code>--resume {_esc(resume_dir)}</code>." if resume_dir is not None else ""
-        alerts += ('<div class="banner miss">INTERRUPTED: tune was cut short; this page holds the configurations '
+        alerts += ('<div class="banner miss">INTERRUPTED: tune was cut short; this page holds the windows '
                    f"measured.{again}</div>")
-    if not best:
-        alerts += (f'<div class="banner miss">TARGET NOT MET: no configuration kept p99 ≤ {fixed(target, ".0f")} ms '
-                   "at any rate tried.</div>")
+    if s.get("error"):
+        alerts += f'<div class="banner miss">NOT DECIDED: {_esc(s["error"])}</div>'
+    elif not best and not s.get("interrupted"):
+        alerts += (f'<div class="banner miss">TARGET NOT MET: no configuration checked kept p99 ≤ '
+                   f'{fixed(target, ".0f")} ms at any rate tried.</div>')
     resumed = s.get("resumed") or 0
     head = ("<h1>tune: the service's own knobs</h1>"
             f'<p class="muted">{_dt.datetime.now().isoformat(timespec="seconds")} · {s.get("configurations")} '
             f'configurations ({_esc(s.get("search"))})'
-            + (f" · {resumed} from the earlier run (--resume)" if resumed else "")
+            + (f" · {resumed} windows from the earlier run (--resume)" if resumed else "")
             + f' · target p99 ≤ {fixed(target, ".0f")} ms · measured on the running service</p>'
             + (f'<p class="muted">command: <code>{_esc(s.get("cmd"))}</code></p>' if s.get("cmd") else "")
             + alerts
-            + (f'<p class="headline">Best: {_esc(" ".join(f"{k}={best.get(k)}" for k in space))} at '
+            + (f'<p class="headline">Ship: {_esc(" ".join(f"{k}={best.get(k)}" for k in space))} at '
                f'{best["capacity"]:.1f} req/s.</p>' if best else ""))
     return _page("tuning tune report", head + "".join(sections))
 

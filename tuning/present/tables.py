@@ -203,54 +203,20 @@ def _ms(x: Any) -> str:
 
 
 def _step_row(step: Any) -> dict[str, Any]:
-    f = step.figures
-    measured = bool(f) and f.get("n") is not None
-    cap = f.get("capacity")
-    race = (f"at {f['race_rate']:.0f} req/s: candidate {f.get('race_candidate')}, reference {f.get('race_reference')}"
-            if f.get("race_rate") is not None else None)
-    return {"step": step.name, "change": step.change or "-", "status": step.status, "ratio [low-high]": _span(f),
-            "pairs": f.get("pairs"),
-            "past the capacity (over the target)": f"{race}, {f.get('race_pairs')} pairs" if race else None,
-            "p50/p99 ms": f"{_ms(f.get('p50_ms'))}/{_ms(f.get('p99_ms'))}" if measured else None,
-            "errors/timeouts": f"{f.get('errors', 0)}/{f.get('timeouts', 0)} of {f.get('n')}" if measured else None,
-            "capacity req/s": f"{cap:.1f}" if isinstance(cap, (int, float)) else None,
-            # what the rung cost (its sweep, pairs, races and search): where the run's minutes went
-            "cost": (f"{step.seconds:.0f} s, {step.load_tests} tests" if getattr(step, "seconds", None) is not None
-                     else None)}
+    return {"step": step.name, "change": step.change or "-", "status": step.status, "ratio [low-high]": _span(step.figures),
+            "why": step.reason}
 
 
 def ladder_method(ladder: Any) -> str:
-    """How the ladder's steps were judged, as the table's header says it: quick mode's race past the reference's
-    capacity only where its steps were judged so (``metric`` "count past the capacity"); a quick ladder whose
-    reference met the target nowhere is judged by the light-load pairs, and says so."""
-    t = ladder.target_p99_ms
-    judged = [s for s in ladder.steps if s.status in ("kept", "not kept") and s.figures.get("pairs") is not None]
-    past = [s for s in judged if s.figures.get("metric") == "count past the capacity"]
-    level = next((s.figures.get("level") for s in ladder.steps if s.figures.get("level") is not None), None)
-    level_text = f"{100 * level:.1f}% interval" if isinstance(level, (int, float)) else "interval"
-    effect = ladder.settings.min_effect
-    quick = (past and len(past) == len(judged)) or (not judged and not ladder.settings.light_load)
-    if ladder.objective == "target" and quick:
-        how = (f"objective: capacity at p99 <= {t:.0f} ms; quick mode: each step in interleaved pairs against its "
-               f"reference at {ladder.settings.race_at:.1f}x the rate where the reference's capacity search failed, "
-               "kept when the candidate passes by the count over its runs there, and again on fresh arrivals, "
-               "while the reference fails in the same pairs, or when neither meets the target by its count and the "
-               f"reference / candidate latency ratio's {level_text} clears {1 + effect:.2f} and the candidate's own "
-               "capacity then beats the reference's by that much)")
-    elif ladder.objective == "target":
-        mixed = (f"; {len(past)} of {len(judged)} steps, judged once the reference met the target, in quick mode's "
-                 f"race past its capacity alone") if past else ""
-        how = (f"objective: capacity at p99 <= {t:.0f} ms; each step in interleaved pairs against its reference, "
-               f"open loop at {100 * ladder.settings.compare_at:.0f}% of the reference's capacity; ratio = reference / "
-               f"candidate geometric-mean latency with its {level_text}, kept when the lower end clears "
-               f"{1 + effect:.2f} and the target is met there; a step not kept there is run again in pairs at "
-               f"{ladder.settings.race_at:.1f}x the reference's capacity, kept when the candidate passes by the "
-               f"count over its runs there and the reference fails in the same pairs{mixed})")
-    else:
-        how = (f"objective: closed-loop QPS at concurrency {ladder.settings.concurrency}; each step in interleaved "
-               f"pairs against its reference; ratio = candidate QPS / reference QPS with its {level_text}, kept "
-               f"when the lower end clears {1 + effect:.2f} without taking the p99 over {t:.0f} ms")
-    return how
+    """How the engine decided, in one line (``docs/deciding.md`` has the page)."""
+    e = ladder.settings.engine
+    if ladder.objective == "target":
+        return (f"objective: capacity at p99 <= {ladder.target_p99_ms:.0f} ms; a factorial screen on throughput, a line "
+                f"search, one confirmation against the baseline (false 'better' rate {100 * e.alpha:.1f}%, powered for "
+                f"+{100 * e.min_effect:.0f}%), a target check of the winner and the baseline at descending fractions "
+                "of their throughput; see docs/deciding.md")
+    return (f"objective: closed-loop QPS at concurrency {ladder.settings.concurrency}; a factorial screen, a line "
+            f"search and one confirmation against the baseline (false 'better' rate {100 * e.alpha:.1f}%)")
 
 
 def format_investigation(inv: Investigation) -> str:
@@ -262,26 +228,21 @@ def format_investigation(inv: Investigation) -> str:
     t = ladder.target_p99_ms
     lines = []
     if inv.interrupted:
-        lines.append(f"INTERRUPTED: the ladder was cut short; the files hold what was measured (--resume {inv.out})")
+        lines.append(f"INTERRUPTED: the run was cut short; the files hold what was measured (--resume {inv.out})")
     if not inv.target_met:
         lines.append(f"TARGET NOT MET: no configuration kept p99 <= {t:.0f} ms (errors within "
                      f"{100 * ladder.settings.error_budget:.1f}%) at any rate tried; the ship line is the closest, "
                      "not one that meets the target")
     how = ladder_method(ladder)
-    lines += [f"ladder on {inv.device.get('label', '?')} ({how})",
-              table([_step_row(s) for s in ladder.steps],
-                    ["step", "change", "status", "ratio [low-high]", "pairs", "past the capacity (over the target)",
-                     "p50/p99 ms", "errors/timeouts", "capacity req/s", "cost"])]
-    for s in ladder.steps:
-        if s.status == "failed":
-            lines.append(f"failed: {s.name} ({s.change}): {s.error or s.reason}")
+    lines += [f"decided on {inv.device.get('label', '?')} ({how})",
+              table([_step_row(s) for s in ladder.steps], ["step", "change", "status", "ratio [low-high]", "why"])]
     top = ladder.top()
     if len(top):
-        key = "capacity" if ladder.objective == "target" else "qps"
-        rows = top.astype(object).where(top.notna(), None).to_dict("records")
-        unit = "req/s; searched only for kept steps" if key == "capacity" else "req/s"
-        lines += ["", f"top configurations by {key} ({unit})",
-                  table(rows, ["step", "change", "status", key, "p99_ms", "ratio"])]
+        lines += ["", "configurations ranked by the screen (throughput over the baseline's)",
+                  table(top.to_dict("records"), ["rank", "change", "throughput_ratio", "qps"])]
+    d = ladder.decision
+    if d is not None and d.indeterminate:
+        lines.append(f"note: {d.indeterminate}")
     closest = "" if inv.target_met else "   (the closest; TARGET NOT MET)"
     lines += ["", f"ship: python -m tuning serve {ladder.set_line()}{closest}", f"      {ladder.python_call()}"]
     for v in inv.what_if.get("verdicts", []):
@@ -300,48 +261,51 @@ def format_investigation(inv: Investigation) -> str:
 
 def tune_rows(rows: Any, space: Any) -> list[dict[str, Any]]:
     """``tune``'s table rows from its summary rows (``TuneRow.row()``, or tune.json's ``rows``): the knobs, the
-    capacity with its bracket, p50/p99 at capacity, errors, peak memory, load tests. The text table and the
-    HTML page show these."""
+    sustained throughput and its ratio over the baseline's, the capacity where checked, peak memory, starts."""
     out = []
     for row in rows:
-        bracket = row.get("bracket") or [None, None]
+        ratio = row.get("throughput_ratio")
+        span = (f"{ratio:.3f} [{fixed(row.get('low'), '.3f', '?')}-{fixed(row.get('high'), '.3f', '?')}]"
+                if ratio is not None else "-")
+        cap = ("-" if not row.get("checked") else f"{row['capacity']:.1f}" if row.get("capacity") is not None
+               else "not met")
         out.append({**{k: row.get(k) for k in space},
-                    "capacity req/s": "error" if row.get("error") else (f"{row['capacity']:.1f}" if row.get("capacity")
-                                                                         else "none"),
-                    "bracket": "-" if row.get("error") else f"{fixed(bracket[0], '.1f', '-')}-{fixed(bracket[1], '.1f', '-')}",
-                    "p50 ms": fixed(row.get("p50_ms"), ".0f", "-"), "p99 ms": fixed(row.get("p99_ms"), ".0f", "-"),
-                    "errors": row["errors"] if row.get("errors") is not None else "-",
-                    "peak MB": fixed(row.get("peak_memory_mb"), ".0f", "-"), "load tests": row.get("load_tests"),
-                    "measured": "earlier run" if row.get("resumed") else "this run"})
+                    "throughput req/s": "error" if row.get("error") else fixed(row.get("qps"), ".1f", "-"),
+                    "ratio [95%]": span, "windows": row.get("windows"), "capacity req/s": cap,
+                    "p99 ms": fixed(row.get("p99_ms"), ".0f", "-"), "peak MB": fixed(row.get("peak_memory_mb"), ".0f", "-"),
+                    "starts": row.get("starts")})
     return out
 
 
 def format_tune(result: Any) -> str:
-    """``tune``'s table: per configuration the capacity with its bracket, p50/p99 at capacity, errors, peak
-    memory, load tests; then the best configuration as its exact command line."""
-    rows = tune_rows([r.row() for r in result.rows], result.space)
-    if not getattr(result, "resumed", 0):
-        rows = [{k: v for k, v in r.items() if k != "measured"} for r in rows]
+    """``tune``'s ending: the table, the confirmation, the target checks, and the configuration to run."""
+    s = result.summary()
+    rows = tune_rows(s["rows"], result.space)
     lines = [f"tune: {len(result.rows)} configurations ({result.search}), capacity at p99 <= {result.target_p99_ms:.0f} ms"]
-    if getattr(result, "resumed", 0):
-        lines[0] += (f"; {result.resumed} from the earlier run (--resume, not measured again), "
-                     f"{len(result.rows) - result.resumed} measured now"
-                     + (f" ({result.retried} of them again: an error in the earlier run)"
-                        if getattr(result, "retried", 0) else ""))
+    if result.resumed:
+        lines[0] += f"; {result.resumed} windows from the earlier run (--resume, not measured again)"
     if rows:
         lines.append(table(rows, list(rows[0])))
     for r in result.rows:
         if r.error:
             lines.append(f"error in {' '.join(f'{k}={v}' for k, v in r.values.items())}: {r.error}")
+    for c in s["confirmations"]:
+        lines.append(f"confirmation of {c['candidate']} against the baseline: {c['verdict']} after {c['pairs']} pairs, "
+                     f"x{fixed(c.get('ratio'), '.3f')} [{fixed(c.get('low'), '.3f')}-{fixed(c.get('high'), '.3f')}]")
+    for c in s["target_checks"]:
+        lines.append(f"target check of {c['configuration']}: capacity {fixed(c.get('capacity'), '.1f', 'none')} req/s")
+    if s.get("indeterminate"):
+        lines.append(f"indeterminate: {s['indeterminate']}")
     if result.interrupted:
         lines.append("INTERRUPTED: the table holds what was measured")
+    if result.error:
+        lines.append(f"NOT DECIDED: {result.error}")
     best = result.best
     if best is None:
-        lines.append(f"TARGET NOT MET: no configuration kept p99 <= {result.target_p99_ms:.0f} ms at any rate tried")
+        if not result.interrupted and not result.error:
+            lines.append(f"TARGET NOT MET: no configuration kept p99 <= {result.target_p99_ms:.0f} ms at any rate tried")
     else:
-        lines.append(f"best: {best.capacity.capacity:.1f} req/s at p99 <= {result.target_p99_ms:.0f} ms with "
+        lines.append(f"ship: {best.capacity.capacity:.1f} req/s at p99 <= {result.target_p99_ms:.0f} ms with "
                      f"{' '.join(f'{k}={v}' for k, v in best.values.items())}")
-        if result.confirmation is not None:
-            lines.append(result.confirmation.sentence(result.target_p99_ms))
         lines.append(f"run it: {best.command}")
     return "\n".join(lines)
