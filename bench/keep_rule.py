@@ -22,7 +22,6 @@ folder, no docs page).
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from pathlib import Path
 

@@ -63,7 +63,7 @@ def ratio_summary(d: list[float]) -> dict:
     (``low``, ``high``; its relative half-width decides when to stop) and the median's distribution-free interval
     (``median_low``, ``median_high``; None below 6 pairs, which cannot bound a median at 95%)."""
     ratios = [math.exp(x) for x in d]
-    p = Paired(level=LEVEL, min_pairs=2, max_pairs=max(2, len(d)))
+    p = Paired(level=LEVEL)
     p.d = list(d)
     geo_mean, low, high = p.interval()
     ok = len(d) >= 2
@@ -249,7 +249,7 @@ def main() -> None:
         s = serving(arms[(name, mode)], inputs, seconds, 16)
         return float(s["qps"] or 0.0), s
 
-    pairs = {m: Paired(level=LEVEL, min_pairs=2, max_pairs=10_000) for m in MEASURES}
+    pairs = {m: Paired(level=LEVEL) for m in MEASURES}
     runs: dict[str, list[dict]] = {m: [] for m in MEASURES}
     budget_s = args.minutes * 60
     round_s: list[float] = []

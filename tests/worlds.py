@@ -1,7 +1,12 @@
 """Simulated worlds with known answers for the engine's tests and ``bench/keep_rule.py``: every
-configuration an M/D/1 server (deterministic service, Poisson arrivals, computed, never slept) whose
-queue is kept across the windows of the same configuration, with lognormal run-to-run noise, a slow
-drift, deep dips, and a client that sometimes lags. SIMULATED: nothing here is a measurement.
+configuration an M/D/1 server (deterministic service, Poisson arrivals, computed, never slept), with
+lognormal run-to-run noise, a slow drift, deep dips, and a client that sometimes lags. SIMULATED: nothing
+here is a measurement.
+
+A window is what the real measure does with a server it keeps warm: arrivals at the window's rate for a
+warm-up, then the measured window, then a cool-down that answers everything the window queued (so the next
+window starts from an empty queue, unless ``carry_queue``: a harsher world whose backlog waits for the next
+window of the same configuration).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ class World:
     dip: float = 0.5
     lag_share: float = 0.0  # windows in which the client lags
     floor_ms: Callable[[Any], float] = lambda k: 0.0
+    carry_queue: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -91,7 +97,7 @@ class World:
         total = WARMUP_S + window
         arrivals = np.cumsum(rng.exponential(1.0 / rate, int(rate * total * 1.2) + 20))
         arrivals = arrivals[arrivals < total]
-        start_free = max(self.free_at - GAP_S, 0.0) if warm else 0.0
+        start_free = max(self.free_at - GAP_S, 0.0) if warm and self.carry_queue else 0.0
         done = served(arrivals, 1.0 / mu, start_free)
         measured = arrivals >= WARMUP_S
         lags = np.abs(self.rng.normal(0.0, 0.3, measured.sum()))

@@ -22,11 +22,10 @@ _LAZY = {
     "compare_tokenizers": "inputs.tokenize",
     "read_lines": "inputs.readers", "load_texts": "inputs.readers", "DEFAULT_DATA": "base.assets",
     "device_for": "sim.device", "run_ladder": "experiments.ladder", "LadderSettings": "experiments.ladder",
-    "STEPS": "experiments.ladder",
+    "FACTOR_NAMES": "experiments.ladder", "EngineSettings": "experiments.engine",
     "investigate": "present.investigation", "Investigation": "experiments.investigate",
-    # the verdict: capacity at a p99 target, paired comparisons, the measurement seam
-    "capacity_at_target": "experiments.capacity", "CapacitySettings": "experiments.capacity",
-    "compare_at": "experiments.capacity", "CompareSettings": "experiments.capacity", "Trial": "experiments.trial",
+    # the engine's pieces: the target check, the measurement seam
+    "check_target": "experiments.capacity", "Capacity": "experiments.capacity", "Trial": "experiments.trial",
     "LoadMeasure": "experiments.measure",
     # bring your own: data in any format, a model folder or factory, a service watched from outside, your device
     "read_inputs": "inputs.readers", "resolve_model": "runtime.custom", "save_tiny_bert": "runtime.custom",

@@ -72,6 +72,7 @@ class Effects:
     residuals: np.ndarray
     leverage: np.ndarray
     interactions: bool = True
+    sigma: float = math.nan  # the residual SD of one window's log-throughput
 
     def active(self) -> list[str]:
         """Factors with a kept main effect or a kept interaction."""
@@ -131,7 +132,8 @@ def fit_effects(factors: Sequence[str], levels: np.ndarray, log_y: Sequence[floa
         if kept[i] and ":" in name:
             for f in name.split(":"):
                 kept[names.index(f)] = True
-    return Effects(factors, names, est, se, dof, kept, float(beta[0]), float(beta[1]), resid, leverage, interactions)
+    return Effects(factors, names, est, se, dof, kept, float(beta[0]), float(beta[1]), resid, leverage, interactions,
+                   math.sqrt(sigma2) if math.isfinite(sigma2) else math.nan)
 
 
 def ranked_levels(effects: Effects) -> list[tuple[tuple[int, ...], float]]:

@@ -218,6 +218,7 @@ class Explored:
     candidates: list[Candidate]
     baseline_qps: float
     tables: dict[str, Any] = field(default_factory=dict)
+    window_sd: float = math.nan  # one window's log-throughput SD, from many windows (the screen's residuals)
 
 
 def pair_order(i: int) -> tuple[str, str]:
@@ -227,10 +228,11 @@ def pair_order(i: int) -> tuple[str, str]:
 
 def paired_log_ratios(runner: Runner, stage: str, a: Any, b: Any, pairs: int, seed: int,
                       on_pair: Callable[[list[float]], bool] | None = None,
-                      floor: float = 0.03) -> tuple[list[float], list[float], list[float]]:
+                      floor: float | None = None) -> tuple[list[float], list[float], list[float]]:
     """Up to ``pairs`` interleaved pairs of closed-loop windows, both arms of a pair on one seed: the
-    per-pair ln(qps_b / qps_a) and each arm's qps. A pair beyond :data:`~tuning.experiments.judge.OUTLIER_SDS`
-    robust SDs (at least ``floor``) of the others is measured once more, and that measurement stands.
+    per-pair ln(qps_b / qps_a) and each arm's qps. With a ``floor`` (a pair's SD known from elsewhere), a pair
+    beyond :data:`~tuning.experiments.judge.OUTLIER_SDS` robust SDs (at least ``floor``) of the others is
+    measured once more, and that measurement stands.
     ``on_pair(d so far)`` returning True stops early."""
     d: list[float] = []
     qa: list[float] = []
@@ -250,7 +252,7 @@ def paired_log_ratios(runner: Runner, stage: str, a: Any, b: Any, pairs: int, se
         d.append(x)
         qa.append(ya)
         qb.append(yb)
-        for j in [j for j in outlying(d, floor) if j not in again]:
+        for j in [j for j in (outlying(d, floor) if floor is not None else []) if j not in again]:
             again.add(j)
             runner.status(f"{stage}: pair {j + 1} again, beyond the others' spread")
             d[j], qa[j], qb[j] = one(j, seed + 50_000 + j)
@@ -285,11 +287,16 @@ def _round(x: float) -> float | None:
     return None if x is None or not math.isfinite(x) else round(float(x), 4)
 
 
-def confirm(runner: Runner, candidate: Candidate, baseline: Any, settings: EngineSettings) -> Confirmation:
+def confirm(runner: Runner, candidate: Candidate, baseline: Any, settings: EngineSettings,
+            window_sd: float = math.nan) -> Confirmation:
+    """The group-sequential test on fresh pairs. A pair beyond the outlier limit is measured again once, the
+    limit's scale taken from ``window_sd`` (a pair's SD is sqrt(2) of a window's): a scale estimated from the
+    few pairs themselves would replace honest pairs, and biased the test toward its first pairs."""
     test = Sequential(settings.min_effect, settings.alpha, settings.look_every, settings.max_pairs)
     runner.status(f"confirming {candidate.label} against the baseline")
+    floor = math.sqrt(2) * window_sd if math.isfinite(window_sd) and window_sd > 0 else None
     _, qa, qb = paired_log_ratios(runner, "confirm", baseline, candidate.config, settings.max_pairs,
-                                  settings.seed + 10_000, on_pair=lambda d: test.set(d) != "continue")
+                                  settings.seed + 10_000, on_pair=lambda d: test.set(d) != "continue", floor=floor)
     return Confirmation(candidate.label, test, float(np.mean(qb)), float(np.mean(qa)))
 
 
@@ -342,7 +349,7 @@ def decide(runner: Runner, baseline: Any, explore: Callable[[Runner], Explored],
     for cand in ranked[: settings.candidates]:
         d.stage = "confirm"
         try:
-            conf = confirm(runner, cand, baseline, settings)
+            conf = confirm(runner, cand, baseline, settings, d.explored.window_sd)
         except Exception as exc:  # noqa: BLE001 - a candidate that cannot be measured is not shipped; the run goes on
             d.failed[cand.label] = f"{type(exc).__name__}: {exc}"
             continue

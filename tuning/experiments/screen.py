@@ -65,7 +65,8 @@ def screen(base: Any, highs: dict[str, dict[str, Any]], settings: EngineSettings
             winner, moves = line_search(runner, candidates[0], settings, line, label)
             tables["line"] = moves
             candidates[0] = winner
-        return Explored(candidates, base_qps, tables)
+        tables["window_sd"] = round(effects.sigma, 6) if math.isfinite(effects.sigma) else None
+        return Explored(candidates, base_qps, tables, effects.sigma)
     return explore
 
 

@@ -82,7 +82,15 @@ class _Scores:
         rows = [{"configuration": c.label, "throughput_ratio": round(math.exp(c.log_ratio), 4),
                  "low": _exp(c.low), "high": _exp(c.high), "qps": round(c.qps, 3),
                  "windows": len(self.logs[c.label])} for c in candidates]
-        return Explored(candidates, math.exp(float(np.mean(base))), {"ranked": rows, "errors": dict(self.errors)})
+        within = [y - float(np.mean(ys)) for ys in self.logs.values() if len(ys) > 1 for y in ys]
+        dof = sum(len(ys) - 1 for ys in self.logs.values() if len(ys) > 1)
+        sd = math.sqrt(sum(r * r for r in within) / dof) if dof else math.nan
+        return Explored(candidates, math.exp(float(np.mean(base))), {"ranked": rows, "errors": dict(self.errors),
+                                                                     "window_sd": _round(sd)}, sd)
+
+
+def _round(x: float) -> float | None:
+    return round(x, 6) if math.isfinite(x) else None
 
 
 def _exp(x: float) -> float | None:
