@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from tests.cli_run import run_cli
-from tuning.experiments.capacity import CapacitySettings
+from tuning.experiments.engine import EngineSettings
 from tuning.experiments.ladder import LadderSettings
 
-TINY = LadderSettings(concurrency=4, duration_s=0.5, warmup_s=0.1, max_pairs=3, sweep_sizes=(1, 2), sweep_repeats=1,
-                      sweep_rounds=1, waits_ms=(5.0,), joint_rounds=1, precision_texts=6, compile_on_cpu=False,
-                      capacity=CapacitySettings(max_windows=1, min_windows=1, tolerance=0.5, max_probes=3, halvings=2,
-                                                doublings=1))
+TINY = LadderSettings(engine=EngineSettings.quick(window_s=0.4, max_pairs=4, target_outcomes=60, target_max_s=0.8,
+                                                  fractions=(0.9, 0.5)),
+                      concurrency=4, warmup_s=0.1, sweep_sizes=(1, 2), sweep_repeats=1, sweep_rounds=1, waits_ms=(5.0,),
+                      precision_texts=6, compile_on_cpu=False)
 MALFORMED = [b'{"id": "bad-json", "title": ', b'{"id": "no-body", "title": "t", "category": "c"}',
              b'{"id": "empty", "title": "", "category": "", "attributes": {}, "body": "   "}', b"\xff\xfe not utf-8"]
 

@@ -645,7 +645,8 @@ def cmd_investigate(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    """``tune``: start the service from --cmd per configuration, measure its capacity at the target, stop it."""
+    """``tune``: the engine over a service's own knobs (each configuration started from --cmd, kept warm while
+    measured, stopped when another is asked for)."""
     from tuning.experiments.tune import CHECKPOINT, TuneSettings, parse_space, read_checkpoint, run_tune
     from tuning.present.html import render_tune
     from tuning.present.tables import format_tune
@@ -663,10 +664,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
         import dataclasses
 
         settings = dataclasses.replace(settings, startup_timeout_s=args.startup_timeout)
-    if args.confirm_pairs is not None:
+    if args.strategy is not None:
         import dataclasses
 
-        settings = dataclasses.replace(settings, confirm_pairs=args.confirm_pairs)
+        settings = dataclasses.replace(settings, strategy=args.strategy)
     previous = read_checkpoint(args.resume) if args.resume is not None else None
     bodies = _api_inputs(args, api, _inputs(args))
     out = args.out if args.out is not None else args.resume  # a resumed run goes on writing where it was
@@ -693,7 +694,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         if out is not None:
             say(f"go on with the same command and --resume {out} (the configurations in {out / CHECKPOINT} are kept)")
         return cliguard.EXIT_INTERRUPTED
-    if not result.rows or all(r.error for r in result.rows):
+    if result.error or not result.rows or all(r.error for r in result.rows):
         from tuning.cli import guard as cliguard
 
         return cliguard.EXIT_NOTHING
@@ -711,10 +712,11 @@ def _add_tune_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--startup-timeout", type=_positive_float, default=None,
                    help="seconds a configuration may take to answer (default 180)")
     p.add_argument("--target-p99-ms", type=_positive_float, default=500.0, help="the p99 target of the capacity")
-    p.add_argument("--quick", action="store_true", help="short windows (about 30 s a configuration)")
-    p.add_argument("--confirm-pairs", type=_nonnegative_int, default=None, metavar="N",
-                   help="race the best against the runner-up in up to N interleaved pairs, restarting each server "
-                        "as it goes (default 6, --quick 4; 0: do not race, the best is then unconfirmed)")
+    p.add_argument("--quick", action="store_true", help="short windows and fewer pairs (the same design, "
+                   "docs/deciding.md)")
+    p.add_argument("--strategy", choices=("grid", "coordinate"), default=None,
+                   help="how the space is explored: every configuration (grid, the default up to 16) or coordinate "
+                        "descent from the first values (the default beyond)")
     p.add_argument("--out", type=Path, default=None, help="write tune.json and tune.html (the table and the charts) "
                    "here, rewritten after every configuration")
     p.add_argument("--resume", type=Path, default=None, metavar="DIR",

@@ -292,7 +292,8 @@ def confirm(runner: Runner, candidate: Candidate, baseline: Any, settings: Engin
     """The group-sequential test on fresh pairs. A pair beyond the outlier limit is measured again once, the
     limit's scale taken from ``window_sd`` (a pair's SD is sqrt(2) of a window's): a scale estimated from the
     few pairs themselves would replace honest pairs, and biased the test toward its first pairs."""
-    test = Sequential(settings.min_effect, settings.alpha, settings.look_every, settings.max_pairs)
+    # each of the candidates confirmed at alpha / candidates: the run's false-ship rate stays within alpha
+    test = Sequential(settings.min_effect, settings.alpha / settings.candidates, settings.look_every, settings.max_pairs)
     runner.status(f"confirming {candidate.label} against the baseline")
     floor = math.sqrt(2) * window_sd if math.isfinite(window_sd) and window_sd > 0 else None
     _, qa, qb = paired_log_ratios(runner, "confirm", baseline, candidate.config, settings.max_pairs,
