@@ -14,15 +14,16 @@
 # ---
 
 # %% [markdown]
-# # 06 · Request batching and the whole ladder
+# # 06 · Request batching and the whole decision
 #
 # **Question.** Online, requests arrive one at a time. How long should the batcher wait to fill a batch,
 # how does that trade QPS against p99, and what did each change of the investigation buy, one at a time?
 #
 # **What this notebook measures.** The server under closed-loop load: a `max_wait_ms` sweep and a
-# concurrency sweep (QPS and p99 per value); then the ladder from `baseline` to the recommended
-# configuration, one variable per rung, each measured against the one before (the same function
-# `python -m tuning investigate` runs), as one table and one chart; and a knob panel over the live server.
+# concurrency sweep (QPS and p99 per value); then the way from `baseline` to the recommended
+# configuration, decided by the engine `python -m tuning investigate` runs (a factorial screen of the knobs on
+# throughput, one confirmation against the baseline, a target check of both; `docs/deciding.md`), as one
+# table and a chart per stage; and a knob panel over the live server.
 
 # %%
 import os
@@ -39,11 +40,10 @@ REQUESTS = 150 if QUICK else 1500  # measured requests per sweep point
 CONCURRENCY = 16  # clients in flight
 WAITS = (0.0, 5.0, 20.0) if QUICK else (0.0, 2.0, 5.0, 10.0, 20.0, 50.0)  # max_wait_ms values
 CONCURRENCIES = (1, 8, 32) if QUICK else (1, 4, 8, 16, 32, 64)
-LADDER = dict(duration_s=1.0, warmup_s=0.3, max_pairs=3, min_effect=0.05, sweep_sizes=(1, 8), sweep_rounds=1,
-              waits_ms=(5.0,), joint_rounds=1, joint_moves=1, precision_texts=16, limit=300,
-              capacity=tuning.CapacitySettings(max_windows=1, tolerance=0.25, max_probes=4, halvings=2, doublings=2)
-              ) if QUICK else {}  # ladder settings (seconds of load per run, pairs per step, the capacity search)
-STEPS = ("batch", "tokenizer", "batching", "joint") if QUICK else tuning.STEPS  # the ladder's rungs, in order
+# the engine's settings: seconds a window, screen runs, confirmation pairs, target windows and their fractions
+ENGINE = dict(window_s=1.0, max_pairs=4, target_outcomes=300, target_max_s=2.0, fractions=(0.9, 0.7, 0.5),
+              warmup_s=0.3, sweep_sizes=(1, 8), sweep_rounds=1, precision_texts=16, limit=300) if QUICK else {}
+FACTORS = ("batch", "tokenizer", "precision") if QUICK else None  # the knobs screened (None: every one that applies)
 TARGET_P99_MS = 200.0  # the p99 target: a configuration's capacity is the highest rate that meets it
 
 # %%
@@ -84,30 +84,36 @@ print("; ".join(f"{r.concurrency} in flight: {r.qps:.0f} QPS, p99 {r.p99_ms:.0f}
       f"{conc.qps.iloc[-1] / conc.qps.iloc[0]:.1f}x and p99 {conc.p99_ms.iloc[-1] / conc.p99_ms.iloc[0]:.1f}x.")
 
 # %% [markdown]
-# ## Step 3: the ladder, one change at a time
+# ## Step 3: the engine, from `baseline` to what to ship
 #
-# From `baseline`, each rung changes one thing and is measured against the rung before it in interleaved
-# pairs (AB, BA, BA, AB, ...) at the same offered rate, the reference's capacity at the p99 target. A change
-# is kept only when the paired latency ratio's interval clears the minimum effect and the candidate meets the
-# target there; its own capacity is then searched. What each row shows is what was judged: the ratio, its
-# interval, the pairs. This is the package function the `investigate` command runs.
+# The engine screens the knobs together in a two-level factorial on sustained throughput (every main effect
+# from every window), walks batch size and max wait along the winner, confirms the winner against the
+# baseline once on fresh interleaved pairs (a group-sequential test), and checks the p99 target of both on a
+# warm server at descending fractions of their throughput: the capacity is the highest rate that passed.
+# This is the package function `investigate` runs; `docs/deciding.md` is its one-page design.
 
 # %%
-ladder = tuning.run_ladder(device=device, target_p99_ms=TARGET_P99_MS, steps=STEPS,
-                           settings=tuning.LadderSettings(concurrency=CONCURRENCY, **LADDER))
-ladder.to_frame()[["step", "change", "status", "ratio", "low", "high", "pairs", "p50_ms", "p99_ms", "errors",
-                   "capacity", "reason"]]
+settings = (tuning.LadderSettings.quick if QUICK else tuning.LadderSettings.full)(concurrency=CONCURRENCY, **ENGINE)
+ladder = tuning.run_ladder(device=device, target_p99_ms=TARGET_P99_MS, factors=FACTORS, settings=settings)
+ladder.to_frame()[["step", "change", "status", "ratio", "low", "high", "reason"]]
 
 # %%
-viz.ladder_chart(ladder)
+viz.effects_chart(ladder)
+
+# %%
+viz.confirm_chart(ladder)
+
+# %%
+viz.target_check_chart(ladder)
 
 # %%
 s = ladder.summary()
-kept = [f"{r['step']} ({r['change']})" for r in s["steps"] if r["status"] == "kept"]
 before, after = ladder.baseline_capacity, ladder.capacity
 print(f"capacity at p99 <= {TARGET_P99_MS:.0f} ms: baseline {before.sentence()}")
 print(f"recommended: {after.sentence()}" + ("" if ladder.target_met else "  (TARGET NOT MET)"))
-print(f"kept: {', '.join(kept) or 'nothing'}; ship it with: {ladder.set_line()}")
+confirmed = [c for c in s["confirmations"] if c["verdict"] == "better"]
+print(f"confirmed: {', '.join(c['candidate'] for c in confirmed) or 'nothing'}; ship it with: {ladder.set_line()}"
+      + (f" ({ladder.why_unchanged()})" if ladder.why_unchanged() else ""))
 
 # %% [markdown]
 # ## Step 4: the live server, under your hands
@@ -130,10 +136,10 @@ print(f"panel: {r['qps']:.0f} QPS, p99 {r['p99_ms']:.0f} ms; {r['submitted']} = 
 # ## Takeaways
 #
 # - Dynamic batching trades a bounded wait for fuller batches: sweep `max_wait_ms` against your p99 target.
-# - Change one thing at a time and measure it against the step before; keep only what helps.
+# - Screen the knobs together, then confirm the winner once on fresh pairs: one test, one error rate.
 # - Build the queue and the batcher into the service from day one, after deciding whether latency or
 #   throughput comes first.
 # - Why stop near 80% busy: the last points cost latency stability.
 #
 # **Next:** [07 · Your own service](07-your-own-service.ipynb): the same steps on your model, data or URL;
-# or run the whole ladder with `python -m tuning investigate`.
+# or run the whole decision with `python -m tuning investigate`.

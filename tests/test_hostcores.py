@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tuning.experiments.investigate import Investigation, _confirm_and_what_if, what_if_cores
+from tuning.experiments.investigate import Investigation, _profile_and_what_if, what_if_cores
 from tuning.experiments.trial import Trial
 from tuning.knobs import preset
 from tuning.profile.hostcores import GIL_CORE, GIL_CROSS_CORE, HostCores, gil_bound, host_cores
@@ -123,9 +123,9 @@ def test_the_investigate_what_if_carries_the_cores_needed(tmp_path):
     ladder = SimpleNamespace(objective="qps", capacity=None, recommended=preset("tuned"))
     inv = Investigation(tmp_path, True, {}, {}, {}, _trial(ROWS), None)
     lines = []
-    _confirm_and_what_if(inv, measure, preset("baseline"), ladder, SimpleNamespace(knob="cpu"), "h200-sxm-estimate",
+    _profile_and_what_if(inv, measure, preset("baseline"), ladder, SimpleNamespace(knob="cpu"), "h200-sxm-estimate",
                          False, lines.append)
-    assert seen[1:] == ["sim", "sim"]  # the confirm run, then baseline and recommended on the simulated device
+    assert seen[1:] == ["sim", "sim"]  # the run under the recorder, then baseline and recommended on the simulated device
     cores = inv.what_if["host_cores"]
     assert set(cores) == {"baseline", "recommended"}
     assert cores["recommended"]["cores"] == pytest.approx(0.7 * 500 * host_cores(_trial(ROWS)).cpu_s_per_request,

@@ -283,11 +283,39 @@ def test_a_load_test_refuses_a_server_that_is_not_running(lines):
 
 
 @pytest.mark.parametrize("separate_process", [False, True], ids=["in-process", "load-process"])
+def test_the_measure_keeps_a_warm_server_per_configuration(monkeypatch, separate_process):
+    """Review finding 1: the measure started a server per load test, so no window saw a warm one. Now the server
+    of one configuration is kept across its windows (its cool-down drains, nothing is abandoned) and closed when
+    another configuration is asked for or the measure closes."""
+    from tuning.experiments.measure import LoadMeasure
+
+    def close(self, drain=True, timeout=60.0):
+        if not drain:
+            raise AssertionError("a kept server's queue is never abandoned")
+        return real_close(self, drain, timeout)
+    real_close = Server.close
+    monkeypatch.setattr(Server, "close", close)
+    measure = LoadMeasure([f"text {i}" for i in range(20)], concurrency=2, duration_s=0.3, warmup_s=0.05,
+                          model=TinyModel(delay_s=0.001), separate_process=separate_process)
+    try:
+        first = measure(KNOBS, rate=50.0, seed=1)
+        server = measure._server
+        second = measure(KNOBS, window_s=0.2)
+        assert measure._server is server and server.health()[0]
+        measure(KNOBS.replace(batch_size=2), rate=50.0, seed=2)
+        assert measure._server is not server and not server.health()[0]
+    finally:
+        measure.close()
+    assert measure._server is None
+    assert first.ok > 0 and first.ok == first.submitted and second.window_s == pytest.approx(0.2, rel=0.2)
+
+
+@pytest.mark.parametrize("separate_process", [False, True], ids=["in-process", "load-process"])
 def test_the_measure_tells_a_failing_abandon(monkeypatch, separate_process):
-    """A close that abandons the queue raised: LoadMeasure ignored every RuntimeWarning of its load tests, so it
-    was never told; and with the load in its own process (the default) the close raised in the server's process,
-    killed the pipe's reader, and the test hung for its 120 s limit (review findings). Now the queue drains, every
-    request gets its answer, and the warning is raised on the caller's thread."""
+    """A run under the recorder has a server of its own, whose cool-down is abandoned: a close that abandons
+    the queue and raises is told on the caller's thread (before, with the load in its own process, the close
+    raised in the server's process, killed the pipe's reader, and the test hung for its 120 s limit), and every
+    request still gets its answer."""
     from tuning.experiments.measure import LoadMeasure
 
     real_close = Server.close
@@ -301,7 +329,7 @@ def test_the_measure_tells_a_failing_abandon(monkeypatch, separate_process):
                           model=TinyModel(delay_s=0.001), separate_process=separate_process)
     try:
         with pytest.warns(RuntimeWarning, match="could not abandon.*close refused"):
-            trial = measure(KNOBS, rate=50.0, seed=1)
+            trial = measure(KNOBS, rate=50.0, seed=1, record=True)
     finally:
         measure.close()
     assert trial.ok > 0 and trial.ok == trial.submitted

@@ -103,18 +103,11 @@ def test_padding_chart_has_one_bar_per_strategy():
     assert fig.data[0].y == pytest.approx(list(report.to_frame().padded_over_real))
 
 
-def test_load_sweep_and_ladder_charts_take_frames():
+def test_load_sweep_chart_takes_a_frame():
     frame = pd.DataFrame({"max_wait_ms": [0.0, 5.0], "qps": [10.0, 20.0], "p99_ms": [50.0, 80.0], "mean_batch": [1, 3]})
     frame.attrs["device"] = SIMULATED
     fig = viz.load_sweep_chart(frame)
     assert "simulated" in _title(fig) and list(fig.data[0].y) == [10.0, 20.0]
-    ladder = pd.DataFrame({"rung": ["baseline", "workers", "batch"], "qps": [5.0, 8.0, 7.0], "p99_ms": [900, 700, 650],
-                           "device_busy": [0.1, 0.2, 0.3], "model_busy": [0.8, 0.7, 0.9], "kept": [True, True, False]})
-    fig = viz.ladder_chart(ladder, device=SIMULATED)
-    bars = fig.data[0]
-    assert list(bars.x) == ["baseline", "workers", "batch"] and list(bars.y) == [5.0, 8.0, 7.0]
-    assert bars.marker.color[2] != bars.marker.color[1]  # a rung not kept is greyed
-    assert "simulated" in _title(fig)
 
 
 def test_trend_and_thread_charts_from_a_recorded_run():
@@ -177,7 +170,7 @@ def test_banner_renders_plain_and_html():
     assert "&lt;stand-in&gt;" in b._repr_html_()
 
 
-# --- the verdict's charts: capacity probes, the ladder's paired ratios, the waits -----------------
+# --- the decision's charts: target-check windows, effects, the confirmation -----------------------------------
 
 def _probe(rate, passed, p99, low, high, by="count"):
     from tuning.experiments.capacity import Probe
@@ -240,51 +233,28 @@ def test_capacity_chart_of_two_configurations_and_an_unbounded_p99():
         viz.capacity_chart(42)
 
 
-def _ladder_frame():
-    frame = pd.DataFrame({
-        "step": ["baseline", "workers", "batch", "batching", "batching", "graph"],
-        "change": ["", "num_workers=4", "batch_size=8", "max_wait_ms=5.0", "max_wait_ms=5.0", "graph=compile"],
-        "status": ["baseline", "kept", "not kept", "kept", "not kept", "skipped"],
-        "kept": [True, True, False, True, False, False],
-        "metric": ["closed loop", "p99 at rate", "p99 at rate", "p99 at rate", "p99 at rate", None],
-        "ratio": [None, 1.30, 0.97, 1.10, 1.01, None], "low": [None, 1.15, 0.90, 1.06, 0.95, None],
-        "high": [None, 1.45, 1.05, 1.16, 1.08, None], "pairs": [None, 4, 6, 5, 6, None],
-        "min_effect": [None, 0.05, 0.05, 0.05, 0.05, None], "level": [None, 0.99, 0.99, 0.99, 0.99, None],
-        "rate": [10.0, 10.0, 13.0, 13.0, 15.0, None], "p50_ms": [100.0, 80.0, 90.0, 70.0, 72.0, None],
-        "p99_ms": [500.0, 380.0, 520.0, 400.0, 410.0, None], "capacity": [10.0, 13.0, None, 15.0, None, None]})
-    frame.attrs["device"] = SIMULATED
-    return frame
+def _decided():
+    """A decision through the seam on a simulated world where batching and bf16 matter."""
+    from tests.worlds import TARGET_MS, WORLDS, World, seam_kwargs
+    from tuning.experiments.ladder import LadderSettings, run_ladder
+
+    world = World(noise=0.05, seed=1, **WORLDS["two knobs matter, with an interaction"])
+    return run_ladder(device="cpu", measure=world, progress=False, settings=LadderSettings.quick(),
+                      target_p99_ms=TARGET_MS, **seam_kwargs())
 
 
-def test_ladder_ratio_chart_shows_each_interval_and_the_keep_line():
-    frame = _ladder_frame()
-    fig = viz.ladder_ratio_chart(frame)
-    kept, dropped = (next(t for t in fig.data if t.name == n) for n in ("kept", "not kept"))
-    assert list(kept.x) == ["workers: num_workers=4", "batching: max_wait_ms=5.0"]
-    assert list(dropped.x) == ["batch: batch_size=8", "batching: max_wait_ms=5.0 (2)"]  # equal labels kept apart
-    assert list(kept.y) == [1.30, 1.10]
-    assert kept.error_y.array == pytest.approx((0.15, 0.06)) and kept.error_y.arrayminus == pytest.approx((0.15, 0.04))
-    assert len(fig.data) == 2  # the baseline and the skipped step have no ratio
-    assert 1.05 in [round(y, 6) for y in _hlines(fig)] and 1.0 in _hlines(fig)
-    assert fig.layout.yaxis.type == "log" and "×" in fig.layout.yaxis.title.text
-    assert "simulated" in _title(fig) and "99% interval" in _title(fig)
-    dispatched = viz.ladder_chart(frame)  # a ladder with ratios is drawn as what was judged
-    assert [t.name for t in dispatched.data] == ["kept", "not kept"]
-    assert 1.10 in [round(y, 6) for y in _hlines(viz.ladder_ratio_chart(frame, min_effect=0.10))]
+def test_the_decision_s_charts_show_effects_confirmation_and_target_checks():
+    import json
 
-
-def test_wait_steps_chart_reads_the_waits_frame():
-    frame = pd.DataFrame({"max_wait_ms": [5.0, 20.0, 10.0], "batch_size": [8, 8, 16],
-                          "step": ["batching", "batching", "joint"], "status": ["kept", "not kept", "not kept"],
-                          "ratio": [1.2, 0.9, 1.0], "low": [1.1, 0.8, 0.95], "high": [1.3, 1.0, 1.06],
-                          "pairs": [4, 5, 6], "rate": [12.0, 14.0, 14.0], "qps": [12.0, 14.0, 14.0],
-                          "p50_ms": [60.0, 90.0, 70.0], "p99_ms": [300.0, 700.0, 350.0], "capacity": [14.0, None, None]})
-    frame.attrs["device"] = SIMULATED
-    fig = viz.wait_steps_chart(frame, min_effect=0.02, target_p99_ms=800.0)
-    ratio = fig.data[0]
-    assert list(ratio.x) == ["wait 5 ms, batch 8", "wait 20 ms, batch 8", "wait 10 ms, batch 16"]
-    assert ratio.error_y.array == pytest.approx((0.1, 0.1, 0.06)) and ratio.error_y.arrayminus == pytest.approx((0.1, 0.1, 0.05))
-    bars = {t.name: list(t.y) for t in fig.data if isinstance(t, go.Bar)}
-    assert bars == {"p50 (ms)": [60.0, 90.0, 70.0], "p99 (ms)": [300.0, 700.0, 350.0]}
-    assert {1.02, 800.0} <= {round(y, 6) for y in _hlines(fig)}
-    assert "ms" in fig.layout.yaxis2.title.text and "simulated" in _title(fig)
+    result = _decided()
+    effects = viz.effects_chart(result, device=SIMULATED)
+    kept = next(t for t in effects.data if t.name == "in the model")
+    assert "batch" in list(kept.x) and "precision" in list(kept.x)
+    assert 1.0 in _hlines(effects) and "simulated" in _title(effects)
+    confirm = viz.confirm_chart(result)
+    assert confirm.data[0].name.endswith("better") and confirm.data[0].y[0] > 1.3
+    assert {1.0, 1.1} <= {round(y, 6) for y in _hlines(confirm)}
+    target = viz.target_check_chart(result)
+    assert 300.0 in _hlines(target) and len({t.legendgroup for t in target.data}) == 2  # baseline and winner
+    from_json = viz.target_check_chart(json.loads(json.dumps(result.summary(), default=str)))
+    assert [t.name for t in from_json.data] == [t.name for t in target.data]

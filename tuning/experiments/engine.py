@@ -11,6 +11,7 @@ run replays the log (:class:`Runner`).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -99,7 +100,9 @@ class Window:
     trial: Any = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        out = {k: v for k, v in dataclasses.asdict(self).items() if k != "trial"}
+        """Its figures as JSON-able values (the trial, with its raw outcomes, is not kept)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "trial"}
+        out["config"], out["shares"] = json.loads(json.dumps(out["config"], default=str)), list(out["shares"])
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
 
     @classmethod
