@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from common import write
 
-from tests.worlds import TARGET_MS, WORLDS, World, best_rate, seam_kwargs
+from tests.worlds import TARGET_MS, WORLDS, World, best_rate, seam_kwargs, steady_capacity
 from tuning.experiments.judge import wilson
 from tuning.experiments.ladder import LadderSettings, run_ladder
 
@@ -53,8 +53,19 @@ def outcome(world_name: str, world: World, result) -> bool:
     raise KeyError(world_name)
 
 
+def capacity_ratio(world: World, result) -> float | None:
+    """The capacity shipped over the steady-state capacity of the configuration shipped, at its nominal pace
+    (the world's drift moves the pace by up to 10% either way while it runs)."""
+    cap = result.capacity
+    if cap is None or not cap.met:
+        return None
+    knobs = result.recommended
+    truth = steady_capacity(world.service_rate(knobs), TARGET_MS, world.floor_ms(knobs))
+    return cap.capacity / truth if truth > 0 else None
+
+
 def run_case(world_name: str, noise: float, runs: int, settings: LadderSettings) -> dict:
-    good, windows, sim_s, shipped = 0, [], [], {}
+    good, windows, sim_s, shipped, ratios = 0, [], [], {}, []
     for seed in range(runs):
         world = World(noise=noise, seed=seed, lag_share=LAG_SHARE, **WORLDS[world_name])
         result = run_ladder(device="cpu", measure=world, progress=False, settings=settings, target_p99_ms=TARGET_MS,
@@ -64,11 +75,21 @@ def run_case(world_name: str, noise: float, runs: int, settings: LadderSettings)
         sim_s.append(world.clock)
         line = result.set_line()
         shipped[line] = shipped.get(line, 0) + 1
+        ratio = capacity_ratio(world, result)
+        if ratio is not None:
+            ratios.append(ratio)
     low, high = wilson(good, runs)
+    over = sum(r > 1.05 for r in ratios)
+    over_low, over_high = wilson(over, len(ratios)) if ratios else (None, None)
     return {"world": world_name, "noise": noise, "runs": runs, "right": good, "rate": round(good / runs, 4),
             "low": round(low, 4), "high": round(high, 4), "windows_median": float(np.median(windows)),
             "simulated_s_median": round(float(np.median(sim_s)), 1),
-            "shipped_most": sorted(shipped.items(), key=lambda kv: -kv[1])[:3]}
+            "shipped_most": sorted(shipped.items(), key=lambda kv: -kv[1])[:3],
+            # the capacity shipped against the steady-state truth: its median, and how often it is over by > 5%
+            "capacity_over_truth_median": round(float(np.median(ratios)), 4) if ratios else None,
+            "capacity_over_truth_p10_p90": [round(float(x), 4) for x in np.percentile(ratios, [10, 90])] if ratios
+            else None, "capacity_overstated_5pct": over, "capacity_overstated_low": over_low and round(over_low, 4),
+            "capacity_overstated_high": over_high and round(over_high, 4), "capacities_met": len(ratios)}
 
 
 WHAT_RIGHT_MEANS = {
@@ -86,12 +107,16 @@ def docs_page(out: dict) -> str:
              "(`run_ladder(measure=world)`) on the simulated worlds of `tests/worlds.py`, "
              f"{out['runs']} runs a case, with 95% Wilson intervals. Nothing here is a measurement of a machine.", ""]
     for mode, cases in out["cases"].items():
-        lines += [f"## {mode} settings", "", "| world | right means | noise | right | 95% interval | windows | simulated s |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [f"## {mode} settings", "", "| world | right means | noise | right | 95% interval | windows | simulated s "
+                  "| capacity / steady-state truth: median [p10-p90] | over by > 5% |", "|---|---|---|---|---|---|---|---|---|"]
         for c in cases:
+            truth = (f"{c['capacity_over_truth_median']:.3f} [{c['capacity_over_truth_p10_p90'][0]:.3f}-"
+                     f"{c['capacity_over_truth_p10_p90'][1]:.3f}]" if c["capacities_met"] else "-")
+            over = (f"{c['capacity_overstated_5pct']} of {c['capacities_met']} [{100 * c['capacity_overstated_low']:.1f}-"
+                    f"{100 * c['capacity_overstated_high']:.1f}%]" if c["capacities_met"] else "-")
             lines.append(f"| {c['world']} | {WHAT_RIGHT_MEANS[c['world']]} | {100 * c['noise']:.0f}% | "
                          f"{100 * c['rate']:.1f}% | {100 * c['low']:.1f}-{100 * c['high']:.1f}% | "
-                         f"{c['windows_median']:.0f} | {c['simulated_s_median']:.0f} |")
+                         f"{c['windows_median']:.0f} | {c['simulated_s_median']:.0f} | {truth} | {over} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -116,8 +141,9 @@ def main() -> None:
                 case = run_case(name, noise, runs, settings)
                 cases.append(case)
                 print(f"{mode:<5} {name:<48} noise {100 * noise:>3.0f}%: {100 * case['rate']:5.1f}% right "
-                      f"[{100 * case['low']:.1f}-{100 * case['high']:.1f}], {case['windows_median']:.0f} windows",
-                      flush=True)
+                      f"[{100 * case['low']:.1f}-{100 * case['high']:.1f}], {case['windows_median']:.0f} windows; "
+                      f"capacity/truth {case['capacity_over_truth_median']}, over by >5%: "
+                      f"{case['capacity_overstated_5pct']} of {case['capacities_met']}", flush=True)
         out["cases"][mode] = cases
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     write("keep_rule", out, quick=args.quick)

@@ -71,6 +71,8 @@ class FakeServers:
         fake = self
 
         class Switching(tune.SwitchingMeasure):
+            values = None  # the configuration whose stand-in server runs (one at a time here)
+
             def _start(self, values):
                 self.close()
                 row = self.row(values)
@@ -254,3 +256,19 @@ def test_a_partial_tune_json_is_resumed_against_a_real_service(tmp_path):
     assert s["state"]["log"][:2] == full["state"]["log"][:2] and s["resumed"] == 2
     assert s["best"]["ms"] == "4" and {r["ms"] for r in s["rows"]} == {"16", "4"}
     assert 'id="chart-1"' in (tmp_path / "tune.html").read_text()
+
+
+def test_a_failed_configuration_is_logged_and_a_resume_meets_it_again(tmp_path, monkeypatch):
+    """Review: a configuration whose server failed left no window in the log, so a resume took the next
+    configuration's windows for it and stopped on a mismatch. The failure is logged and replayed."""
+    from tuning.cli.guard import EXIT_INTERRUPTED
+
+    FakeServers(fail={"ms": "4"}, stop_after=5).install(monkeypatch)
+    code, out, err = _run(*TUNE_ARGS, "--out", str(tmp_path), "--json")
+    assert code == EXIT_INTERRUPTED, err
+    saved = json.loads((tmp_path / "tune.json").read_text())
+    assert any(w["error"] and "out of memory" in w["error"] for w in saved["state"]["log"])
+    again = FakeServers(fail={"ms": "4"}).install(monkeypatch)
+    code, out, err = _run(*TUNE_ARGS, "--resume", str(tmp_path))
+    assert code == 0, err
+    assert {"ms": "4"} not in again.starts  # its failure was replayed, not measured again

@@ -182,14 +182,16 @@ def pooled_figures(trials: list[Trial], target_p99_ms: float) -> dict[str, Any]:
 
 def probe_of(rate: float, trial: Trial | None, figures: Any, target_p99_ms: float, error_budget: float,
              lag_p99_ms: float | None = None) -> Probe:
-    """A window's verdict and figures: counted on its outcomes when it has them, else on its p99 alone
-    (indeterminate unless the p99 is clear of the target by the window's own figures)."""
+    """A window's verdict and figures: counted on its outcomes when it has them, else on its logged block
+    shares (a resumed run), else on its p99 alone (``by`` says "p99 only": no bound)."""
     if trial is not None and trial.latencies_ms is not None and len(trial.latencies_ms):
         v = target_verdict(trial.latencies_ms, target_p99_ms, trial.failed, error_budget)
     else:
         v = _summary_verdict(figures, target_p99_ms)
     f = pooled_figures([trial], target_p99_ms) if trial is not None else {}
-    by = "no answers" if v.n == 0 else ("errors" if v.verdict == "fail" and v.low <= 0.01 else "blocks")
+    counted = (trial is not None and trial.latencies_ms is not None) or bool(figures is not None and figures.shares)
+    by = ("no answers" if v.n == 0 else "p99 only" if not counted
+          else "errors" if v.verdict == "fail" and v.low <= 0.01 else "blocks")
     return Probe(rate, v.verdict, by, v.passed, 1, v.n, v.over, v.errors,
                  f.get("offered_rate", math.nan), f.get("achieved_rate", figures.qps if figures else math.nan),
                  f.get("late", 0), f.get("p50_ms", figures.p50_ms if figures else math.nan),
@@ -234,6 +236,8 @@ def check_target(run_window: Callable[[float, int], Any], throughput: float, tar
         rate = f * throughput
         w = run_window(rate, seed + TARGET_SALT + i)
         p = probe_of(rate, w.trial, w, target_p99_ms, error_budget, None if math.isnan(w.lag_p99_ms) else w.lag_p99_ms)
+        if w.lagged and p.verdict != "fail":  # the client lagged in its re-run too: its figure is the client's
+            p.verdict, p.by, p.passed = "indeterminate", "client lag", False
         probes.append(p)
         if p.passed:
             high = probes[-2].rate if len(probes) > 1 else None

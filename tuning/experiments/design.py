@@ -49,7 +49,8 @@ def model_matrix(levels: np.ndarray, order: np.ndarray | None = None, interactio
     """Columns: intercept, the run order centred (drift), each factor, each two-way product (``interactions``)."""
     levels = np.asarray(levels, dtype=float)
     n, k = levels.shape
-    time = np.zeros(n) if order is None else (np.asarray(order, dtype=float) - (n - 1) / 2) / max(n, 1)
+    order = None if order is None else np.asarray(order, dtype=float)
+    time = np.zeros(n) if order is None else (order - order.mean()) / max(n, 1)
     cols = [np.ones(n), time] + [levels[:, i] for i in range(k)]
     if interactions:
         cols += [levels[:, i] * levels[:, j] for i, j in itertools.combinations(range(k), 2)]

@@ -22,7 +22,10 @@ from tuning.experiments.judge import Sequential, block_shares, client_lagged, ou
 from tuning.experiments.trial import Trial
 
 OBJECTIVES = ("target", "qps")
-FRACTIONS = (0.95, 0.90, 0.85, 0.80, 0.70, 0.60, 0.50, 0.40, 0.30)
+# of the sustained throughput, highest first. None above 0.90: a queue that near saturation does not reach its steady
+# state within any window the engine can afford (its relaxation time grows as 1 / (1 - sqrt(load))^2), so a pass
+# there would not hold for an hour
+FRACTIONS = (0.90, 0.85, 0.80, 0.75, 0.70, 0.60, 0.50, 0.40, 0.30)
 LAG_SALT = 1_000_033  # a re-run after the client lagged draws new arrivals
 
 
@@ -42,7 +45,8 @@ class EngineSettings:
     look_every: int = 4
     alpha: float = 0.025  # the confirmation's false 'better' rate over all its looks
     target_outcomes: int = 2000  # a target window holds this many arrivals...
-    target_max_s: float = 20.0  # ...or lasts this long, whichever is shorter
+    target_max_s: float = 20.0  # ...or lasts this long, whichever is shorter...
+    target_min_outcomes: int = 400  # ...but holds at least this many (299 is the fewest with which a window can pass)
     fractions: tuple[float, ...] = FRACTIONS
     candidates: int = 2  # winners checked at the target, in rank order, before the baseline alone
     error_budget: float = 0.001
@@ -56,6 +60,9 @@ class EngineSettings:
             raise ValueError(f"min_effect={self.min_effect!r} must be a share in (0, 1): 0.05 is 5%")
         if not 0 <= self.error_budget < 1:
             raise ValueError(f"error_budget={self.error_budget!r} must be a share in [0, 1): 0.001 is 0.1%")
+        if self.look_every < 2 or self.max_pairs % self.look_every:
+            raise ValueError(f"max_pairs={self.max_pairs} must be a multiple of look_every={self.look_every} (>= 2): "
+                             "the confirmation's levels are set for its number of looks")
         if list(self.fractions) != sorted(self.fractions, reverse=True) or not all(0 < f < 1 for f in self.fractions):
             raise ValueError(f"fractions={self.fractions!r} must descend within (0, 1)")
 
@@ -70,7 +77,10 @@ class EngineSettings:
         return cls(**changes)
 
     def target_window_s(self, rate: float) -> float:
-        return min(self.target_max_s, self.target_outcomes / rate)
+        """A target window's length at ``rate``: ``target_outcomes`` arrivals or ``target_max_s``, whichever is
+        shorter, but at least ``target_min_outcomes`` arrivals (fewer than 299 can never pass: a slow service
+        gets long windows)."""
+        return max(min(self.target_max_s, self.target_outcomes / rate), self.target_min_outcomes / rate)
 
 
 @dataclass
@@ -97,6 +107,7 @@ class Window:
     device_busy: float = math.nan
     mean_batch: float = math.nan
     steal_share: float = math.nan
+    error: str | None = None  # the configuration could not be measured (ConfigError): no figures
     trial: Any = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -130,11 +141,16 @@ def window_of(t: Trial, stage: str, kind: str, config: dict[str, Any], rate: flo
                   float(finite.min()) if finite.size else math.nan,
                   float(np.percentile(lags, 99)) if lags is not None and lags.size else math.nan,
                   client_lagged(lags, target_ms), False, _known(t.model_busy), _known(t.device_busy),
-                  _known(t.mean_batch), _known(t.steal_share), t)
+                  _known(t.mean_batch), _known(t.steal_share), trial=t)
 
 
 class ReplayMismatch(RuntimeError):
     """A resumed run asked for a window its log does not hold next (other settings, other data)."""
+
+
+class ConfigError(RuntimeError):
+    """A configuration could not be measured (its server did not come up, or died): that configuration's
+    error, not the run's. The runner logs it, so that a resumed run meets it again at the same place."""
 
 
 class Runner:
@@ -171,27 +187,35 @@ class Runner:
         return w
 
     def run(self, stage: str, config: Any, rate: float | None, seed: int) -> Window:
-        """One window of ``config`` (closed loop when ``rate`` is None), re-run once if the client lagged."""
+        """One window of ``config`` (closed loop when ``rate`` is None), re-run once if the client lagged; a
+        :class:`ConfigError` is logged and raised again (and raised again on replay)."""
         described = self.describe(config)
         kind = "throughput" if rate is None else "target"
-        logged = self._next_logged(stage, kind, described, rate)
-        if logged is not None:
-            self._record(logged)
-            if logged.lagged and not logged.rerun and self._replay:
-                nxt = self._next_logged(stage, kind, described, rate)
-                return self._record(nxt) if nxt is not None else logged
-            return logged
-        w = self._measure(stage, kind, config, described, rate, seed)
-        if w.lagged:
-            self._record(w)
-            w = self._measure(stage, kind, config, described, rate, seed + LAG_SALT)
-            w.rerun = True
-        return self._record(w)
+        first = self._next_logged(stage, kind, described, rate)
+        if first is None:
+            first = self._measure(stage, kind, config, described, rate, seed)
+        self._record(first)
+        if first.error is not None:
+            raise ConfigError(first.error)
+        if not first.lagged or first.rerun:
+            return first
+        again = self._next_logged(stage, kind, described, rate)
+        if again is None:
+            again = self._measure(stage, kind, config, described, rate, seed + LAG_SALT)
+            again.rerun = True
+        self._record(again)
+        if again.error is not None:
+            raise ConfigError(again.error)
+        return again
 
     def _measure(self, stage: str, kind: str, config: Any, described: dict[str, Any], rate: float | None,
                  seed: int) -> Window:
         window_s = self.settings.window_s if rate is None else self.settings.target_window_s(rate)
-        trial = self.measure(config, rate=rate, seed=seed, window_s=window_s)
+        try:
+            trial = self.measure(config, rate=rate, seed=seed, window_s=window_s)
+        except ConfigError as exc:
+            return Window(stage, kind, described, rate, seed, math.nan, math.nan, math.nan, 0, 0, math.nan,
+                          error=str(exc))
         return window_of(trial, stage, kind, described, rate, seed, self.target_ms)
 
     def throughput(self, stage: str, config: Any, seed: int) -> float:
@@ -291,7 +315,7 @@ def _round(x: float) -> float | None:
 
 
 def confirm(runner: Runner, candidate: Candidate, baseline: Any, settings: EngineSettings,
-            window_sd: float = math.nan) -> Confirmation:
+            window_sd: float = math.nan, salt: int = 0) -> Confirmation:
     """The group-sequential test on fresh pairs. A pair beyond the outlier limit is measured again once, the
     limit's scale taken from ``window_sd`` (a pair's SD is sqrt(2) of a window's): a scale estimated from the
     few pairs themselves would replace honest pairs, and biased the test toward its first pairs."""
@@ -300,8 +324,9 @@ def confirm(runner: Runner, candidate: Candidate, baseline: Any, settings: Engin
     runner.status(f"confirming {candidate.label} against the baseline")
     floor = math.sqrt(2) * window_sd if math.isfinite(window_sd) and window_sd > 0 else None
     _, qa, qb = paired_log_ratios(runner, "confirm", baseline, candidate.config, settings.max_pairs,
-                                  settings.seed + 10_000, on_pair=lambda d: test.set(d) != "continue", floor=floor)
-    return Confirmation(candidate.label, test, float(np.mean(qb)), float(np.mean(qa)))
+                                  settings.seed + 10_000 + salt, on_pair=lambda d: test.set(d) != "continue",
+                                  floor=floor)
+    return Confirmation(candidate.label, test, float(np.median(qb)), float(np.median(qa)))
 
 
 @dataclass
@@ -327,7 +352,7 @@ def _fresh_qps(runner: Runner, config: Any, fallback: float) -> float:
     key = runner.describe(config)
     got = [w.qps for w in runner.windows if w.kind == "throughput" and w.config == key and w.qps > 0]
     tail = got[-4:]
-    return float(np.mean(tail)) if tail else fallback
+    return float(np.median(tail)) if tail else fallback
 
 
 def decide(runner: Runner, baseline: Any, explore: Callable[[Runner], Explored], settings: EngineSettings,
@@ -353,9 +378,9 @@ def decide(runner: Runner, baseline: Any, explore: Callable[[Runner], Explored],
     for cand in ranked[: settings.candidates]:
         d.stage = "confirm"
         try:
-            conf = confirm(runner, cand, baseline, settings, d.explored.window_sd)
-        except Exception as exc:  # noqa: BLE001 - a candidate that cannot be measured is not shipped; the run goes on
-            d.failed[cand.label] = f"{type(exc).__name__}: {exc}"
+            conf = confirm(runner, cand, baseline, settings, d.explored.window_sd, salt=1_000 * len(d.confirmations))
+        except ConfigError as exc:  # a candidate whose server fails is not shipped; the run goes on
+            d.failed[cand.label] = str(exc)
             continue
         d.confirmations.append(conf)
         if not conf.confirmed:
@@ -368,8 +393,8 @@ def decide(runner: Runner, baseline: Any, explore: Callable[[Runner], Explored],
             d.baseline_capacity = check(baseline, conf.qps_baseline, "baseline")
         try:
             cap = check(cand.config, conf.qps_winner, cand.label)
-        except Exception as exc:  # noqa: BLE001
-            d.failed[cand.label] = f"{type(exc).__name__}: {exc}"
+        except ConfigError as exc:
+            d.failed[cand.label] = str(exc)
             continue
         base_cap = d.baseline_capacity.capacity if d.baseline_capacity.met else 0.0
         if cap.met and cap.capacity > base_cap:

@@ -14,7 +14,8 @@ from scipy import stats
 
 EXCEED_SHARE = 0.01  # a p99 target: at most 1% of outcomes over it
 TARGET_BLOCKS = 5  # a target window is cut into this many consecutive blocks (batch means)
-TARGET_LEVEL = 0.95  # the blocks' one-sided t bound
+TARGET_LEVEL = 0.95  # the share's one-sided bounds
+MIN_PASS_OUTCOMES = 299  # the fewest outcomes with which a window can pass (0.99 ** 299 < 0.05)
 LAG_MS = 10.0  # a client whose 99th-percentile send lag is over this and over LAG_SHARE of the target lagged
 LAG_SHARE = 0.05
 OUTLIER_SDS = 3.5  # a window (or pair) this many robust SDs from what its stage's model predicts is measured again
@@ -69,13 +70,13 @@ class Sequential:
     def __post_init__(self) -> None:
         if not 0 < self.effect < 1:
             raise ValueError(f"effect={self.effect!r} must be a share in (0, 1): 0.10 is +10%")
-        if self.look_every < 2 or self.max_pairs < self.look_every:
+        if self.look_every < 2 or self.max_pairs < self.look_every or self.max_pairs % self.look_every:
             raise ValueError(f"look_every={self.look_every}, max_pairs={self.max_pairs}: need 2 <= look_every "
-                             "<= max_pairs")
+                             "<= max_pairs, max_pairs a multiple of look_every")
 
     @property
     def looks(self) -> int:
-        return max(self.max_pairs // self.look_every, 1)
+        return self.max_pairs // self.look_every
 
     @property
     def level(self) -> float:
@@ -162,11 +163,31 @@ def block_shares(latencies_ms: Sequence[float], target_ms: float, blocks: int = 
     return [float((p > target_ms).mean()) for p in parts]
 
 
+def share_bounds(over: int, n: int, shares: Sequence[float], level: float = TARGET_LEVEL) -> tuple[float, float]:
+    """One-sided ``level`` bounds on the share over the target: Clopper-Pearson on the effective sample size
+    n / deff, where deff (at least 1) is the blocks' variance over a binomial's of that share and block size.
+    Outcomes near the knee come in bursts: the blocks see it, and each outcome then counts for less. With no
+    exceedance a window needs 299 outcomes to pass, as a binomial count would."""
+    if n == 0:
+        return 0.0, 1.0
+    p = over / n
+    k = len(shares)
+    deff = 1.0
+    if k > 1 and 0 < p < 1:
+        binomial = p * (1 - p) / (n / k)
+        deff = max(1.0, float(np.var(shares, ddof=1)) / binomial)
+    n_eff = n / deff
+    x = p * n_eff
+    low = float(stats.beta.ppf(1 - level, x, n_eff - x + 1)) if x > 0 else 0.0
+    high = float(stats.beta.ppf(level, x + 1, n_eff - x)) if x < n_eff else 1.0
+    return low, high
+
+
 def target_verdict(latencies_ms: Sequence[float], target_ms: float, errors: int = 0, error_budget: float = 0.001,
                    blocks: int = TARGET_BLOCKS, level: float = TARGET_LEVEL) -> TargetVerdict:
-    """Pass when the blocks' one-sided upper bound on the share over the target is at most 1% and the
-    errors are within the budget; fail when the lower bound is above 1% or the errors are over the budget
-    beyond chance; else indeterminate (``docs/deciding.md``, stage 3)."""
+    """Pass when the one-sided upper bound on the share over the target (:func:`share_bounds`) is at most 1%
+    and the errors are within the budget; fail when the lower bound is above 1% or the errors are over the
+    budget beyond chance; else indeterminate (``docs/deciding.md``, stage 3)."""
     lat = np.asarray(latencies_ms, dtype=float)
     n = int(lat.size)
     finite = lat[np.isfinite(lat)]
@@ -174,11 +195,8 @@ def target_verdict(latencies_ms: Sequence[float], target_ms: float, errors: int 
     if n == 0:
         return TargetVerdict("fail", [], math.nan, math.nan, math.nan, 0, 0, errors, fastest)
     shares = block_shares(lat, target_ms, blocks)
-    k = len(shares)
-    mean = float(np.mean(shares))
-    half = (stats.t.ppf(level, k - 1) * float(np.std(shares, ddof=1)) / math.sqrt(k)) if k > 1 else math.inf
-    low, high = max(mean - half, 0.0), min(mean + half, 1.0)
     over = int((lat > target_ms).sum())
+    low, high = share_bounds(over, n, shares, level)
     errors_over = errors > 0 and stats.binom.sf(errors - 1, n, error_budget) <= 1 - level
     if low > EXCEED_SHARE or errors_over:
         verdict = "fail"
@@ -186,7 +204,7 @@ def target_verdict(latencies_ms: Sequence[float], target_ms: float, errors: int 
         verdict = "pass"
     else:
         verdict = "indeterminate"
-    return TargetVerdict(verdict, shares, mean, low, high, n, over, errors, fastest)
+    return TargetVerdict(verdict, shares, over / n, low, high, n, over, errors, fastest)
 
 
 def client_lagged(lags_ms: Any, target_ms: float | None) -> bool:

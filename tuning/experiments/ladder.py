@@ -154,12 +154,19 @@ def measure_for(inputs: Sequence[Any], settings: LadderSettings, model: Any = No
 
 def _context(dev: Any, settings: LadderSettings, base: Knobs, measure: Any, sweep: Callable | None,
              accuracy: Callable | None, lengths: Sequence[int], texts: Sequence[str], model: Any,
-             names: Sequence[str], extra: dict[str, Any], status: Callable[[str], None]) -> Context:
-    """What the factors' levels need, measured before the screen (only for the factors asked for)."""
+             names: Sequence[str], extra: dict[str, Any], status: Callable[[str], None],
+             saved: dict[str, Any] | None = None) -> Context:
+    """What the factors' levels need, measured before the screen (only for the factors asked for); a resumed
+    run takes what its first part measured (``saved``), so that its screen asks for the same windows."""
     median_len = int(-(-np.median(lengths) // 8) * 8) if len(lengths) else 64
     ctx = Context(dev.knob, usable_cores(), workers=settings.workers, workers_min_cores=settings.workers_min_cores,
                   compile_on_cpu=settings.compile_on_cpu,
                   max_batch=settings.concurrency if settings.objective == "qps" else None)
+    if saved:
+        ctx.knee, ctx.plan, ctx.cosines = saved.get("knee"), saved.get("plan"), dict(saved.get("cosines") or {})
+        ctx.cores = saved.get("cores", ctx.cores)
+        extra.update(knee=ctx.knee, buckets=ctx.plan, precision=ctx.cosines or None)
+        return ctx
     if "batch" in names:
         status(f"batch sweep at {median_len} tokens")
         extra["sweep"] = (sweep or _default_sweep(measure, settings, median_len))(base)
@@ -212,7 +219,8 @@ def run_ladder(data: Any = None, device: Any = "auto", quick: bool = False,
     if dev.knob == "sim" and sim_profile:
         base = base.replace(sim_profile=sim_profile)
     bar, report, status = progress_bar(progress, total=1, desc="decide")
-    extra: dict[str, Any] = {"data": {"inputs": len(inputs), "invalid": sum(bad.values()), "invalid_reasons": bad}}
+    extra: dict[str, Any] = {"data": {"inputs": len(inputs), "invalid": sum(bad.values()), "invalid_reasons": bad},
+                             "factors": list(names)}
     result = LadderResult(base, base, None, settings, device_block(dev, sim_profile), target_p99_ms, [], {}, {},
                           extra=extra)
 
@@ -221,14 +229,17 @@ def run_ladder(data: Any = None, device: Any = "auto", quick: bool = False,
         if on_step is not None:
             on_step(result)
 
-    replay = ((resume or {}).get("state") or {}).get("log") or []
-    runner = Runner(measure_fn, _describe, settings.engine, target_p99_ms, on_window, replay, status)
+    state = (resume or {}).get("state") or {}
+    _check_resumable(state, settings, target_p99_ms, names)
+    runner = Runner(measure_fn, _describe, settings.engine, target_p99_ms, on_window, state.get("log") or [], status)
     result.windows = runner.windows
     try:
         if first is not None and first.ok == 0:
             raise LadderError(f"the baseline got no ok answer ({first.submitted} sent); first error: "
                               f"{first.first_error or 'none recorded'}")
-        ctx = _context(dev, settings, base, raw_measure, sweep, accuracy, lengths, texts, model, names, extra, status)
+        ctx = _context(dev, settings, base, raw_measure, sweep, accuracy, lengths, texts, model, names, extra, status,
+                       state.get("context"))
+        extra["context"] = {"knee": ctx.knee, "plan": ctx.plan, "cosines": ctx.cosines, "cores": ctx.cores}
         result.screened, result.not_screened = screened(ctx, names)
         line = LineSpace(max_batch=ctx.max_batch or 256, waits_ms=settings.waits_ms)
         strategy = screen(base, result.screened, settings.engine, _label, line)
@@ -247,6 +258,21 @@ def run_ladder(data: Any = None, device: Any = "auto", quick: bool = False,
     if result.decision is not None:
         result.recommended = result.decision.recommended
     return result
+
+
+def _check_resumable(state: dict[str, Any], settings: LadderSettings, target_p99_ms: float,
+                     names: Sequence[str]) -> None:
+    """A resumed run goes on only under the settings its log was measured with (else ValueError naming them)."""
+    if not state.get("log"):
+        return
+    then = {"target_p99_ms": state.get("target_p99_ms"), "settings": state.get("settings"),
+            "factors": state.get("factors")}
+    now = {"target_p99_ms": target_p99_ms, "settings": settings.as_dict(), "factors": list(names)}
+    differ = [k for k in now if then[k] is not None and then[k] != now[k]]
+    if differ or any(then[k] is None for k in now):
+        named = ", ".join(differ) or "settings that run did not record"
+        raise ValueError(f"--resume: that run's windows were measured with other {named}; give the same "
+                         "--target-p99-ms, --quick and settings, or run without --resume")
 
 
 def _guarded_first(strategy: Callable[[Runner], Any], first: Trial | None) -> Callable[[Runner], Any]:

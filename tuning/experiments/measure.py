@@ -243,10 +243,11 @@ class LoadMeasure:
         self._server_knobs = knobs
         return self._server
 
-    def close_server(self) -> None:
+    def close_server(self, drain: bool = True) -> None:
+        """Close the kept server (``drain=False``: fail what it still queues, as after a broken window)."""
         if self._server is not None:
             server, self._server, self._server_knobs = self._server, None, None
-            server.__exit__(None, None, None)
+            server.close(drain=drain)
 
     def __call__(self, knobs: Knobs, *, rate: float | None = None, record: bool = False,
                  seed: int | None = None, window_s: float | None = None) -> Trial:
@@ -275,7 +276,9 @@ class LoadMeasure:
                 with StealWatch() as steal:
                     result = self._load(server, keep=True, **kw)
             except BaseException:
-                self.close_server()  # a broken window leaves the server's state unknown: the next one starts afresh
+                # a broken window (Ctrl-C, a timeout) leaves the server's state unknown: the next one starts afresh,
+                # and its queue is failed, not waited for
+                self.close_server(drain=False)
                 raise
             trial = Trial.from_load(result)
         else:

@@ -244,7 +244,9 @@ class LadderResult:
     @property
     def state(self) -> dict[str, Any]:
         """What ``resume`` replays: every window's figures, in order."""
-        return {"log": [w.to_dict() for w in self.windows], "knee": self.extra.get("knee")}
+        return {"log": [w.to_dict() for w in self.windows], "context": self.extra.get("context"),
+                "target_p99_ms": self.target_p99_ms, "settings": self.settings.as_dict(),
+                "factors": list(self.extra.get("factors") or [])}
 
     def summary(self) -> dict[str, Any]:
         base_cap, cap = self.baseline_capacity, self.capacity

@@ -46,9 +46,10 @@ def screen(base: Any, highs: dict[str, dict[str, Any]], settings: EngineSettings
         order = np.arange(len(y))
         effects = fit_effects(factors, design, y, order, settings.interactions)
         again = effects.outliers(design, y, order)
-        for i in again:  # measured once more; the second measurement stands
+        for i in again:  # measured once more, at its own place in time (the drift term); the second one stands
             runner.status(f"screen run {i + 1} again: the model cannot explain it")
             y[i] = max(runner.throughput("screen", configs[i], settings.seed + 50_000 + int(i)), -20.0)
+            order[i] = len(y) + again.index(i)
         if again:
             effects = fit_effects(factors, design, y, order, settings.interactions)
         low = effects.predict([-1] * len(factors))

@@ -14,15 +14,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from scipy import stats
 
-from tuning.experiments.engine import Candidate, EngineSettings, Explored, Runner
+from tuning.experiments.engine import Candidate, ConfigError, EngineSettings, Explored, Runner
 
 GRID_MAX = 16
 STRATEGIES = ("grid", "coordinate")
-
-
-class ConfigError(RuntimeError):
-    """A configuration could not be measured (its server did not come up, or died): that configuration's
-    error, not the run's."""
 
 
 def combos(space: dict[str, list[str]]) -> list[dict[str, str]]:
@@ -82,15 +77,9 @@ class _Scores:
         rows = [{"configuration": c.label, "throughput_ratio": round(math.exp(c.log_ratio), 4),
                  "low": _exp(c.low), "high": _exp(c.high), "qps": round(c.qps, 3),
                  "windows": len(self.logs[c.label])} for c in candidates]
-        within = [y - float(np.mean(ys)) for ys in self.logs.values() if len(ys) > 1 for y in ys]
-        dof = sum(len(ys) - 1 for ys in self.logs.values() if len(ys) > 1)
-        sd = math.sqrt(sum(r * r for r in within) / dof) if dof else math.nan
-        return Explored(candidates, math.exp(float(np.mean(base))), {"ranked": rows, "errors": dict(self.errors),
-                                                                     "window_sd": _round(sd)}, sd)
-
-
-def _round(x: float) -> float | None:
-    return round(x, 6) if math.isfinite(x) else None
+        # no window SD for the confirmation's pair re-measure: a configuration's windows run back to back, so
+        # their spread leaves out the drift between them and would replace honest pairs
+        return Explored(candidates, math.exp(float(np.mean(base))), {"ranked": rows, "errors": dict(self.errors)})
 
 
 def _exp(x: float) -> float | None:

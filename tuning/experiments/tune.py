@@ -7,12 +7,13 @@
 The first value of every ``--space`` is the baseline (your configuration today). Each configuration's command
 starts in its own process group on a free port (``{port}`` and each ``--space`` name are filled in; nothing
 else) and is waited for until it answers (``--ready-url``, or the first ok request, within
-``startup_timeout_s``); it is kept running while the engine measures it and stopped (SIGTERM, then SIGKILL,
-the whole group: a LitServe parent killed alone leaves its workers behind) when another configuration is
-asked for. The engine explores the space on throughput (:mod:`tuning.experiments.search`: the grid, or
-coordinate descent beyond :data:`~tuning.experiments.search.GRID_MAX` configurations), confirms the best
-against the baseline on interleaved pairs, and checks the target of both on a warm server at descending
-fractions of their throughput. A configuration whose server never comes up, or dies, is that configuration's
+``startup_timeout_s``); the last two configurations asked for keep running (the confirmation's pairs
+alternate between two), an older one is stopped (SIGTERM, then SIGKILL, the whole group: a LitServe parent
+killed alone leaves its workers behind). The engine explores the space on throughput
+(:mod:`tuning.experiments.search`: the grid, or coordinate descent beyond
+:data:`~tuning.experiments.search.GRID_MAX` configurations), confirms the best against the baseline on
+interleaved pairs, and checks the target of both on a warm server at descending fractions of their
+throughput. A configuration whose server never comes up, or dies, is that configuration's
 error with the last lines of its output; the rest go on.
 
 ``--out DIR`` writes ``DIR/tune.json`` after every window (and Ctrl-C leaves what was measured there);
@@ -39,11 +40,12 @@ from typing import Any, Callable, Sequence
 
 from tuning.base.format import rounded
 from tuning.base.net import free_port
-from tuning.experiments.engine import Decision, EngineSettings, Runner, Window, decide
-from tuning.experiments.search import SEARCHES, ConfigError, combos, strategy_for
+from tuning.experiments.engine import ConfigError, Decision, EngineSettings, Runner, Window, decide
+from tuning.experiments.search import SEARCHES, combos, strategy_for
 from tuning.experiments.trial import Trial
 
 CHECKPOINT = "tune.json"  # what ``--out DIR`` writes after every window and ``--resume DIR`` reads
+KEEP_WARM = 2  # servers kept running at once: the two arms of the confirmation's pairs
 
 
 @dataclass(frozen=True)
@@ -375,70 +377,82 @@ class HttpMeasure:
 
 class SwitchingMeasure:
     """``measure(values, *, rate=None, seed=None, window_s=None) -> Trial`` with that configuration's server
-    running: kept while the same configuration is asked for, else the running one is stopped (its whole
-    process group) and the asked one started on a free port and waited for. A server that does not come up,
-    or dies, raises :class:`~tuning.experiments.search.ConfigError` (that configuration's error). ``rows``:
-    what each configuration's starts cost (command, start-up time, peak memory)."""
+    running: the last :data:`KEEP_WARM` configurations asked for keep their servers (each on its own free
+    port), so that the confirmation's interleaved pairs find both arms warm; an older one is stopped (its whole
+    process group). A server that does not come up, or dies, raises
+    :class:`~tuning.experiments.engine.ConfigError` (that configuration's error). ``rows``: what each
+    configuration's starts cost (command, start-up time, peak memory)."""
 
     def __init__(self, cmd: str, url: str, bodies: Sequence[Any], api: Any, settings: TuneSettings,
                  ready_url: str | None, say: Callable[[str], None]):
         self.cmd, self.url, self.bodies, self.api, self.settings = cmd, url, bodies, api, settings
         self.ready_url, self.say = ready_url, say
-        self.values: dict[str, str] | None = None
-        self.group: ServiceGroup | None = None
-        self.measure: HttpMeasure | None = None
+        self.running: dict[str, tuple[ServiceGroup, HttpMeasure]] = {}  # in the order last used
         self.rows: dict[str, TuneRow] = {}
         self.starts = 0
 
     def row(self, values: dict[str, str]) -> TuneRow:
         return self.rows.setdefault(label(values), TuneRow(dict(values)))
 
-    def _start(self, values: dict[str, str]) -> None:
-        self.close()
+    def _start(self, values: dict[str, str]) -> tuple[ServiceGroup, HttpMeasure]:
+        key = label(values)
+        self._stop(key)
+        while len(self.running) >= KEEP_WARM:
+            self._stop(next(iter(self.running)))
         port = free_port()
         row = self.row(values)
         row.command = fill(self.cmd, values, port)
         self.say(f"starting: {row.command}")
         t0 = time.perf_counter()
-        self.group = ServiceGroup(row.command)
-        self.measure = HttpMeasure(self.api.url(fill(self.url, values, port)), self.bodies, self.api, self.settings)
+        group = ServiceGroup(row.command)
+        measure = HttpMeasure(self.api.url(fill(self.url, values, port)), self.bodies, self.api, self.settings)
         self.starts += 1
         row.starts += 1
-        error = _wait_ready(self.group, self.measure, fill(self.ready_url, values, port) if self.ready_url else None,
+        self.running[key] = (group, measure)
+        error = _wait_ready(group, measure, fill(self.ready_url, values, port) if self.ready_url else None,
                             self.settings.startup_timeout_s)
         row.startup_s = time.perf_counter() - t0
         if error:
-            self.close()
+            self._stop(key)
             row.error = error
             raise ConfigError(error)
-        self.values = dict(values)
+        return group, measure
 
     def __call__(self, values: dict[str, str], *, rate: float | None = None, record: bool = False,
                  seed: int | None = None, window_s: float | None = None) -> Trial:
-        if values != self.values or self.group is None or not self.group.alive():
-            self._start(values)
-        trial = self.measure(values, rate=rate, seed=seed, window_s=window_s)
-        if not self.group.alive():
+        key = label(values)
+        entry = self.running.pop(key, None)
+        if entry is None or not entry[0].alive():
+            entry = self._start(values)
+        self.running[key] = entry  # the last used, last
+        group, measure = entry
+        trial = measure(values, rate=rate, seed=seed, window_s=window_s)
+        if not group.alive():
             row = self.row(values)
-            row.error = (f"the server exited with {self.group.proc.returncode} while measured; its output ends: "
-                         f"{self.group.tail()}")
-            self.close()
+            row.error = f"the server exited with {group.proc.returncode} while measured; its output ends: {group.tail()}"
+            self._stop(key)
             raise ConfigError(row.error)
         if trial.ok == 0 and rate is None:
             row = self.row(values)
-            row.error = f"no ok answer under load (first reason: {trial.first_error}); its output ends: {self.group.tail()}"
-            self.close()
+            row.error = f"no ok answer under load (first reason: {trial.first_error}); its output ends: {group.tail()}"
+            self._stop(key)
             raise ConfigError(row.error)
         return trial
 
+    def _stop(self, key: str) -> None:
+        entry = self.running.pop(key, None)
+        if entry is None:
+            return
+        group = entry[0]
+        row = self.rows.get(key)
+        if row is not None and group.peak_rss:
+            row.peak_memory_mb = max(row.peak_memory_mb if math.isfinite(row.peak_memory_mb) else 0.0,
+                                     group.peak_rss / 2**20)
+        group.stop()
+
     def close(self) -> None:
-        if self.group is not None:
-            row = self.rows.get(label(self.values)) if self.values is not None else None
-            if row is not None and self.group.peak_rss:
-                row.peak_memory_mb = max(row.peak_memory_mb if math.isfinite(row.peak_memory_mb) else 0.0,
-                                         self.group.peak_rss / 2**20)
-            self.group.stop()
-        self.group, self.values = None, None
+        for key in list(self.running):
+            self._stop(key)
 
 
 def run_tune(cmd: str, space: dict[str, list[str]], url: str, bodies: Sequence[Any], api: Any, target_p99_ms: float,
