@@ -405,6 +405,15 @@ def decide(runner: Runner, baseline: Any, explore: Callable[[Runner], Explored],
         d.baseline_capacity = check(baseline, _fresh_qps(runner, baseline, d.explored.baseline_qps), "baseline")
     if d.capacity is None and d.recommended is baseline:
         d.capacity = d.baseline_capacity
+    met = sorted(((cap.capacity, name) for name, cap in d.checks if cap.met), reverse=True)
+    if len(met) >= 2:  # the shipped figure is the capacity: say when the two best are within the minimum effect
+        (top, a), (second, b) = met[:2]
+        gap = top / second - 1
+        if gap < settings.min_effect:
+            said = (f"{a} ({top:.1f} req/s) and {b} ({second:.1f} req/s) are within {100 * gap:.1f}% of each other "
+                    f"at the target, under the {100 * settings.min_effect:.0f}% minimum effect: which of the two "
+                    "holds more is not known")
+            d.indeterminate = f"{d.indeterminate}; {said}" if d.indeterminate else said
     d.stage = "done"
     return d
 

@@ -241,6 +241,58 @@ def _write_files(inv: "Investigation", env: dict[str, Any], render: Callable[["I
     tmp.replace(out / "summary.json")  # never half a file, even on Ctrl-C
 
 
+def _settings(settings: LadderSettings | None, quick: bool, **overrides: Any) -> LadderSettings:
+    """The run's settings with the command's overrides (the engine's own go to the engine)."""
+    settings = settings or (LadderSettings.quick() if quick else LadderSettings.full())
+    own = {k: overrides[k] for k in ("limit", "concurrency") if overrides.get(k) is not None}
+    engine = {k: overrides[k] for k in ("objective", "error_budget", "seed") if overrides.get(k) is not None}
+    return dataclasses.replace(settings, engine=dataclasses.replace(settings.engine, **engine), **own)
+
+
+def _previous(resume: str | Path | None) -> dict[str, Any] | None:
+    if resume is None:
+        return None
+    path = Path(resume) / "summary.json"
+    if not path.exists():
+        raise FileNotFoundError(f"--resume {resume}: no summary.json there (give the --out of an earlier run)")
+    return json.loads(path.read_text())
+
+
+def _data_info(data: Any, inputs: list[Any], formatter: Any) -> tuple[dict[str, Any], dict[str, int]]:
+    texts, bad = input_texts(inputs, formatter)
+    info = {"path": str(data) if data is None or isinstance(data, (str, os.PathLike)) else "(given inputs)",
+            "lines": len(inputs), "valid": len(texts), "invalid": sum(bad.values()), "invalid_reasons": bad}
+    if data is None:
+        from tuning.base.assets import DEFAULT_DATA
+
+        info["path"] = str(DEFAULT_DATA)
+    return info, bad
+
+
+def _answered(before: Trial) -> None:
+    if before.ok == 0:
+        raise LadderError(f"the baseline got no ok answer ({before.submitted} sent); first error: "
+                          f"{before.first_error or 'none recorded'}. Fix the service, the model or the data, "
+                          "then run again")
+
+
+def _checkpointer(inv: Investigation, env: dict[str, Any], render: Any, watch: MachineWatch,
+                  t_start: float) -> Callable[[LadderResult], None]:
+    """``on_step``: summary.json (the state a resume replays) after every window, the report at most every
+    :data:`CHECKPOINT_REPORT_S`."""
+    written = [0.0]
+
+    def checkpoint(partial: LadderResult) -> None:
+        inv.ladder = partial
+        inv.wall_s = time.perf_counter() - t_start
+        env["machine"] = watch.info()
+        full = time.perf_counter() - written[0] >= CHECKPOINT_REPORT_S
+        _write_files(inv, env, render if full else None, partial=True)
+        if full:
+            written[0] = time.perf_counter()
+    return checkpoint
+
+
 def run_investigation(data: Any = None, device: str = "auto", quick: bool = False,
                       what_if: str | None = "h200-sxm-estimate", out: str | Path = DEFAULT_OUT,
                       target_p99_ms: float = DEFAULT_TARGET_P99_MS, progress: bool | Callable[[str], None] = True,
@@ -251,34 +303,22 @@ def run_investigation(data: Any = None, device: str = "auto", quick: bool = Fals
                       resume: str | Path | None = None, measure: Any = None) -> Investigation:
     """Run the whole investigation and write its files under ``out``; returns the :class:`Investigation`.
 
-    ``render``: the report renderer (``report.html`` is written only with one); :func:`tuning.investigate`
-    passes the HTML report's, so that measuring here imports no presentation.
-
-    ``device``: ``auto`` (CUDA, else the real CPU), ``cpu``, ``cuda`` or ``sim`` (the whole run on the
-    simulated ``what_if`` profile). ``what_if``: the simulated profile of the what-if section (None: no
-    what-if); the section is left out on a GPU, where the device itself answers. ``objective``,
-    ``error_budget``, ``seed`` and ``concurrency`` override the settings'. ``model``/``tokenizer``/``formatter``:
-    the user's own. ``resume``: a directory of an earlier, unfinished run (its ``summary.json``) to go on from.
-
-    The files are written after the baseline and after every ladder step (``summary.json`` with
-    ``"partial": true``), so a crash or Ctrl-C leaves a valid report of what was done. Raises
-    :class:`tuning.experiments.ladder.LadderError` when the baseline gets no ok answer.
+    ``render``: the report renderer (``report.html`` only with one; :func:`tuning.investigate` passes the HTML
+    one, so that measuring imports no presentation). ``device``: ``auto`` (CUDA, else the real CPU), ``cpu``,
+    ``cuda`` or ``sim`` (the whole run on the simulated ``what_if`` profile; ``what_if`` None: no what-if,
+    which is left out on a GPU). ``objective``, ``error_budget``, ``seed`` and ``concurrency`` override the
+    settings'; ``model``/``tokenizer``/``formatter``: the user's own; ``resume``: the folder of an unfinished
+    run. The files are rewritten after every window (``"partial": true``): a crash or Ctrl-C leaves a valid
+    report of what was measured. Raises :class:`~tuning.experiments.ladder.LadderError` when the baseline gets
+    no ok answer.
     """
     t_start = time.perf_counter()
     watch = MachineWatch()
-    settings = settings or (LadderSettings.quick() if quick else LadderSettings.full())
-    own = {k: v for k, v in (("limit", limit), ("concurrency", concurrency)) if v is not None}
-    engine = {k: v for k, v in (("objective", objective), ("error_budget", error_budget), ("seed", seed))
-              if v is not None}
-    settings = dataclasses.replace(settings, engine=dataclasses.replace(settings.engine, **engine), **own)
+    settings = _settings(settings, quick, limit=limit, concurrency=concurrency, objective=objective,
+                         error_budget=error_budget, seed=seed)
     dev = device_for(device, what_if if device == "sim" else None, fallback="cpu")
     env = environment(dev, what_if)  # checks the what-if profile before anything is written
-    previous = None
-    if resume is not None:
-        path = Path(resume) / "summary.json"
-        if not path.exists():
-            raise FileNotFoundError(f"--resume {resume}: no summary.json there (give the --out of an earlier run)")
-        previous = json.loads(path.read_text())
+    previous = _previous(resume)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     say = _writer(progress)
@@ -289,13 +329,7 @@ def run_investigation(data: Any = None, device: str = "auto", quick: bool = Fals
     bar, _, status = progress_bar(progress, total=2, desc="baseline")
     status("reading the data")
     inputs = load_inputs(data, settings.limit)
-    texts, bad = input_texts(inputs, formatter)
-    data_info = {"path": str(data) if data is None or isinstance(data, (str, os.PathLike)) else "(given inputs)",
-                 "lines": len(inputs), "valid": len(texts), "invalid": sum(bad.values()), "invalid_reasons": bad}
-    if data is None:
-        from tuning.base.assets import DEFAULT_DATA
-
-        data_info["path"] = str(DEFAULT_DATA)
+    data_info, bad = _data_info(data, inputs, formatter)
     bar.update(1)
     own = measure is None
     measure = measure or measure_for(inputs, settings, model, tokenizer, formatter)
@@ -310,24 +344,10 @@ def run_investigation(data: Any = None, device: str = "auto", quick: bool = Fals
         say(_line("baseline", before))
         if bad:
             say(f"input: {data_info['invalid']} of {len(inputs)} lines are invalid ({bad}); each becomes an error outcome")
-        if before.ok == 0:
-            raise LadderError(f"the baseline got no ok answer ({before.submitted} sent); first error: "
-                              f"{before.first_error or 'none recorded'}. Fix the service, the model or the data, "
-                              "then run again")
+        _answered(before)
         inv = Investigation(out, quick, device_block(dev, base.sim_profile), env, data_info, before, None)
 
-        written = [0.0]
-
-        def checkpoint(partial: LadderResult) -> None:
-            inv.ladder = partial
-            inv.wall_s = time.perf_counter() - t_start
-            env["machine"] = watch.info()
-            # summary.json (the state a resume replays) after every window; the report at most every 30 s
-            full = time.perf_counter() - written[0] >= CHECKPOINT_REPORT_S
-            _write_files(inv, env, render if full else None, partial=True)
-            if full:
-                written[0] = time.perf_counter()
-
+        checkpoint = _checkpointer(inv, env, render, watch, t_start)
         ladder = run_ladder(inputs, dev, settings=settings, target_p99_ms=target_p99_ms, measure=measure,
                             progress=progress, first=before, sim_profile=what_if if dev.knob == "sim" else None,
                             model=model, tokenizer=tokenizer, formatter=formatter, on_step=checkpoint, resume=previous)
