@@ -103,7 +103,8 @@ def _graph(c: Context) -> dict[str, Any] | NotApplicable:
             return NotApplicable("capture needs fixed shapes and there are no token lengths to plan buckets from")
         return {"graph": "cuda_graph", "padding": "bucket", "buckets": tuple(c.plan["buckets"])}
     if not c.compile_on_cpu:
-        return NotApplicable("torch.compile costs seconds per shape on a CPU: screened without --quick only")
+        return NotApplicable("torch.compile costs tens of seconds per shape on a CPU: screened only when asked "
+                             "(LadderSettings(compile_on_cpu=True))")
     return {"graph": "compile"}
 
 

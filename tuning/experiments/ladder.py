@@ -67,7 +67,8 @@ class LadderSettings:
     precision_texts: int = 128
     workers: int = field(default_factory=lambda: max(4, min(8, os.cpu_count() or 1)))
     workers_min_cores: int = 3
-    compile_on_cpu: bool = True
+    # torch.compile on a CPU costs tens of seconds per shape, half the screen's runs: screened only when asked
+    compile_on_cpu: bool = False
     limit: int | None = None
 
     def __post_init__(self) -> None:
@@ -84,9 +85,9 @@ class LadderSettings:
     @classmethod
     def quick(cls, **changes: Any) -> "LadderSettings":
         """The same design with fewer windows: 16 screen runs, up to 8 confirmation pairs at a 10% effect,
-        target windows of 1,000 outcomes or 10 s, three batch sizes swept, one wait, no torch.compile."""
+        target windows of 1,000 outcomes or 10 s, three batch sizes swept, one wait."""
         base = dict(warmup_s=0.5, sweep_sizes=(1, 4, 16), sweep_repeats=1, sweep_rounds=2, waits_ms=(5.0,),
-                    precision_texts=32, compile_on_cpu=False)
+                    precision_texts=32)
         return cls._make(EngineSettings.quick(), base, changes)
 
     @classmethod
