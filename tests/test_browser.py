@@ -468,7 +468,7 @@ def test_report_draws_every_chart_offline(browser, report, artifacts):
             "plotly.js did not load from the page"
         sections = page.evaluate(SECTIONS_JS)
         keys = {s["key"] for s in sections}
-        for key in ("trends", "ledger", "ladder", "sweep", "what-if"):
+        for key in ("trends", "ledger", "decision", "sweep", "what-if"):
             assert key in keys, f"section {key} missing: {sorted(keys)}"
         for s in sections:
             assert not s["unavailable"], f"{s['key']}: {s['unavailable']}"
@@ -479,9 +479,9 @@ def test_report_draws_every_chart_offline(browser, report, artifacts):
                                    " section: f.closest('section').id, charts: window.__charts(f) }))")
         blank = [f for f in per_figure if len(f["charts"]) != 1 or _blank(f["charts"])]
         assert not blank, f"charts that did not draw: {blank}"
-        for key in ("trends", "ledger", "ladder", "sweep", "what-if"):
+        for key in ("trends", "ledger", "decision", "sweep", "what-if"):
             assert any(f["section"] == key for f in per_figure), f"no chart in section {key}"
         _shot(page, artifacts / "report-full-page.png", full_page=True)
-        page.locator("section#ladder figure.chart").first.scroll_into_view_if_needed()
-        _shot(page.locator("section#ladder figure.chart").first, artifacts / "report-ladder-chart.png")
+        page.locator("section#decision figure.chart").first.scroll_into_view_if_needed()
+        _shot(page.locator("section#decision figure.chart").first, artifacts / "report-decision-chart.png")
         guard.check()
