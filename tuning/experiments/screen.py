@@ -10,7 +10,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from tuning.experiments.design import fit_effects, ranked_levels, two_level_design
+from tuning.experiments.design import fit_effects, ranked_levels, term_names, two_level_design
 from tuning.experiments.engine import Candidate, EngineSettings, Explored, Runner, paired_log_ratios
 from tuning.experiments.factors import apply_levels
 
@@ -37,6 +37,9 @@ def screen(base: Any, highs: dict[str, dict[str, Any]], settings: EngineSettings
             return Explored([Candidate(base, label(base), 0.0, qps=qps)], qps, {"effects": [], "design": []})
         rng = np.random.default_rng(settings.seed)
         design = two_level_design(len(factors), settings.screen_runs, rng, settings.interactions)
+        # two-way interactions too whenever the design holds the runs to estimate them with 8 degrees of freedom
+        # left (a half fraction of 6 factors has 32): a knob that pays only without another shows in none of the mains
+        interactions = settings.interactions or len(design) >= 2 + len(term_names(factors)) + 8
         configs = [apply_levels(base, highs, dict(zip(factors, row))) for row in design]
         y = []
         for i, cfg in enumerate(configs):
@@ -44,14 +47,14 @@ def screen(base: Any, highs: dict[str, dict[str, Any]], settings: EngineSettings
             y.append(runner.throughput("screen", cfg, settings.seed + i))
         y = np.maximum(np.asarray(y), -20.0)  # a configuration with no ok answer: a large loss, finite
         order = np.arange(len(y))
-        effects = fit_effects(factors, design, y, order, settings.interactions)
+        effects = fit_effects(factors, design, y, order, interactions)
         again = effects.outliers(design, y, order)
         for i in again:  # measured once more, at its own place in time (the drift term); the second one stands
             runner.status(f"screen run {i + 1} again: the model cannot explain it")
             y[i] = max(runner.throughput("screen", configs[i], settings.seed + 50_000 + int(i)), -20.0)
             order[i] = len(y) + again.index(i)
         if again:
-            effects = fit_effects(factors, design, y, order, settings.interactions)
+            effects = fit_effects(factors, design, y, order, interactions)
         low = effects.predict([-1] * len(factors))
         base_qps = math.exp(low)
         candidates = []
