@@ -734,27 +734,27 @@ def _add_investigate_flags(p: argparse.ArgumentParser) -> None:
 
     _add_data_flags(p)
     _add_model_flags(p)
-    p.add_argument("--quick", action="store_true", help="short load tests, at most 6 pairs per step, a 5%% minimum "
-                   "effect (a few minutes on 2 cores)")
+    p.add_argument("--quick", action="store_true", help="the same design with fewer windows: a 16-run screen, up to "
+                   "8 confirmation pairs at a 10%% minimum effect, shorter target windows")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "sim"],
                    help="auto: CUDA when present, else the real CPU (plus the what-if on the simulated device)")
     p.add_argument("--what-if", default="h200-sxm-estimate", metavar="PROFILE",
                    help="simulated device profile for the what-if section (a shipped name or a JSON path; none: skip)")
     p.add_argument("--out", type=Path, default=Path(DEFAULT_OUT), help="output directory (report.html, "
-                   "experiments.csv, summary.json, environment.json), rewritten after every step")
+                   "experiments.csv, summary.json, environment.json), rewritten after every window")
     p.add_argument("--target-p99-ms", type=_positive_float, default=DEFAULT_TARGET_P99_MS,
-                   help="p99 latency target: the objective's capacity is the highest rate that meets it; a step that "
-                        "misses it is never kept; exit 3 when no configuration meets it")
+                   help="p99 latency target: a configuration's capacity is the highest rate that meets it; exit 3 "
+                        "when no configuration meets it")
     p.add_argument("--objective", default=None, choices=list(OBJECTIVES),
                    help="target (default): capacity at the p99 target, open loop; qps: closed-loop throughput "
                         "(batch jobs)")
     p.add_argument("--error-budget", type=_share, default=None, metavar="SHARE",
                    help="the share of failed requests a passing rate may have (default 0.001: 0.1%%)")
     p.add_argument("--concurrency", type=_positive_int, default=None,
-                   help="the closed loop's clients (the saturation run; the qps objective); default 16 quick, 32 full")
+                   help="the closed loop's clients (the throughput windows); default 16")
     p.add_argument("--seed", type=int, default=None, help="the open loop's arrival seed (default 0)")
     p.add_argument("--resume", type=Path, default=None, metavar="DIR",
-                   help="go on from the finished steps of an interrupted run in DIR (its summary.json)")
+                   help="go on from an interrupted run in DIR: its logged windows are replayed (same settings)")
     p.add_argument("--json", action="store_true", help="print only the final JSON summary (no progress)")
 
 
@@ -801,11 +801,11 @@ _TERMS = _terms()
 
 
 COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
-    "investigate": (cmd_investigate, "the main job: baseline under load, the ladder one change at a time, what-if, "
-                                     "HTML report"),
+    "investigate": (cmd_investigate, "the main job: baseline under load, the experiment engine (screen, confirm, "
+                                     "target check: docs/deciding.md), what-if, HTML report"),
     "run": (cmd_run, "replay the records through the offline pipeline and print throughput and the stage ledger"),
-    "tune": (cmd_tune, "a service's own knobs: start it from --cmd per configuration, measure its capacity at the "
-                       "p99 target, print the best command line"),
+    "tune": (cmd_tune, "a service's own knobs: start it from --cmd per configuration, decide with the experiment "
+                       "engine, print the command line to ship"),
     "profile": (cmd_profile, "run the offline pipeline under every profiler and print the diagnosis"),
     "serve": (cmd_serve, "serve POST /embed, GET /healthz and GET /metrics over HTTP (loopback by default)"),
     "loadtest": (cmd_loadtest_any, "load-test the in-process server (or --url) at fixed concurrency or rate; "

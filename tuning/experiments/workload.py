@@ -72,7 +72,7 @@ def plan_for(lengths: Sequence[int], max_length: int = 256) -> dict[str, Any]:
 
 
 def device_block(choice: Any, sim_profile: str | None = None) -> dict[str, Any]:
-    """The ``device`` block of the ladder's summary: the contract's object (:mod:`tuning.base.contract`)."""
+    """The ``device`` block of a result's summary: the contract's object (:mod:`tuning.base.contract`)."""
     if choice.knob == "sim" and sim_profile:
         choice = dataclasses.replace(choice, profile=sim_profile)
     return choice.as_dict()
