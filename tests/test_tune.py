@@ -272,3 +272,34 @@ def test_a_failed_configuration_is_logged_and_a_resume_meets_it_again(tmp_path, 
     code, out, err = _run(*TUNE_ARGS, "--resume", str(tmp_path))
     assert code == 0, err
     assert {"ms": "4"} not in again.starts  # its failure was replayed, not measured again
+
+
+@pytest.mark.parametrize("answers, error", [
+    (["HTTP 404: Request for unknown model: 'minilm' is not found", "HTTP 503: loading", "ok"], None),
+    (["connection failed: refused", "ok"], None),
+    (["HTTP 400: the body has no 'inputs'"], "the server answers, but not ok: HTTP 400"),
+])
+def test_tune_waits_while_a_server_loads_its_model_and_names_a_wrong_request_at_once(monkeypatch, answers, error):
+    """#50: Triton opens HTTP before its model is loaded and answers 404 for it; tune gave up on that first
+    answer although its help says it waits until a first request is ok."""
+    from types import SimpleNamespace
+
+    import tuning.load.generator as generator
+    from tuning.experiments import tune
+    from tuning.online.response import Response
+
+    queue = list(answers)
+
+    class Send:
+        def __call__(self, body):
+            got = queue.pop(0)
+            return Response(0, "ok") if got == "ok" else Response(0, "error", got)
+
+        def close(self):
+            pass
+    monkeypatch.setattr(generator, "http_target", lambda *a, **k: Send())
+    group = SimpleNamespace(alive=lambda: True, tail=lambda: "")
+    measure = SimpleNamespace(url="http://127.0.0.1:1/predict", api=None, bodies=[b"{}"])
+    got = tune._wait_ready(group, measure, None, timeout_s=30.0, poll_s=0.0)
+    assert (got is None) if error is None else got.startswith(error), got
+    assert queue == [] or error is not None

@@ -28,6 +28,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -530,8 +531,16 @@ def _refresh_rows(result: TuneResult, switching: SwitchingMeasure | None) -> Non
     result.rows = list(seen.values())
 
 
-def _wait_ready(group: ServiceGroup, measure: HttpMeasure, ready_url: str | None, timeout_s: float) -> str | None:
-    """None once the service answers (``ready_url`` with a 2xx, or a first ok request), else the error."""
+# answers of a server that is up but still loading its model (Triton opens HTTP first and says 404 for a model not
+# loaded yet; TEI and others say 503): waited through until the start-up timeout
+STILL_LOADING = re.compile(r"^HTTP (404|408|425|429|5\d\d)\b")
+
+
+def _wait_ready(group: ServiceGroup, measure: HttpMeasure, ready_url: str | None, timeout_s: float,
+                poll_s: float = 1.0) -> str | None:
+    """None once the service answers (``ready_url`` with a 2xx, or a first ok request), else the error. An
+    answer that says the server is still loading (:data:`STILL_LOADING`), a timeout or a refused connection is
+    waited through; any other answer that is not ok is the error at once (a wrong body or route)."""
     import urllib.request
 
     deadline = time.monotonic() + timeout_s
@@ -556,11 +565,12 @@ def _wait_ready(group: ServiceGroup, measure: HttpMeasure, ready_url: str | None
                 if answer.outcome == "ok":
                     return None
                 last = answer.reason or answer.outcome
-                if "connection failed" not in last:
+                loading = answer.outcome == "timeout" or "connection failed" in last or STILL_LOADING.match(last)
+                if not loading:
                     return f"the server answers, but not ok: {last}"
         except OSError as exc:
             last = str(exc)
-        time.sleep(1.0)
+        time.sleep(poll_s)
     return f"not ready within {timeout_s:.0f} s ({last}); its output ends:\n{group.tail()}"
 
 
