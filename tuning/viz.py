@@ -450,15 +450,6 @@ def load_sweep_chart(frame: pd.DataFrame, x: str | None = None, device: Any = No
     return _finish(fig, _title(f"Online: QPS and p99 against {x}", frame, device))
 
 
-_RUNG_NAMES = ("rung", "step", "name", "label")
-STATUS_COLORS = {"baseline": "#4c78a8", "kept": "#54a24b", "not kept": "#9d9d9d", "failed": "#e45756",
-                 "skipped": "#c7c7c7", "refused": "#c7c7c7"}
-
-
-def _pick(frame: pd.DataFrame, names: Sequence[str]) -> str | None:
-    return next((n for n in names if n in frame.columns), None)
-
-
 def _num(value: Any) -> float:
     """A float from a frame cell or a JSON value (None, NaN and text: NaN)."""
     try:
@@ -487,12 +478,6 @@ def _unique(labels: Sequence[str]) -> list[str]:
         seen[label] = seen.get(label, 0) + 1
         out.append(label if seen[label] == 1 else f"{label} ({seen[label]})")
     return out
-
-
-def _ratio_axis(metric: str | None) -> str:
-    if metric == "qps":
-        return "QPS ratio, candidate / reference (×, larger is better)"
-    return "latency ratio (geometric mean), reference / candidate (×, larger is better)"
 
 
 def effects_chart(result: Any, device: Any = None) -> go.Figure:

@@ -16,7 +16,7 @@ import numpy as np
 from tuning.base.decide import quantile_interval
 from tuning.base.format import rounded
 from tuning.base.stats import known_median
-from tuning.experiments.judge import TargetVerdict, target_verdict
+from tuning.experiments.judge import TargetVerdict, target_verdict, verdict_of
 from tuning.experiments.trial import Trial, late_sends, p99_of
 
 DEFAULT_ERROR_BUDGET = 0.001
@@ -201,24 +201,15 @@ def probe_of(rate: float, trial: Trial | None, figures: Any, target_p99_ms: floa
 
 
 def _summary_verdict(w: Any, target_p99_ms: float) -> TargetVerdict:
-    """A window logged without outcomes (a resumed run): its block shares, or its p99 alone."""
-    if w is not None and w.shares:
-        lat_free = _verdict_from_shares(w.shares, w.n, w.errors, target_p99_ms, w.fastest_ms)
-        return lat_free
+    """A window logged without outcomes (a resumed run): the rule on its blocks' shares, else its p99 alone."""
+    if w is not None and w.shares and w.n:
+        sizes = [len(p) for p in np.array_split(np.zeros(w.n), len(w.shares))]
+        over = int(sum(round(share * size) for share, size in zip(w.shares, sizes)))
+        return verdict_of(over, w.n, w.shares, w.errors, fastest_ms=w.fastest_ms)
     p99 = w.p99_ms if w is not None else math.nan
     verdict = "pass" if math.isfinite(p99) and p99 <= target_p99_ms else "fail"
     return TargetVerdict(verdict, [], math.nan, math.nan, math.nan, w.n if w else 0, 0, w.errors if w else 0,
                          w.fastest_ms if w else math.nan)
-
-
-def _verdict_from_shares(shares: list[float], n: int, errors: int, target_p99_ms: float, fastest: float) -> TargetVerdict:
-    # rebuild a latency sample with the blocks' shares (only the over/under split matters to the verdict)
-    k = len(shares)
-    sizes = [len(p) for p in np.array_split(np.zeros(max(n, k)), k)]
-    lat = np.concatenate([np.where(np.arange(s) < round(sh * s), math.inf, 0.0) for sh, s in zip(shares, sizes)])
-    v = target_verdict(lat, target_p99_ms, errors)
-    v.fastest_ms = fastest
-    return v
 
 
 def check_target(run_window: Callable[[float, int], Any], throughput: float, target_p99_ms: float,

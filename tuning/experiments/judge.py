@@ -189,13 +189,19 @@ def target_verdict(latencies_ms: Sequence[float], target_ms: float, errors: int 
     and the errors are within the budget; fail when the lower bound is above 1% or the errors are over the
     budget beyond chance; else indeterminate (``docs/deciding.md``, stage 3)."""
     lat = np.asarray(latencies_ms, dtype=float)
-    n = int(lat.size)
     finite = lat[np.isfinite(lat)]
     fastest = float(finite.min()) if finite.size else math.inf
-    if n == 0:
+    if not lat.size:
         return TargetVerdict("fail", [], math.nan, math.nan, math.nan, 0, 0, errors, fastest)
-    shares = block_shares(lat, target_ms, blocks)
-    over = int((lat > target_ms).sum())
+    return verdict_of(int((lat > target_ms).sum()), int(lat.size), block_shares(lat, target_ms, blocks), errors,
+                      error_budget, level, fastest)
+
+
+def verdict_of(over: int, n: int, shares: Sequence[float], errors: int = 0, error_budget: float = 0.001,
+               level: float = TARGET_LEVEL, fastest_ms: float = math.nan) -> TargetVerdict:
+    """The target rule on counts: ``over`` of ``n`` outcomes over the target or failed, the blocks' shares."""
+    if n == 0:
+        return TargetVerdict("fail", list(shares), math.nan, math.nan, math.nan, 0, 0, errors, fastest_ms)
     low, high = share_bounds(over, n, shares, level)
     errors_over = errors > 0 and stats.binom.sf(errors - 1, n, error_budget) <= 1 - level
     if low > EXCEED_SHARE or errors_over:
@@ -204,7 +210,7 @@ def target_verdict(latencies_ms: Sequence[float], target_ms: float, errors: int 
         verdict = "pass"
     else:
         verdict = "indeterminate"
-    return TargetVerdict(verdict, shares, over / n, low, high, n, over, errors, fastest)
+    return TargetVerdict(verdict, list(shares), over / n, low, high, n, over, errors, fastest_ms)
 
 
 def client_lagged(lags_ms: Any, target_ms: float | None) -> bool:
