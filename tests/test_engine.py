@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from tests.worlds import TARGET_MS, WORLDS, World, best_rate, seam_kwargs, served
+from tuning.base.decide import Paired
 from tuning.experiments.capacity import check_target
 from tuning.experiments.design import fit_effects, ranked_levels, two_level_design
-from tuning.experiments.engine import EngineSettings, Runner, Window, pair_order
+from tuning.experiments.engine import EngineSettings, Runner, Window
 from tuning.experiments.judge import (
     EXCEED_SHARE,
     Sequential,
@@ -79,7 +80,7 @@ def test_the_confirmation_looks_only_at_its_looks_and_decides_at_the_cap():
 
 
 def test_pairs_run_abba_then_baab():
-    assert [pair_order(i) for i in range(4)] == [("A", "B"), ("B", "A"), ("B", "A"), ("A", "B")]
+    assert [Paired.order(i) for i in range(4)] == [("A", "B"), ("B", "A"), ("B", "A"), ("A", "B")]
 
 
 def test_a_target_window_passes_fails_or_says_indeterminate_on_its_blocks():

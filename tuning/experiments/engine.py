@@ -18,6 +18,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from tuning.base.decide import Paired
+from tuning.base.format import rounded
 from tuning.experiments.judge import Sequential, block_shares, client_lagged, outlying
 from tuning.experiments.trial import Trial
 
@@ -166,10 +168,6 @@ class Runner:
         self.windows: list[Window] = []
         self._replay = list(replay)
 
-    @property
-    def replaying(self) -> bool:
-        return bool(self._replay)
-
     def _next_logged(self, stage: str, kind: str, config: dict[str, Any], rate: float | None) -> Window | None:
         if not self._replay:
             return None
@@ -248,11 +246,6 @@ class Explored:
     window_sd: float = math.nan  # one window's log-throughput SD, from many windows (the screen's residuals)
 
 
-def pair_order(i: int) -> tuple[str, str]:
-    """Pair ``i``'s order: AB, BA, BA, AB, then again (ABBA then BAAB: a linear drift cancels)."""
-    return ("A", "B") if i % 4 in (0, 3) else ("B", "A")
-
-
 def paired_log_ratios(runner: Runner, stage: str, a: Any, b: Any, pairs: int, seed: int,
                       on_pair: Callable[[list[float]], bool] | None = None,
                       floor: float | None = None) -> tuple[list[float], list[float], list[float]]:
@@ -267,7 +260,7 @@ def paired_log_ratios(runner: Runner, stage: str, a: Any, b: Any, pairs: int, se
     again: set[int] = set()
 
     def one(i: int, s: int) -> tuple[float, float, float]:
-        got = {arm: runner.run(stage, a if arm == "A" else b, None, s).qps for arm in pair_order(i)}
+        got = {arm: runner.run(stage, a if arm == "A" else b, None, s).qps for arm in Paired.order(i)}
         if got["A"] > 0 and got["B"] > 0:
             ratio = math.log(got["B"] / got["A"])
         else:  # an arm with no ok answer: a large loss (or gain), finite for the statistics
@@ -304,14 +297,10 @@ class Confirmation:
     def row(self) -> dict[str, Any]:
         t = self.test
         low, high = t.interval()
-        return {"candidate": self.label, "verdict": t.verdict, "pairs": len(t.d), "ratio": _round(t.ratio),
-                "low": _round(low), "high": _round(high), "pair_sd": _round(t.sd), "effect": t.effect,
-                "alpha": t.alpha, "looks": t.looks, "look_level": _round(t.level), "qps": _round(self.qps_winner),
-                "baseline_qps": _round(self.qps_baseline)}
-
-
-def _round(x: float) -> float | None:
-    return None if x is None or not math.isfinite(x) else round(float(x), 4)
+        return {"candidate": self.label, "verdict": t.verdict, "pairs": len(t.d), "ratio": rounded(t.ratio, 4),
+                "low": rounded(low, 4), "high": rounded(high, 4), "pair_sd": rounded(t.sd, 4), "effect": t.effect,
+                "alpha": t.alpha, "looks": t.looks, "look_level": rounded(t.level, 4), "qps": rounded(self.qps_winner, 4),
+                "baseline_qps": rounded(self.qps_baseline, 4)}
 
 
 def confirm(runner: Runner, candidate: Candidate, baseline: Any, settings: EngineSettings,

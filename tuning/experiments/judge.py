@@ -12,6 +12,8 @@ from typing import Any, Sequence
 import numpy as np
 from scipy import stats
 
+from tuning.base.format import rounded
+
 EXCEED_SHARE = 0.01  # a p99 target: at most 1% of outcomes over it
 TARGET_BLOCKS = 5  # a target window is cut into this many consecutive blocks (batch means)
 TARGET_LEVEL = 0.95  # the share's one-sided bounds
@@ -147,13 +149,9 @@ class TargetVerdict:
         return self.verdict == "pass"
 
     def row(self) -> dict[str, Any]:
-        return {"verdict": self.verdict, "share_over": _r(self.mean), "share_low": _r(self.low),
-                "share_high": _r(self.high), "n": self.n, "over": self.over, "errors": self.errors,
-                "fastest_ms": _r(self.fastest_ms)}
-
-
-def _r(x: float) -> float | None:
-    return None if x is None or not math.isfinite(x) else round(float(x), 6)
+        return {"verdict": self.verdict, "share_over": rounded(self.mean), "share_low": rounded(self.low),
+                "share_high": rounded(self.high), "n": self.n, "over": self.over, "errors": self.errors,
+                "fastest_ms": rounded(self.fastest_ms)}
 
 
 def block_shares(latencies_ms: Sequence[float], target_ms: float, blocks: int = TARGET_BLOCKS) -> list[float]:
