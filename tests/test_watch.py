@@ -4,13 +4,16 @@ optional load, with a diagnosis limited to what can be seen and a list of what c
 import json
 import math
 import os
+import socket
 
 import pytest
 
 from tests.cli_run import run_cli
-from tuning.experiments.watch import ServiceProcess
+from tests.standin_services import StandIn
+from tuning.base.net import is_local_host, listening_pid
+from tuning.experiments.watch import ServiceProcess, watch_subject
 from tuning.profile.gpu import GpuSampler
-from tuning.profile.outside import OutsideSignals, cannot_see, diagnose_outside
+from tuning.profile.outside import NO_PROCESS, STAGES, OutsideSignals, cannot_see, diagnose_outside
 
 from .fake_nvml import FakeNvml
 
@@ -61,6 +64,110 @@ def test_what_cannot_be_seen_depends_on_what_was_seen():
     assert any("no load was driven" in c for c in cannot_see(OutsideSignals(**{**BASE, "load_driven": False})))
 
 
+TRITON = dict(metrics_exporter="triton", server_mean_batch=4.9, server_queue_ms=80.2, server_inference_ms=137.1)
+
+
+def test_not_visible_is_computed_from_what_was_read():
+    """#50: with Triton's metrics giving a mean batch, "batch sizes per model call" was listed as not visible
+    while that mean batch was printed."""
+    bare = cannot_see(OutsideSignals(**BASE))
+    assert any(c.startswith("batch sizes per model call") for c in bare)
+    assert any(c.startswith("per-request stage times (read, preprocess, queue wait, inference, postprocess)")
+               for c in bare)
+    triton = cannot_see(OutsideSignals(**BASE, **TRITON))
+    assert not any("batch sizes" in c for c in triton), triton
+    assert any(c.startswith("kernel launch overhead") for c in triton)
+    stages = next(c for c in triton if c.startswith("per-request stage times"))
+    assert stages.startswith("per-request stage times (read, preprocess, postprocess)")  # queue and inference read
+    # this package's own server: each answer carries its stage times and its batch; its metrics its model busy
+    own = cannot_see(OutsideSignals(**BASE, stages_seen=STAGES, answer_mean_batch=3.0, model_busy=0.5))
+    assert not any(c.startswith(("per-request stage times", "batch sizes", "whether the model waited")) for c in own)
+
+
+def test_without_a_process_its_signals_are_listed_with_the_reason():
+    remote = cannot_see(OutsideSignals(load_driven=True, process_reason=NO_PROCESS, **TRITON))
+    assert f"per-thread CPU, memory, disk and GPU share of the service: {NO_PROCESS}" in remote
+    assert not any("own share of the GPU" in c for c in cannot_see(OutsideSignals(**BASE, **GPU, process_reason="x")))
+    assert not any(c.startswith("per-thread CPU") for c in cannot_see(OutsideSignals(**BASE)))
+
+
+@pytest.mark.parametrize("signals,kind", [
+    ({}, "inconclusive"),  # was "blocked: no thread at 50%" with no thread read at all
+    ({**GPU, "gpu_util_max": 14.0, "gpu_gap_share": 0.0}, "inconclusive"),
+    ({**GPU, "gpu_util_mean": 92.0, "gpu_power_frac": 0.8}, "saturated"),  # the GPU decides without a process
+    ({"metrics_exporter": "tei", "server_mean_batch": 1.0, "server_queue_ms": 20.0, "server_inference_ms": 5.0},
+     "fragmented"),  # the server's own metrics decide
+    ({"error_rate": 1.0, "first_error": "error: HTTP 404"}, "failing"),
+])
+def test_without_a_process_no_verdict_rests_on_threads(signals, kind):
+    d = diagnose_outside(OutsideSignals(load_driven=True, cpu_capacity=800.0, process_reason=NO_PROCESS, **signals))
+    assert d.kind == kind, (d.kind, d.reasons)
+    if kind == "inconclusive":
+        assert any(NO_PROCESS in r for r in d.reasons) and "--pid" in d.next_step
+
+
+def test_listening_pid_finds_the_process_listening_on_a_local_url():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        assert listening_pid(f"http://127.0.0.1:{port}/embed") == os.getpid()
+        assert listening_pid(f"http://localhost:{port}/embed") == os.getpid()
+        assert listening_pid(f"http://203.0.113.7:{port}/embed") is None  # TEST-NET-3: not this machine
+    assert listening_pid(f"http://127.0.0.1:{port}/embed") is None  # nothing listens there now
+    assert is_local_host("127.0.0.2") and is_local_host("::1") and not is_local_host("203.0.113.7")
+
+
+def test_a_remote_url_is_watched_without_a_process():
+    subject = watch_subject(None, "http://203.0.113.7:8000/embed")
+    assert (subject.pid, subject.local, subject.process_reason) == (None, False, NO_PROCESS)
+    assert watch_subject(os.getpid(), "http://203.0.113.7:8000/embed").pid == os.getpid()  # a pid given is used
+
+
+def test_watch_needs_a_pid_or_a_url():
+    out = run_cli("watch", "--duration", "1")
+    assert out.returncode == 2 and "--pid" in out.stderr and "--url" in out.stderr, out.stderr
+
+
+@pytest.fixture(scope="module")
+def standin():
+    with StandIn() as url:
+        yield url
+
+
+def test_watch_by_url_finds_the_local_listener(standin):
+    """The stand-in TEI listens in this process: watched by URL alone, this process is found from its port."""
+    port = standin.rsplit(":", 1)[1]
+    out = run_cli("watch", "--url", standin, "--api", "tei", "--duration", "0.5", "--interval", "0.1",
+                  "--concurrency", "2", "--limit", "10", "--json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    s = json.loads(out.stdout)
+    assert s["pid"] == os.getpid() and s["pid_from"] == f"listening port {port}" and s["process_reason"] is None
+    assert s["frames"]["host"] and not any(c.startswith("per-thread CPU") for c in s["diagnosis"]["cannot_see"])
+
+
+def test_watch_by_url_of_a_remote_service_drives_load_and_says_what_it_lacked(standin, monkeypatch):
+    """A host that is not this machine (the stand-in's loopback address taken as remote): no process sampled,
+    no GPU of this machine taken for the service's, the load and the server's own metrics still read."""
+    import tuning.experiments.watch as watch_module
+
+    monkeypatch.setattr(watch_module, "is_local_host", lambda host: False)
+    out = run_cli("watch", "--url", standin, "--api", "tei", "--duration", "0.5", "--interval", "0.1",
+                  "--concurrency", "2", "--limit", "10", "--json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    s = json.loads(out.stdout)
+    assert s["pid"] is None and s["pid_from"] is None and s["process_reason"] == NO_PROCESS
+    assert s["threads"] == [] and s["frames"]["host"] == [] and s["frames"]["threads"] == []
+    assert not s["gpu"]["available"] and "another host" in s["gpu"]["reason"]
+    assert s["load"]["ok"] > 0 and s["server_metrics"]["exporter"] == "tei"
+    d = s["diagnosis"]
+    assert f"per-thread CPU, memory, disk and GPU share of the service: {NO_PROCESS}" in d["cannot_see"]
+    assert not any("batch sizes" in c for c in d["cannot_see"]), "TEI's metrics gave the mean batch"
+    assert d["kind"] == "inconclusive" and any(NO_PROCESS in r for r in d["reasons"])
+    text = run_cli("watch", "--url", standin, "--api", "tei", "--duration", "0.3", "--limit", "10")
+    assert text.returncode == 0 and "no local process" in text.stdout, text.stderr[-2000:]
+
+
 def test_gpu_sampler_reports_another_processs_own_utilization():
     with GpuSampler(0.1, nvml=FakeNvml(devices=1), pid=1) as sampler:
         pass  # the window's first and last readings
@@ -99,9 +206,14 @@ def test_watch_a_separate_serve_process_under_load(service):
     d = s["diagnosis"]
     assert d["kind"] in ("saturated", "fragmented", "starved", "contended", "single-threaded", "blocked", "inconclusive",
                          "client-bound")
-    assert d["reasons"] and any("per-request stage times" in c for c in d["cannot_see"])
+    assert d["reasons"] and not any(c.startswith("batch sizes") for c in d["cannot_see"]), "its answers say their batch"
     if not s["gpu"]["available"]:
         assert any(c.startswith("the accelerator:") for c in d["cannot_see"])
+    by_url = run_cli("watch", "--url", f"{base}/embed", "--concurrency", "2", "--duration", "1", "--interval", "0.25",
+                     "--limit", "50", "--json")  # no --pid: found from the listening port
+    assert by_url.returncode == 0, by_url.stderr[-2000:]
+    u = json.loads(by_url.stdout)
+    assert u["pid"] == pid and u["pid_from"] == f"listening port {base.rsplit(':', 1)[1]}" and u["frames"]["host"]
     text = run_cli("watch", "--pid", str(pid), "--duration", "1",
                    "--interval", "0.25")
     assert text.returncode == 0, text.stderr[-2000:]

@@ -403,7 +403,9 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     summary["target"] = args.url or "in-process"
     if args.url:
         summary["server_metrics"] = probe.result().summary()
-    _nothing_done(summary["ok"], summary["submitted"], summary["error_reasons"], args.url)
+    # a test stopped early (its first answers all errors) says so, with its first reason, instead of the commonest
+    reasons = [{"reason": summary["stopped_early"]}] if summary.get("stopped_early") else summary["error_reasons"]
+    _nothing_done(summary["ok"], summary["submitted"], reasons, args.url)
     if args.profile and not args.url:
         profile = recorder.join(result).summary()
         summary.update({key: profile[key] for key in ("diagnosis", "threads", "gpu")})
@@ -414,6 +416,9 @@ def cmd_watch(args: argparse.Namespace) -> int:
     from tuning.experiments.watch import watch
     from tuning.present.tables import format_watch
 
+    if args.pid is None and args.url is None:
+        raise UsageError("watch: give --pid PID (a local service's process) or --url URL (a service to drive, "
+                         "local or remote: its process is found from the listening port when it is local), or both")
     if args.url is None and args.concurrency is not None:
         raise UsageError("watch: --concurrency drives load at --url; give --url too")
     api = api_from_args(args) if args.url else None
@@ -423,7 +428,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
                    interval=args.interval, api=api, metrics_url=args.metrics_url)
     if result.load is not None:  # an honest watch: no ok answer, no diagnosis (as loadtest)
         s = result.load.summary()
-        _nothing_done(s["ok"], s["submitted"], s["error_reasons"], url)
+        _nothing_done(s["ok"], s["submitted"], [{"reason": s["stopped_early"]}] if s.get("stopped_early")
+                      else s["error_reasons"], url)
     return _emit(args, result.summary(), lambda: format_watch(result))
 
 
@@ -839,7 +845,9 @@ def build_parser() -> argparse.ArgumentParser:
             _add_tune_flags(p)
             continue
         if name == "watch":
-            p.add_argument("--pid", type=_positive_int, required=True, help="process id of the running service")
+            p.add_argument("--pid", type=_positive_int, default=None,
+                           help="process id of the running service (default with --url: the process listening on "
+                                "its port when the host is this machine; none for a remote or containerized one)")
             p.add_argument("--url", default=None, help="drive load at this endpoint while watching, e.g. "
                            "http://127.0.0.1:8000/embed (POST JSON {\"text\": ...} or a record)")
             p.add_argument("--concurrency", type=_positive_int, default=None, help="clients in flight with --url (default 8)")

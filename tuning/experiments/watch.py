@@ -1,10 +1,15 @@
-"""Watch a running service from outside: ``python -m tuning watch --pid PID [--url URL ...]``.
+"""Watch a running service from outside: ``python -m tuning watch [--pid PID] [--url URL ...]``.
 
 The investigation's first step (``nvidia-smi -l`` and ``top -H -p PID`` during a load test) for any
 process: per-thread CPU with names, memory and disk of that process (and its children), the GPU's NVML
 series with that process's own utilization where NVML gives it, optionally while driving load at its
 URL from this process; then trend tables and a diagnosis from what can be seen from outside
 (:mod:`tuning.profile.outside`), which says what it could not see.
+
+Given a URL and no pid, the process listening on the URL's port is watched when the URL's host is this
+machine and that process is visible to this user; otherwise (a remote host, a container, another user's
+process) no process is sampled and the watch drives the load, reads the server's metrics (and NVML when
+the host is this machine) and says what it lacked.
 """
 
 from __future__ import annotations
@@ -21,13 +26,17 @@ import psutil
 
 from tuning.base import clock as _clock
 from tuning.base.machine import RESERVED_CORES_ENV, reserved_cores
+from tuning.base.net import is_local_host, listening_pid, url_host_port
 from tuning.load.scrape import MetricsProbe, ServerMetrics
 from tuning.load.scrape import metrics_url as _metrics_url
 from tuning.profile.gpu import GpuSampler, GpuSeries
 from tuning.profile.host import HostSampler, HostSeries
-from tuning.profile.outside import OutsideDiagnosis, OutsideSignals, diagnose_outside, outside_signals
+from tuning.profile.outside import NO_PROCESS, OutsideDiagnosis, OutsideSignals, diagnose_outside, outside_signals
 
 MAX_TREND_ROWS = 20
+NO_PID = -1  # the GPU sampler's pid when no process is watched: NVML's per-process figures then match none
+# processes that listen on a port only to forward it into a container: watching them is not watching the service
+PORT_FORWARDERS = ("docker-proxy", "rootlessport", "slirp4netns", "pasta", "conmon")
 
 
 def url_target(url: str, api: Any = None) -> Callable[[Any], Any]:
@@ -138,10 +147,51 @@ def describe_process(pid: int) -> str:
 
 
 @dataclass
-class WatchResult:
-    """Everything one watch saw, on the shared clock; statistics and tables on demand."""
+class Subject:
+    """What a watch samples: the service's process (given, found from its port, or none and why) and whether
+    the service runs on this machine (then the machine's CPU load and NVML's GPUs are its machine's)."""
 
-    pid: int
+    pid: int | None
+    command: str
+    local: bool = True
+    pid_from: str | None = None  # how the pid was found ("listening port 8000"); None when given
+    process_reason: str = ""  # why no process is sampled; "" when one is
+
+
+def watch_subject(pid: int | None, url: str | None) -> Subject:
+    """The process to watch: ``pid`` when given, else the one listening on ``url``'s port on this machine."""
+    if pid is not None:
+        return Subject(pid, describe_process(pid))
+    host, port = url_host_port(url)
+    if not is_local_host(host):
+        return Subject(None, "no local process", local=False, process_reason=NO_PROCESS)
+    found = listening_pid(url)
+    command = _visible_command(found) if found is not None else None
+    if command is None:
+        reason = (f"no process of this user listens on port {port} here (another user's, or in a container); "
+                  "give --pid when it is local, or watch as its owner")
+        return Subject(None, "no local process", process_reason=reason)
+    if command.split(":", 1)[0] in PORT_FORWARDERS:
+        reason = (f"port {port} is forwarded by {command.split(':', 1)[0]} (pid {found}) into a container; "
+                  "give --pid of the service's process as this host sees it")
+        return Subject(None, "no local process", process_reason=reason)
+    return Subject(found, command, pid_from=f"listening port {port}")
+
+
+def _visible_command(pid: int) -> str | None:
+    """``describe_process`` of a pid found from a port, or None when it is gone or not this user's to read."""
+    try:
+        return describe_process(pid)
+    except ValueError:
+        return None
+
+
+@dataclass
+class WatchResult:
+    """Everything one watch saw, on the shared clock; statistics and tables on demand. ``pid`` is None when
+    no process was sampled (``process_reason`` says why); ``pid_from`` says how a pid not given was found."""
+
+    pid: int | None
     command: str
     interval: float
     host: HostSeries
@@ -154,6 +204,8 @@ class WatchResult:
     signals: OutsideSignals | None = None
     diagnosis: OutsideDiagnosis | None = None
     server_metrics: ServerMetrics | None = None  # the service's own Prometheus metrics over the window
+    pid_from: str | None = None
+    process_reason: str = ""
 
     @property
     def window(self) -> tuple[float, float]:
@@ -225,7 +277,8 @@ class WatchResult:
             return frame.astype(object).where(frame.notna(), None).to_dict("records")
 
         return {
-            "pid": self.pid, "command": self.command, "target": self.target, "interval_s": self.interval,
+            "pid": self.pid, "pid_from": self.pid_from, "process_reason": self.process_reason or None,
+            "command": self.command, "target": self.target, "interval_s": self.interval,
             "window_s": clean(t1 - t0),
             "diagnosis": self.diagnosis.as_dict() if self.diagnosis else None,
             "threads": self.host.top_threads(8),
@@ -240,12 +293,45 @@ class WatchResult:
         }
 
 
-def watch(pid: int, url: str | None = None, inputs: Sequence[Any] | None = None, concurrency: int = 8,
+def _check_watch_args(pid: Any, url: str | None, duration_s: Any, inputs: Any) -> None:
+    """One clear error for each bad argument, before anything is sampled or sent."""
+    if pid is None and url is None:
+        raise ValueError("watch: give --pid PID (a local service's process) or --url URL (a service to drive, "
+                         "local or remote), or both")
+    if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int) or pid < 1):
+        raise ValueError(f"--pid {pid!r}: give the process id of a running service")
+    if not isinstance(duration_s, (int, float)) or duration_s <= 0:
+        raise ValueError(f"--duration {duration_s!r}: give a number of seconds > 0")
+    if url is not None and not str(url).startswith(("http://", "https://")):
+        raise ValueError(f"--url {url!r}: give an http:// URL of the service's endpoint, e.g. http://127.0.0.1:8000/embed")
+    if url is not None:
+        try:
+            url_host_port(url)
+        except ValueError as exc:
+            raise ValueError(f"--url {exc}") from None
+    if url is not None and not inputs:
+        raise ValueError("watch with --url needs request bodies (--data)")
+
+
+def _samplers(subject: Subject, interval: float, nvml: Any,
+              gpu_device: int | str | None) -> tuple[GpuSampler | None, HostSampler | None]:
+    """NVML's GPUs when the service runs on this machine (on another host they are not its GPUs), and the
+    process's threads, memory and disk when there is a process."""
+    gpu = GpuSampler(interval, nvml=nvml, device=gpu_device, pid=subject.pid or NO_PID) if subject.local else None
+    host = HostSampler(interval, pid=subject.pid) if subject.pid is not None else None
+    return gpu, host
+
+
+def watch(pid: int | None = None, url: str | None = None, inputs: Sequence[Any] | None = None, concurrency: int = 8,
           duration_s: float = 10.0, interval: float = 0.5, warmup_requests: int = 16,
           busy_probe: Callable[[], float | None] | None = None, nvml: Any = None,
           gpu_device: int | str | None = None, api: Any = None, metrics_url: str | None = None) -> WatchResult:
     """Sample process ``pid`` (threads, memory, disk; the GPU through NVML) for ``duration_s`` seconds, or
     while driving ``concurrency`` clients at ``url`` for ``duration_s`` measured seconds; diagnose it.
+
+    Without ``pid``, the process listening on ``url``'s port is watched when the URL's host is this machine
+    and the process is visible (``pid_from`` says so); else none is (``process_reason`` says why) and the
+    diagnosis uses the load, the server's metrics and, on this machine, NVML.
 
     ``busy_probe``: the service's running model-busy seconds (default: a scrape of ``metrics_url``, or of
     ``/metrics`` beside ``url``, which also reads TEI's and Triton's metrics (:mod:`tuning.load.scrape`); model
@@ -253,45 +339,52 @@ def watch(pid: int, url: str | None = None, inputs: Sequence[Any] | None = None,
     (:class:`tuning.load.apis.Api`; ``inputs`` are then its encoded bodies)."""
     from tuning.load.generator import run_load
 
-    if isinstance(pid, bool) or not isinstance(pid, int) or pid < 1:
-        raise ValueError(f"--pid {pid!r}: give the process id of a running service")
-    if not isinstance(duration_s, (int, float)) or duration_s <= 0:
-        raise ValueError(f"--duration {duration_s!r}: give a number of seconds > 0")
-    command = describe_process(pid)
-    if url is not None and not str(url).startswith(("http://", "https://")):
-        raise ValueError(f"--url {url!r}: give an http:// URL of the service's endpoint, e.g. http://127.0.0.1:8000/embed")
-    gpu_sampler = GpuSampler(interval, nvml=nvml, device=gpu_device, pid=pid)
-    host_sampler = HostSampler(interval, pid=pid)
+    _check_watch_args(pid, url, duration_s, inputs)
+    subject = watch_subject(pid, url)
+    gpu_sampler, host_sampler = _samplers(subject, interval, nvml, gpu_device)
     load = None
     probe = None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the GPU section says why it is empty
         with ExitStack() as stack:
-            stack.enter_context(gpu_sampler)
-            stack.enter_context(host_sampler)
+            for sampler in (gpu_sampler, host_sampler):
+                if sampler is not None:
+                    stack.enter_context(sampler)
             psutil.cpu_percent(None)  # the machine's CPU from here...
             me = psutil.Process()
             own0 = sum(me.cpu_times()[:2])
             t_start = _clock.now()
             if url is not None:
-                if not inputs:
-                    raise ValueError("watch with --url needs request bodies (--data)")
                 probe = MetricsProbe(_metrics_url(url, metrics_url)) if busy_probe is None else None
                 load = run_load(url_target(url, api), list(inputs), concurrency=concurrency, duration_s=duration_s,
                                 warmup_requests=warmup_requests, busy_probe=busy_probe or probe, api=api)
             else:
                 threading.Event().wait(duration_s)
-            process_gpu_mb = gpu_sampler.process_memory()
+            process_gpu_mb = gpu_sampler.process_memory() if gpu_sampler is not None and subject.pid else {}
             t_end = _clock.now()
-            machine_cpu = psutil.cpu_percent(None) / 100  # ...to here: every process, all cores
+            # ...to here: every process, all cores (of this machine: the service's only when it runs here)
+            machine_cpu = psutil.cpu_percent(None) / 100 if subject.local else math.nan
             watcher_cpu = (sum(me.cpu_times()[:2]) - own0) / max(t_end - t_start, 1e-9) * 100
-    result = WatchResult(pid, command, interval, host_sampler.series, gpu_sampler.series, t_start, t_end, load,
-                         url, process_gpu_mb, server_metrics=probe.result() if probe is not None else None)
+    host = host_sampler.series if host_sampler is not None else HostSeries()
+    gpu = gpu_sampler.series if gpu_sampler is not None else GpuSeries(False, _remote_gpu_reason(url))
+    result = WatchResult(subject.pid, subject.command, interval, host, gpu, t_start, t_end, load, url, process_gpu_mb,
+                         server_metrics=probe.result() if probe is not None else None, pid_from=subject.pid_from,
+                         process_reason=subject.process_reason)
+    return _diagnosed(result, machine_cpu, watcher_cpu)
+
+
+def _remote_gpu_reason(url: str | None) -> str:
+    host = url_host_port(url)[0] if url else "?"
+    return (f"the service runs on another host ({host}): NVML here would read this machine's GPUs, not its; "
+            "watch on its host for them")
+
+
+def _diagnosed(result: WatchResult, machine_cpu: float, watcher_cpu: float) -> WatchResult:
+    """The result with its signals over the window and the diagnosis from them."""
     t0, t1 = result.window
-    mb = sum(process_gpu_mb.values()) if process_gpu_mb else math.nan
-    result.signals = outside_signals(result.host, result.gpu, t0, t1, load.summary() if load else None, mb, machine_cpu,
-                                     watcher_cpu, result.server_metrics)
+    mb = sum(result.process_gpu_mb.values()) if result.process_gpu_mb else math.nan
+    result.signals = outside_signals(result.host, result.gpu, t0, t1, result.load.summary() if result.load else None,
+                                     mb, machine_cpu, watcher_cpu, result.server_metrics,
+                                     process_reason=result.process_reason)
     result.diagnosis = diagnose_outside(result.signals)
     return result
-
-

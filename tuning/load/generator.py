@@ -25,6 +25,8 @@ How it measures (see the README, "How latency is measured"):
   measured requests are those sent (closed loop) or scheduled (open loop) in the window;
   throughput counts the ok answers received in it.
 - Model busy is the server's running busy total read at the two edges of the window.
+- A test whose first :data:`EARLY_STOP_ERRORS` answers are all errors stops there (``stopped_early`` says so
+  with the first reason); every request already sent still gets its outcome, and all of them are measured.
 """
 
 from __future__ import annotations
@@ -66,6 +68,13 @@ def server_target(server: Server, keep_embeddings: bool = False) -> Target:
 
 
 CLIENT_BOTTLENECK = 0.8  # the client's loop thread busier than this share of a core: it may be the bottleneck
+# A load test whose first EARLY_STOP_ERRORS answers are all errors stops (a wrong route, body or API, nothing
+# listening): without it a 404 in a few milliseconds fired 80-105k requests in 2-5 s. Only "error" outcomes count:
+# a timeout (a server slow to warm up) or a rejection (503/429: overloaded, or still loading) is the server's
+# answer to load and ends the rule, as does any ok answer. 50 is more than one round of any usual concurrency's
+# first requests (a few connections reset while a server opens, a model's first call failing) and a small
+# fraction of a second of a wrong route.
+EARLY_STOP_ERRORS = 50
 
 
 def request_body(raw: Any) -> bytes:
@@ -276,6 +285,7 @@ class LoadResult:
     texts_per_request: int = 1  # --client-batch: texts each request carries
     api: dict[str, Any] | None = None  # the request schema spoken (tuning.load.apis.Api.describe), secrets masked
     engine_stats: dict[str, Any] = field(default_factory=dict)  # the load generator's own figures (locust's)
+    stopped_early: str | None = None  # why the test stopped before its end (its first answers were all errors)
 
     @property
     def window_s(self) -> float:
@@ -414,6 +424,7 @@ class LoadResult:
             "engine": self.engine, **({"engine_stats": self.engine_stats} if self.engine_stats else {}),
             "knobs": self.knobs.as_dict() if self.knobs else None,
             **({"api": self.api} if self.api else {}),
+            **({"stopped_early": self.stopped_early} if self.stopped_early else {}),
         }
 
 
@@ -460,6 +471,10 @@ class _Run:
         self.records: list[tuple[Response, str, float, float, float]] = []  # response, phase, sched, sent, recv
         self.stopped = False
         self._abandon = abandon
+        self.errors_first: int | None = 0  # errors answered while no other outcome came back; None once one did
+        self.first_error = ""
+        self.stopped_early: str | None = None
+        self.t_stopped: float | None = None
 
     def over(self) -> None:
         """The schedule is over: once every measured request has its outcome (not after a Ctrl-C, whose measured
@@ -522,6 +537,22 @@ class _Run:
             self.records.append((response, phase, scheduled, sent, received))
             if phase == "measured":
                 self.outstanding -= 1
+            self._count_first_errors(response, received)
+
+    def _count_first_errors(self, response: Response, now: float) -> None:
+        """Stop the test (no more tickets; what is in flight still gets its outcome) once the first
+        :data:`EARLY_STOP_ERRORS` answers are all errors. A bad input, never sent, neither counts nor ends the
+        count. Called under the lock."""
+        if self.errors_first is None or (response.reason or "").startswith("bad input"):
+            return
+        if response.outcome != "error":
+            self.errors_first = None
+            return
+        self.errors_first += 1
+        self.first_error = self.first_error or (response.reason or "error")
+        if self.errors_first >= EARLY_STOP_ERRORS and not self.stopped:
+            self.stopped_early = f"the first {EARLY_STOP_ERRORS} requests all failed: {self.first_error}"
+            self.stopped, self.t_stopped = True, now
 
 
 def _safe_call(target: Target, raw: Any, clock: _clock.Clock) -> Response:
@@ -607,15 +638,15 @@ def run_load(target: Target | Server | str, inputs: Sequence[Any], concurrency: 
     except KeyboardInterrupt as exc:  # Ctrl-C: no new requests; what was measured goes up with the interrupt
         run.stop()
         interrupted = exc
-    t0 = run.t0 if run.t0 is not None else run.t_begin
-    t1 = run.t1 if run.t1 is not None else clock()
-    measured = [rec for rec in run.records if rec[1] == "measured"]
+    t0, t1, measured = _measured(run, clock)
     result = LoadResult("closed" if rate is None else "open", concurrency, rate, [rec[0] for rec in measured],
                         t0, t1, run.series, warmup_requests=run.n_warm)
     result.timings = [(sched, sent, recv) for _, _, sched, sent, recv in measured]
     result.ok_in_window = sum(r.outcome == "ok" and t0 <= recv < t1 for r, _, _, _, recv in run.records)
     result.cooldown_requests = run.n_cool
     result.client_cpu = client_cpu
+    if run.stopped_early is not None:  # every request sent is measured: none was left out as warm-up or cool-down
+        result.stopped_early, result.warmup_requests, result.cooldown_requests = run.stopped_early, 0, 0
     if api is not None:
         result.texts_per_request, result.api = api.client_batch, api.describe()
     if len(run.busy) == 2 and run.busy[0][1] is not None and run.busy[1][1] is not None:
@@ -641,6 +672,17 @@ def run_load(target: Target | Server | str, inputs: Sequence[Any], concurrency: 
             "`--client-procs N` (one per core the client may use), or run the client on another machine", RuntimeWarning,
             stacklevel=2)
     return result
+
+
+def _measured(run: _Run, clock: _clock.Clock) -> tuple[float, float, list[tuple]]:
+    """The window and its records. A test stopped early (its first answers all errors) measures every request
+    it sent, warm-up included, from its start to its stop: it has no steady window to keep clean, and its errors
+    are its result (a test stopped in its warm-up would otherwise measure nothing and hide them)."""
+    if run.stopped_early is not None:
+        return run.t_begin, max(run.t_stopped, run.t_begin + 1e-9), list(run.records)
+    t0 = run.t0 if run.t0 is not None else run.t_begin
+    t1 = run.t1 if run.t1 is not None else clock()
+    return t0, t1, [rec for rec in run.records if rec[1] == "measured"]
 
 
 def attach_server(result: LoadResult, server: Server) -> LoadResult:

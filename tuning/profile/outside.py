@@ -4,8 +4,11 @@ Watching another process (``python -m tuning watch --pid PID``) sees its threads
 and disk rates, the GPU's NVML series (and that process's own share where NVML reports it), and,
 when the watch drives the load, what a client sees (QPS, latency). It does not see inside: which
 stage a request spends its time in, whether the model waits for input or batches wait for the
-model, batch sizes, kernel launches. The verdict uses only the first kind of evidence and says
-what it could not see, and how to see it (run the service under :class:`tuning.profile.Recorder`).
+model, batch sizes, kernel launches, except what the server's answers (stage times, batch sizes) or
+its own metrics (queue wait, inference, mean batch) give. The verdict uses only what was read and
+says what it could not see, and how to see it (run the service under :class:`tuning.profile.Recorder`).
+Watched by URL alone (a service remote or in a container), no process is read: no thread, CPU or
+disk evidence, so the rules that need it end ``inconclusive`` and say so.
 
 Rules (the investigation's, INVESTIGATION.md steps 1-2), thresholds shared with
 :mod:`tuning.profile.diagnose` plus :data:`LOW_POWER_FRAC`, :data:`HEARTBEAT_LOW_UTIL` and
@@ -59,6 +62,9 @@ CLIENT_BOUND_CPU = 0.80  # the load client's loop at 80% of a core: its requests
 OUTSIDE_KINDS = ("failing", "client-bound", "saturated", "fragmented", "starved", "contended", "single-threaded",
                  "blocked", "inconclusive", "idle")
 
+STAGES = ("read", "preprocess", "queue wait", "inference", "postprocess")  # a request's stages, as listed unseen
+NO_PROCESS = "no local process: the service is remote or in a container; give --pid when it is local"
+
 INSIDE = ("python -m tuning profile / loadtest --profile, or tuning.profile.Recorder around the service's own "
           "load test, in its process")
 
@@ -99,6 +105,9 @@ class OutsideSignals:
     server_inference_ms: float = math.nan  # mean inference time per request
     server_gpu_util: float = math.nan  # 0-1, the server's own (Triton's nv_gpu_utilization)
     model_busy: float = math.nan  # from the service's own metrics, when it exports tuning's
+    answer_mean_batch: float = math.nan  # the batch size the server's answers reported (this package's server does)
+    stages_seen: tuple[str, ...] = ()  # request stages whose times the server's answers carried (STAGES' names)
+    process_reason: str = ""  # why no process was sampled ("" when one was: its threads, memory and disk)
 
 
 @dataclass
@@ -119,8 +128,10 @@ def _known(x: Any) -> bool:
 
 def outside_signals(host: HostSeries, gpu: GpuSeries, t0: float, t1: float, load: dict[str, Any] | None = None,
                     process_gpu_mb: float = math.nan, machine_cpu: float = math.nan,
-                    watcher_cpu: float = math.nan, server_metrics: Any = None) -> OutsideSignals:
-    """The signals of the window ``[t0, t1]`` (the last host sample lands just after it closes)."""
+                    watcher_cpu: float = math.nan, server_metrics: Any = None,
+                    process_reason: str = "") -> OutsideSignals:
+    """The signals of the window ``[t0, t1]`` (the last host sample lands just after it closes).
+    ``process_reason``: why no process was sampled (``host`` is then empty), said where its signals are missing."""
     slack = 1.0 if host.samples else 0.0
     hf = host.to_frame()
     hf = hf[(hf.t >= t0) & (hf.t <= t1 + slack)]
@@ -147,7 +158,7 @@ def outside_signals(host: HostSeries, gpu: GpuSeries, t0: float, t1: float, load
         gpu_gap_share=float((util < HEARTBEAT_LOW_UTIL).mean()) if len(util) else math.nan,
         gpu_power_frac=float(power.mean()) if len(power) else math.nan,
         proc_gpu_util_mean=float(proc.mean()) if len(proc) else math.nan,
-        process_gpu_mb=process_gpu_mb,
+        process_gpu_mb=process_gpu_mb, process_reason=process_reason,
     )
     if load is not None:
         s.load_driven = True
@@ -157,6 +168,8 @@ def outside_signals(host: HostSeries, gpu: GpuSeries, t0: float, t1: float, load
         reasons = load.get("error_reasons") or []
         s.first_error = str(reasons[0]["reason"]) if reasons else ""
         s.client_cpu = float(load["client_cpu"]) if load.get("client_cpu") is not None else math.nan
+        s.answer_mean_batch = float(load["mean_batch"]) if load.get("mean_batch") is not None else math.nan
+        s.stages_seen = answered_stages(load.get("stages") or {})
     if server_metrics is not None:
         v = server_metrics.values
         s.metrics_exporter = server_metrics.exporter or ""
@@ -171,20 +184,58 @@ def outside_signals(host: HostSeries, gpu: GpuSeries, t0: float, t1: float, load
     return s
 
 
+def answered_stages(ledger: dict[str, dict[str, Any]]) -> tuple[str, ...]:
+    """The stages (:data:`STAGES`' names) whose times the answers carried: a load summary's ``stages`` ledger
+    with a p99 above zero (an answer without a stage's time counts it as 0)."""
+    return tuple(name.replace("_", " ") for name, figures in ledger.items()
+                 if isinstance(figures, dict) and (figures.get("p99_ms") or 0) > 0)
+
+
+def _stages_read(s: OutsideSignals) -> set[str]:
+    """Request stages whose times were read: from the answers, or as means from the server's metrics."""
+    seen = set(s.stages_seen)
+    if _known(s.server_queue_ms):
+        seen.add("queue wait")
+    if _known(s.server_inference_ms):
+        seen.add("inference")
+    return seen
+
+
+def _unseen_inside(s: OutsideSignals) -> list[str]:
+    """What only the inside of the service shows, less what its answers or its metrics gave."""
+    stages = _stages_read(s)
+    unseen = [stage for stage in STAGES if stage not in stages]
+    out = [f"per-request stage times ({', '.join(unseen)}): {INSIDE}"] if unseen else []
+    if not (_known(s.model_busy) and "queue wait" in stages):  # the model's idle share and the queue's wait tell both
+        out.append("whether the model waited for input (starved) or ready batches waited for the model (back-pressure)")
+    batch_read = _known(s.server_mean_batch) or _known(s.answer_mean_batch)
+    out.append(("" if batch_read else "batch sizes per model call and ")
+               + "kernel launch overhead (torch.profiler inside the process)")
+    return out
+
+
+def _unseen_process(s: OutsideSignals) -> list[str]:
+    """The watched process's own signals, or why there is no process to read them from."""
+    if s.process_reason:
+        return [f"per-thread CPU, memory, disk and GPU share of the service: {s.process_reason}"]
+    if not s.gpu_available:
+        return []
+    out = []
+    if not _known(s.proc_gpu_util_mean):
+        out.append("this process's own share of the GPU: NVML gave no per-process utilization for it (util.gpu "
+                   "counts every process's kernels; in a container NVML may list host pids)")
+    if not _known(s.process_gpu_mb):
+        out.append("which GPU this process uses: NVML does not list it among the compute processes (no GPU "
+                   "work, or another pid namespace); every GPU NVML sees is shown")
+    return out
+
+
 def cannot_see(s: OutsideSignals) -> list[str]:
-    """What a watch from outside could not see in this window, and where to see it."""
-    out = [f"per-request stage times (read, preprocess, queue wait, inference, postprocess): {INSIDE}",
-           "whether the model waited for input (starved) or ready batches waited for the model (back-pressure)",
-           "batch sizes per model call and kernel launch overhead (torch.profiler inside the process)"]
+    """What a watch from outside could not see in this window, and where to see it: computed from what was read
+    (the answers' stage times and batch sizes, the server's metrics, a process or none)."""
+    out = _unseen_inside(s) + _unseen_process(s)
     if not s.gpu_available:
         out.append(f"the accelerator: {s.gpu_reason or 'no GPU sampled'}")
-    else:
-        if not _known(s.proc_gpu_util_mean):
-            out.append("this process's own share of the GPU: NVML gave no per-process utilization for it (util.gpu "
-                       "counts every process's kernels; in a container NVML may list host pids)")
-        if not _known(s.process_gpu_mb):
-            out.append("which GPU this process uses: NVML does not list it among the compute processes (no GPU "
-                       "work, or another pid namespace); every GPU NVML sees is shown")
     if s.load_driven and not s.metrics_exporter:
         out.append("the server's own queue, batch and inference times: "
                    + (s.metrics_reason or "no metrics read") + " (pass --metrics-url where it exports Prometheus "
@@ -217,6 +268,14 @@ def diagnose_outside(s: OutsideSignals) -> OutsideDiagnosis:
 
     def verdict(kind: str, step: str) -> OutsideDiagnosis:
         return OutsideDiagnosis(kind, reasons, step, evidence, cannot_see(s))
+
+    def no_process() -> OutsideDiagnosis:
+        """Without a process, no thread, CPU or disk evidence: what was read does not decide the verdict."""
+        reasons.append(f"{s.process_reason} (its threads, CPU and disk were not read)")
+        return verdict("inconclusive", "What was read from outside does not decide it: watch where the service runs "
+                                       "(its host, or inside its container) with --pid"
+                       + ("" if s.metrics_exporter else ", or pass --metrics-url for the server's own queue, batch "
+                                                        "and inference times") + ".")
 
     server = [f"{name} {value}" for name, value in (
         ("mean batch", f"{s.server_mean_batch:.1f}" if _known(s.server_mean_batch) else None),
@@ -274,6 +333,8 @@ def diagnose_outside(s: OutsideSignals) -> OutsideDiagnosis:
         if heartbeat:
             reasons.append(f"heartbeat: peaks to {s.gpu_util_max:.0f}%, {s.gpu_gap_share:.0%} of samples under "
                            f"{HEARTBEAT_LOW_UTIL:.0f}%")
+        if not (working or disk or heartbeat) and s.process_reason:
+            return no_process()
         if working or disk or heartbeat:
             if working:
                 reasons.append(thread + (" (a single-threaded choke point)" if pegged else " (working)"))
@@ -303,6 +364,8 @@ def diagnose_outside(s: OutsideSignals) -> OutsideDiagnosis:
         reasons.append(contention)
         return verdict("contended", "Other processes hold the cores: measure on a quiet machine, pin the service "
                                     "to its own cores, or give it more; only then tune.")
+    if s.process_reason:
+        return no_process()
     if pegged:
         reasons.append(f"{thread} while the cores are not full ({cores}): a single-threaded choke point")
         return verdict("single-threaded", f"Spread thread '{s.max_thread_name}''s work: a worker pool, batched and "
