@@ -128,17 +128,21 @@ def _add_api_flags(p: argparse.ArgumentParser) -> None:
                    help="count any 2xx as ok (for a service whose answer is not one embedding per text)")
 
 
-def api_from_args(args: argparse.Namespace) -> Any:
-    """The :class:`tuning.load.apis.Api` the flags describe (an ApiError, exit 2, names a bad one)."""
+def api_from_args(args: argparse.Namespace, recipe: Any = None) -> Any:
+    """The :class:`tuning.load.apis.Api` the flags describe, a ``--server`` recipe filling in what they leave
+    out (an ApiError, exit 2, names a bad one)."""
     from tuning.load.apis import Api, parse_headers, parse_template
 
     template = parse_template(getattr(args, "body", None))
-    name = getattr(args, "api", None) or ("custom" if template is not None else "tuning")
+    defaults = dict(recipe.api_options) if recipe is not None else {}
+    name = getattr(args, "api", None) or ("custom" if template is not None else recipe.api if recipe else "tuning")
     if template is not None and name != "custom":
         raise UsageError(f"--body goes with --api custom (or no --api), not --api {name}: that API has its own body")
-    return Api(name, route=args.route, template=template, model_name=args.model_name, input_name=args.input_name,
-               output_name=args.output_name, headers=parse_headers(args.header), client_batch=args.client_batch,
-               validate=not args.no_validate, timeout_s=args.timeout)
+    given = {"route": args.route, "model_name": args.model_name, "output_name": args.output_name,
+             "input_name": args.input_name if args.input_name != "TEXT" else None}
+    fields = {**defaults, **{k: v for k, v in given.items() if v is not None}}
+    return Api(name, template=template, headers=parse_headers(args.header), client_batch=args.client_batch,
+               validate=not args.no_validate, timeout_s=args.timeout, **fields)
 
 
 def _api_inputs(args: argparse.Namespace, api: Any, inputs: list[Any]) -> list[Any]:
@@ -629,6 +633,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def cmd_investigate(args: argparse.Namespace) -> int:
     from tuning.cli import guard as cliguard
+
+    if args.url or args.cmd or args.server:
+        return cmd_investigate_service(args)
     from tuning.experiments.ladder import LadderError
     from tuning.present.investigation import investigate
     from tuning.present.tables import format_investigation
@@ -653,27 +660,12 @@ def cmd_investigate(args: argparse.Namespace) -> int:
 def cmd_tune(args: argparse.Namespace) -> int:
     """``tune``: the engine over a service's own knobs (each configuration started from --cmd, kept warm while
     measured, stopped when another is asked for)."""
-    from tuning.experiments.tune import CHECKPOINT, TuneSettings, parse_space, read_checkpoint, run_tune
+    from tuning.experiments.tune import CHECKPOINT, read_checkpoint, run_tune
     from tuning.present.html import render_tune
     from tuning.present.tables import format_tune
 
-    space = parse_space(args.space)
-    if "{port}" not in args.cmd:
-        raise UsageError("tune --cmd: put {port} where the server takes its port, e.g. --cmd 'python app.py --port {port}'")
-    missing = [n for n in space if "{" + n + "}" not in args.cmd]
-    if missing:
-        raise UsageError(f"tune --cmd: no {{{missing[0]}}} in the command, so --space {missing[0]} would change nothing")
-    api = api_from_args(args)
-    api.url(args.url.replace("{port}", "1"))  # a bad URL is named now, not per configuration
-    settings = TuneSettings.quick() if args.quick else TuneSettings()
-    if args.startup_timeout is not None:
-        import dataclasses
-
-        settings = dataclasses.replace(settings, startup_timeout_s=args.startup_timeout)
-    if args.strategy is not None:
-        import dataclasses
-
-        settings = dataclasses.replace(settings, strategy=args.strategy)
+    service = started_service(args, "tune")
+    space, api, settings = service["space"], service["api"], tune_settings(args)
     previous = read_checkpoint(args.resume) if args.resume is not None else None
     bodies = _api_inputs(args, api, _inputs(args))
     out = args.out if args.out is not None else args.resume  # a resumed run goes on writing where it was
@@ -690,8 +682,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
             tmp.write_text(text, encoding="utf-8")
             tmp.replace(out / name)  # never half a file, even on Ctrl-C
     say = (lambda line: None) if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
-    result = run_tune(args.cmd, space, args.url, bodies, api, args.target_p99_ms, settings, ready_url=args.ready_url,
-                      say=say, on_row=save, resume=previous)
+    result = run_tune(service["cmd"], space, service["url"], bodies, api, args.target_p99_ms, settings,
+                      ready_url=service["ready_url"], say=say, on_row=save, resume=previous,
+                      metrics_url=service["metrics_url"])
     save(result)
     code = _emit(args, result.summary(), lambda: format_tune(result))
     if result.interrupted:
@@ -707,22 +700,148 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return code if result.best is not None else 3
 
 
-def _add_tune_flags(p: argparse.ArgumentParser) -> None:
-    _add_data_flags(p)
-    p.add_argument("--cmd", required=True, help="the service's command line, with {port} and a {name} per --space")
-    p.add_argument("--space", action="append", required=True, metavar="NAME=V1,V2",
-                   help="a knob of the service and its values (repeatable)")
-    p.add_argument("--url", required=True, help="the endpoint, with {port}, e.g. http://127.0.0.1:{port}/predict")
+def started_service(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    """The service started per configuration (``tune``, ``investigate --cmd``): its command line, space, URL,
+    ready check, metrics URL and API, from the flags and the ``--server`` recipe (a flag given wins)."""
+    from tuning.experiments.tune import parse_space
+
+    recipe = _recipe(args)
+    space = parse_space(args.space) if args.space else (recipe.default_space() if recipe else parse_space([]))
+    if recipe is not None:
+        try:
+            cmd = recipe.command_line(args.cmd, list(space))
+        except ValueError as exc:
+            raise UsageError(f"{command}: {exc}") from None
+    elif args.cmd is None:
+        raise UsageError(f"{command}: give --cmd 'your server --port {{port}} ...' (or --server NAME for a recipe)")
+    else:
+        cmd = args.cmd
+    if "{port}" not in cmd:
+        raise UsageError(f"{command} --cmd: put {{port}} where the server takes its port, e.g. "
+                         "--cmd 'python app.py --port {port}'")
+    missing = [n for n in space if "{" + n + "}" not in cmd]
+    if missing:
+        raise UsageError(f"{command} --cmd: no {{{missing[0]}}} in the command, so --space {missing[0]} would "
+                         "change nothing")
+    url = args.url or (recipe.url if recipe else None)
+    if url is None:
+        raise UsageError(f"{command} --cmd: give --url with {{port}}, e.g. --url http://127.0.0.1:{{port}}/embed")
+    api = api_from_args(args, recipe)
+    api.url(url.replace("{port}", "1"))  # a bad URL is named now, not per configuration
+    return {"cmd": cmd, "space": space, "url": url, "api": api,
+            "ready_url": args.ready_url or (recipe.ready_url if recipe else None),
+            "metrics_url": args.metrics_url or (recipe.metrics_url if recipe else None)}
+
+
+def tune_settings(args: argparse.Namespace) -> Any:
+    """The engine's settings for a service: ``--quick``, ``--ready-timeout``, ``--strategy``, ``--concurrency``."""
+    import dataclasses
+
+    from tuning.experiments.tune import TuneSettings
+
+    settings = TuneSettings.quick() if args.quick else TuneSettings()
+    changes = {"startup_timeout_s": args.startup_timeout, "strategy": args.strategy,
+               "concurrency": getattr(args, "concurrency", None)}
+    return dataclasses.replace(settings, **{k: v for k, v in changes.items() if v is not None})
+
+
+def cmd_investigate_service(args: argparse.Namespace) -> int:
+    """``investigate --url`` (a running service) or ``--cmd`` (started per configuration): the engine, then
+    the baseline and the winner watched under load, in summary.json and report.html."""
+    from tuning.cli import guard as cliguard
+    from tuning.experiments.service import SUMMARY, investigate_service
+    from tuning.experiments.tune import read_checkpoint
+    from tuning.load.apis import request_bodies
+    from tuning.present.tables import format_service
+
+    _refuse(_given(args), ["--device", "--what-if", "--objective", "--model", "--error-budget", "--seed"],
+            "they set up the embedded pipeline; investigate --url/--cmd measures your service as it is")
+    settings = tune_settings(args)
+    inputs = _inputs(args)
+    if args.cmd is None and args.url is None:
+        raise UsageError("investigate --server: give --cmd (start it per configuration) or --url (it runs already)")
+    if args.cmd is not None:
+        service = started_service(args, "investigate")
+        url, api, space = service["url"], service["api"], service["space"]
+        cmd, ready, metrics = service["cmd"], service["ready_url"], service["metrics_url"]
+        _refuse(_given(args), ["--pid"], "with --cmd the process is found from its port")
+    else:
+        recipe = _recipe(args)
+        api, url, cmd, ready = api_from_args(args, recipe), args.url, None, None
+        api.url(url)
+        metrics = args.metrics_url
+        space = _space_or_none(args.space)
+    formatter = getattr(args, "formatter", None)
+    previous = read_checkpoint(args.resume, SUMMARY, "investigate") if args.resume is not None else None
+    if previous is not None and not previous.get("service"):
+        raise UsageError(f"--resume {args.resume}: that run investigated the embedded pipeline, not a service; "
+                         "run it without --url/--cmd, or this one without --resume")
+    out = args.out if args.resume is None or "--out" in _given(args) else args.resume
+    say = (lambda line: None) if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
+    inv = investigate_service(url, lambda a: request_bodies(a, inputs, formatter), api, args.target_p99_ms, settings,
+                              cmd=cmd, space=space, ready_url=ready, metrics_url=metrics, pid=args.pid, out=out,
+                              resume=previous, server=args.server, say=say)
+    code = _emit(args, inv.summary(), lambda: format_service(inv))
+    if inv.interrupted:
+        if out is not None:
+            say(f"go on with the same command and --resume {out}")
+        return cliguard.EXIT_INTERRUPTED
+    if inv.tune.error or not inv.tune.rows or all(r.error for r in inv.tune.rows):
+        return cliguard.EXIT_NOTHING
+    return code if inv.target_met else cliguard.EXIT_TARGET_MISSED
+
+
+def _recipe(args: argparse.Namespace) -> Any:
+    """The ``--server`` recipe (None without one; a usage error names the known ones)."""
+    if not args.server:
+        return None
+    from tuning.load.servers import recipe
+
+    try:
+        return recipe(args.server)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _space_or_none(items: Sequence[str] | None) -> dict[str, list[str]] | None:
+    from tuning.experiments.tune import parse_space
+
+    return parse_space(items) if items else None
+
+
+def _add_service_flags(p: argparse.ArgumentParser, command: str) -> None:
+    """How to start (or reach) the user's service: shared by ``tune`` and ``investigate --cmd/--url``."""
+    p.add_argument("--server", default=None, metavar="NAME",
+                   help="a server recipe (tei, infinity, vllm, litserve, triton, tuning): fills in the API, the URL, "
+                        "the ready check, the metrics URL, the port flags and a default --space "
+                        "(docs/your-service.md)")
+    p.add_argument("--cmd", default=None, help="the service's command line, with {port} (and {metrics_port}) and a "
+                   "{name} per --space; with --server, its flags are appended for you")
+    p.add_argument("--space", action="append", default=None, metavar="NAME=V1,V2",
+                   help="a knob of the service and its values (repeatable; the first value is the baseline)")
     p.add_argument("--ready-url", default=None, help="GET this (with {port}) until 2xx before measuring "
-                   "(default: until a first request is ok)")
-    p.add_argument("--startup-timeout", type=_positive_float, default=None,
-                   help="seconds a configuration may take to answer (default 180)")
-    p.add_argument("--target-p99-ms", type=_positive_float, default=500.0, help="the p99 target of the capacity")
-    p.add_argument("--quick", action="store_true", help="short windows and fewer pairs (the same design, "
-                   "docs/deciding.md)")
+                   "(default: the recipe's, else until a first request is ok)")
+    p.add_argument("--ready-timeout", "--startup-timeout", dest="startup_timeout", type=_positive_float, default=None,
+                   help="seconds a configuration may take to become ready; answers that say it is still loading "
+                        "(404, 503, refused connections) are waited through (default 180)")
     p.add_argument("--strategy", choices=("grid", "coordinate"), default=None,
                    help="how the space is explored: every configuration (grid, the default up to 16) or coordinate "
                         "descent from the first values (the default beyond)")
+    if command == "tune":
+        p.add_argument("--url", default=None, help="the endpoint, with {port}, e.g. http://127.0.0.1:{port}/predict "
+                       "(default: the recipe's)")
+        _add_metrics_flag(p)
+
+
+def _add_tune_flags(p: argparse.ArgumentParser) -> None:
+    from tuning.experiments.ladder import DEFAULT_TARGET_P99_MS
+
+    _add_data_flags(p)
+    _add_service_flags(p, "tune")
+    p.add_argument("--target-p99-ms", type=_positive_float, default=DEFAULT_TARGET_P99_MS,
+                   help="the p99 target of the capacity")
+    p.add_argument("--quick", action="store_true", help="short windows and fewer pairs (the same design, "
+                   "docs/deciding.md)")
     p.add_argument("--out", type=Path, default=None, help="write tune.json and tune.html (the table and the charts) "
                    "here, rewritten after every configuration")
     p.add_argument("--resume", type=Path, default=None, metavar="DIR",
@@ -740,6 +859,13 @@ def _add_investigate_flags(p: argparse.ArgumentParser) -> None:
 
     _add_data_flags(p)
     _add_model_flags(p)
+    p.add_argument("--url", default=None, help="your service: a running one at this endpoint (its capacity at the "
+                   "target, the client's levers, a diagnosis), or with --cmd the endpoint with {port}")
+    _add_service_flags(p, "investigate")
+    p.add_argument("--pid", type=_positive_int, default=None, help="--url: the service's process, for per-thread "
+                   "CPU and memory (default: the process listening on the URL's port, when it is on this machine)")
+    _add_api_flags(p)
+    _add_metrics_flag(p)
     p.add_argument("--quick", action="store_true", help="the same design with fewer windows: a 16-run screen, up to "
                    "8 confirmation pairs at a 10%% minimum effect, shorter target windows")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "sim"],

@@ -109,6 +109,8 @@ class Window:
     device_busy: float = math.nan
     mean_batch: float = math.nan
     steal_share: float = math.nan
+    server_queue_ms: float = math.nan  # the server's own timings over the window, where it exposes them
+    server_compute_ms: float = math.nan
     error: str | None = None  # the configuration could not be measured (ConfigError): no figures
     trial: Any = field(default=None, repr=False, compare=False)
 
@@ -123,7 +125,7 @@ class Window:
         names = {f.name for f in dataclasses.fields(cls)} - {"trial"}
         kw = {k: v for k, v in d.items() if k in names}
         for k in ("qps", "p50_ms", "p99_ms", "window_s", "fastest_ms", "lag_p99_ms", "model_busy", "device_busy",
-                  "mean_batch", "steal_share"):
+                  "mean_batch", "steal_share", "server_queue_ms", "server_compute_ms"):
             kw[k] = math.nan if kw.get(k) is None else float(kw[k])
         return cls(**kw)
 
@@ -143,7 +145,8 @@ def window_of(t: Trial, stage: str, kind: str, config: dict[str, Any], rate: flo
                   float(finite.min()) if finite.size else math.nan,
                   float(np.percentile(lags, 99)) if lags is not None and lags.size else math.nan,
                   client_lagged(lags, target_ms), False, _known(t.model_busy), _known(t.device_busy),
-                  _known(t.mean_batch), _known(t.steal_share), trial=t)
+                  _known(t.mean_batch), _known(t.steal_share), _known(getattr(t, "server_queue_ms", math.nan)),
+                  _known(getattr(t, "server_compute_ms", math.nan)), trial=t)
 
 
 class ReplayMismatch(RuntimeError):

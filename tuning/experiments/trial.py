@@ -46,6 +46,8 @@ class Trial:
     offered_rate: float = math.nan  # arrivals scheduled in the window per second (open loop)
     late: int = 0  # open loop: sends more than LATE_MS after their scheduled arrival
     steal_share: float = math.nan  # the CPU time the hypervisor gave other guests during the run (a busy host)
+    server_queue_ms: float = math.nan  # the server's own mean queue wait per request (its metrics, --metrics-url)
+    server_compute_ms: float = math.nan  # the server's own mean inference time per request (its metrics)
     latencies_ms: Any = field(default=None, repr=False, compare=False)
     lags_ms: Any = field(default=None, repr=False, compare=False)  # open loop: each send's lag after its schedule
     first_error: str | None = None

@@ -44,6 +44,7 @@ from tuning.base.net import free_port
 from tuning.experiments.engine import ConfigError, Decision, EngineSettings, Runner, Window, decide
 from tuning.experiments.search import SEARCHES, combos, strategy_for
 from tuning.experiments.trial import Trial
+from tuning.load.scrape import MetricsProbe
 
 CHECKPOINT = "tune.json"  # what ``--out DIR`` writes after every window and ``--resume DIR`` reads
 KEEP_WARM = 2  # servers kept running at once: the two arms of the confirmation's pairs
@@ -92,9 +93,11 @@ def parse_space(items: Sequence[str]) -> dict[str, list[str]]:
     return space
 
 
-def fill(template: str, values: dict[str, str], port: int) -> str:
-    """``template`` with ``{port}`` and each ``{name}`` replaced (a placeholder without a value is named)."""
+def fill(template: str, values: dict[str, str], port: int, metrics_port: int | None = None) -> str:
+    """``template`` with ``{port}``, ``{metrics_port}`` and each ``{name}`` replaced."""
     out = template.replace("{port}", str(port))
+    if metrics_port is not None:
+        out = out.replace("{metrics_port}", str(metrics_port))
     for name, value in values.items():
         out = out.replace("{" + name + "}", value)
     return out
@@ -181,6 +184,7 @@ class TuneRow:
     peak_memory_mb: float = math.nan
     startup_s: float = math.nan
     starts: int = 0
+    server: dict[str, float] = field(default_factory=dict)  # the server's own timings (--metrics-url), mean over windows
 
     def row(self) -> dict[str, Any]:
         cap = self.capacity
@@ -191,7 +195,8 @@ class TuneRow:
                 "met": bool(cap and cap.met), "p50_ms": rounded(best.p50_ms) if best else None,
                 "p99_ms": rounded(best.p99_ms) if best else None, "errors": best.errors if best else None,
                 "peak_memory_mb": rounded(self.peak_memory_mb), "startup_s": rounded(self.startup_s),
-                "starts": self.starts, "error": self.error, "command": self.command}
+                "starts": self.starts, "error": self.error, "command": self.command,
+                **{f"server_{k}": rounded(v) for k, v in self.server.items()}}
 
 
 def label(values: dict[str, str]) -> str:
@@ -270,17 +275,18 @@ def api_block(api: Any) -> dict[str, Any] | None:
     return {k: getattr(api, k, None) for k in keys}
 
 
-def read_checkpoint(directory: str | Path) -> dict[str, Any]:
-    """``DIR/tune.json`` of an earlier run, loaded (the message says what to give instead)."""
-    path = Path(directory) / CHECKPOINT
+def read_checkpoint(directory: str | Path, name: str = CHECKPOINT, command: str = "tune") -> dict[str, Any]:
+    """``DIR/tune.json`` of an earlier run (or ``name`` written by ``command``), loaded (the message says what
+    to give instead)."""
+    path = Path(directory) / name
     if not path.is_file():
-        raise FileNotFoundError(f"--resume {directory}: no {CHECKPOINT} there (give the --out of an earlier tune run)")
+        raise FileNotFoundError(f"--resume {directory}: no {name} there (give the --out of an earlier {command} run)")
     try:
         summary = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ValueError(f"--resume {directory}: {path} is not JSON ({exc}); run without --resume") from None
-    if not isinstance(summary, dict) or summary.get("command") != "tune":
-        raise ValueError(f"--resume {directory}: {path} was not written by tune; run without --resume")
+    if not isinstance(summary, dict) or summary.get("command") != command:
+        raise ValueError(f"--resume {directory}: {path} was not written by {command}; run without --resume")
     return summary
 
 
@@ -312,7 +318,7 @@ def check_resumable(previous: dict[str, Any], cmd: str, space: dict[str, list[st
     ``settings.windows()``) or requests (``bodies``: ``--data``, ``--limit``, the text field) is not this run's.
     ``settings``: this run's (default ``TuneSettings()``)."""
     settings = settings if settings is not None else TuneSettings()
-    if previous.get("cmd") is None:
+    if "cmd" not in previous:
         raise ValueError("cannot resume: that tune.json does not record its --cmd (written by an older version); "
                          "run without --resume")
     if "quick" not in previous or "windows" not in previous:
@@ -356,8 +362,10 @@ class HttpMeasure:
     """``measure(config, *, rate=None, record=False, seed=None, window_s=None) -> Trial`` against a URL: a closed
     loop at ``concurrency`` or Poisson arrivals at ``rate``, through ``api``."""
 
-    def __init__(self, url: str, bodies: Sequence[Any], api: Any, settings: TuneSettings):
+    def __init__(self, url: str, bodies: Sequence[Any], api: Any, settings: TuneSettings,
+                 metrics_url: str | None = None):
         self.url, self.bodies, self.api, self.settings = url, list(bodies), api, settings
+        self.metrics_url = metrics_url
         self.runs = 0
 
     def __call__(self, config: Any = None, *, rate: float | None = None, record: bool = False,
@@ -368,12 +376,28 @@ class HttpMeasure:
 
         s = self.settings
         self.runs += 1
+        probe = MetricsProbe(self.metrics_url) if self.metrics_url else None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             result = run_load(self.url, self.bodies, concurrency=s.concurrency if rate is None else 256,
                               duration_s=window_s or s.engine.window_s, rate=rate, warmup_s=s.warmup_s,
-                              seed=seed or 0, api=self.api)
-        return Trial.from_load(result)
+                              seed=seed or 0, api=self.api, busy_probe=probe)
+        return with_server_metrics(Trial.from_load(result), probe.result() if probe is not None else None)
+
+
+def with_server_metrics(trial: Trial, metrics: Any) -> Trial:
+    """``trial`` with the server's own timings over its window (a :class:`~tuning.load.scrape.ServerMetrics`):
+    its mean queue wait and inference per request, and its mean batch where the client could not see it."""
+    if metrics is None:
+        return trial
+    values = metrics.values
+    trial.server_queue_ms = values.get("queue_ms", math.nan)
+    trial.server_compute_ms = values.get("inference_ms", math.nan)
+    if not math.isfinite(trial.mean_batch) and "mean_batch" in values:
+        trial.mean_batch = values["mean_batch"]
+    if not math.isfinite(trial.model_busy) and "model_busy" in values:
+        trial.model_busy = values["model_busy"]
+    return trial
 
 
 class SwitchingMeasure:
@@ -385,9 +409,9 @@ class SwitchingMeasure:
     configuration's starts cost (command, start-up time, peak memory)."""
 
     def __init__(self, cmd: str, url: str, bodies: Sequence[Any], api: Any, settings: TuneSettings,
-                 ready_url: str | None, say: Callable[[str], None]):
+                 ready_url: str | None, say: Callable[[str], None], metrics_url: str | None = None):
         self.cmd, self.url, self.bodies, self.api, self.settings = cmd, url, bodies, api, settings
-        self.ready_url, self.say = ready_url, say
+        self.ready_url, self.say, self.metrics_url = ready_url, say, metrics_url
         self.running: dict[str, tuple[ServiceGroup, HttpMeasure]] = {}  # in the order last used
         self.rows: dict[str, TuneRow] = {}
         self.starts = 0
@@ -401,16 +425,19 @@ class SwitchingMeasure:
         while len(self.running) >= KEEP_WARM:
             self._stop(next(iter(self.running)))
         port = free_port()
+        metrics_port = free_port() if "{metrics_port}" in self.cmd + (self.metrics_url or "") else None
         row = self.row(values)
-        row.command = fill(self.cmd, values, port)
+        row.command = fill(self.cmd, values, port, metrics_port)
         self.say(f"starting: {row.command}")
         t0 = time.perf_counter()
         group = ServiceGroup(row.command)
-        measure = HttpMeasure(self.api.url(fill(self.url, values, port)), self.bodies, self.api, self.settings)
+        metrics = fill(self.metrics_url, values, port, metrics_port) if self.metrics_url else None
+        measure = HttpMeasure(self.api.url(fill(self.url, values, port, metrics_port)), self.bodies, self.api,
+                              self.settings, metrics)
         self.starts += 1
         row.starts += 1
         self.running[key] = (group, measure)
-        error = _wait_ready(group, measure, fill(self.ready_url, values, port) if self.ready_url else None,
+        error = _wait_ready(group, measure, fill(self.ready_url, values, port, metrics_port) if self.ready_url else None,
                             self.settings.startup_timeout_s)
         row.startup_s = time.perf_counter() - t0
         if error:
@@ -419,14 +446,19 @@ class SwitchingMeasure:
             raise ConfigError(error)
         return group, measure
 
-    def __call__(self, values: dict[str, str], *, rate: float | None = None, record: bool = False,
-                 seed: int | None = None, window_s: float | None = None) -> Trial:
+    def running_server(self, values: dict[str, str]) -> tuple[ServiceGroup, HttpMeasure]:
+        """That configuration's server, started if it is not running (the last used, last)."""
         key = label(values)
         entry = self.running.pop(key, None)
         if entry is None or not entry[0].alive():
             entry = self._start(values)
-        self.running[key] = entry  # the last used, last
-        group, measure = entry
+        self.running[key] = entry
+        return entry
+
+    def __call__(self, values: dict[str, str], *, rate: float | None = None, record: bool = False,
+                 seed: int | None = None, window_s: float | None = None) -> Trial:
+        key = label(values)
+        group, measure = self.running_server(values)
         trial = measure(values, rate=rate, seed=seed, window_s=window_s)
         if not group.alive():
             row = self.row(values)
@@ -459,12 +491,16 @@ class SwitchingMeasure:
 def run_tune(cmd: str, space: dict[str, list[str]], url: str, bodies: Sequence[Any], api: Any, target_p99_ms: float,
              settings: TuneSettings = TuneSettings(), ready_url: str | None = None,
              say: Callable[[str], None] | None = None, on_row: Callable[[TuneResult], None] | None = None,
-             resume: dict[str, Any] | None = None, measure: Callable[..., Trial] | None = None) -> TuneResult:
+             resume: dict[str, Any] | None = None, measure: Callable[..., Trial] | None = None,
+             metrics_url: str | None = None) -> TuneResult:
     """Decide on ``space`` with the engine (see the module docstring); Ctrl-C keeps what was measured.
 
     ``resume``: an earlier run's tune.json, loaded (:func:`read_checkpoint`), with the same command, space, URL,
     API, target, ``--quick`` and requests (else ValueError naming the difference): its windows are replayed, the
-    rest measured. ``on_row(result)`` runs after every window. ``measure``: replaces the servers (tests)."""
+    rest measured. ``on_row(result)`` runs after every window. ``measure``: replaces the servers (tests and
+    ``investigate --url``); a :class:`SwitchingMeasure` given here is the caller's to close (its servers stay up
+    for what comes after the decision). ``metrics_url``: the server's Prometheus metrics (with ``{port}`` or
+    ``{metrics_port}``), scraped around every window and joined into each configuration's row."""
     say = say or (lambda line: None)
     search = strategy_for(space, settings.strategy)
     result = TuneResult(space, search, target_p99_ms, settings, cmd=cmd, url=url, api=api_block(api),
@@ -475,8 +511,11 @@ def run_tune(cmd: str, space: dict[str, list[str]], url: str, bodies: Sequence[A
         replay = list(((resume.get("state") or {}).get("log")) or [])
         result.resumed = len(replay)
         say(f"resumed: {len(replay)} windows from the earlier run are replayed, not measured again")
-    switching = SwitchingMeasure(cmd, url, bodies, api, settings, ready_url, say) if measure is None else None
-    measure_fn = measure or switching
+    owned = measure is None
+    if owned:
+        measure = SwitchingMeasure(cmd, url, bodies, api, settings, ready_url, say, metrics_url)
+    switching = measure if isinstance(measure, SwitchingMeasure) else None
+    measure_fn = measure
     baseline = combos(space)[0]
 
     def on_window(w: Window) -> None:
@@ -497,7 +536,7 @@ def run_tune(cmd: str, space: dict[str, list[str]], url: str, bodies: Sequence[A
         result.error = str(exc)
         say(f"cannot decide: {exc}")
     finally:
-        if switching is not None:
+        if owned and switching is not None:
             switching.close()
         _refresh_rows(result, switching)
     return result
@@ -521,6 +560,7 @@ def _refresh_rows(result: TuneResult, switching: SwitchingMeasure | None) -> Non
         ws = [w.qps for w in result.windows_log if label(w.config) == key and w.kind == "throughput" and w.qps > 0]
         row.windows = len(ws)
         row.qps = float(sum(ws) / len(ws)) if ws else math.nan
+        row.server = server_means([w for w in result.windows_log if label(w.config) == key and w.kind == "throughput"])
         c = ranked.get(key)
         if c is not None:
             row.ratio = rounded(math.exp(c.log_ratio))
@@ -529,6 +569,20 @@ def _refresh_rows(result: TuneResult, switching: SwitchingMeasure | None) -> Non
         baseline_key = label(d.baseline) if d is not None else None
         row.capacity = checks.get("baseline" if key == baseline_key and "baseline" in checks else key, row.capacity)
     result.rows = list(seen.values())
+
+
+SERVER_FIELDS = {"queue_ms": "server_queue_ms", "compute_ms": "server_compute_ms", "mean_batch": "mean_batch"}
+
+
+def server_means(windows: Sequence[Window]) -> dict[str, float]:
+    """The server's own timings (queue wait and inference per request, mean batch) over its throughput windows,
+    where its metrics gave them."""
+    out = {}
+    for name, attr in SERVER_FIELDS.items():
+        values = [getattr(w, attr) for w in windows if math.isfinite(getattr(w, attr))]
+        if values:
+            out[name] = float(sum(values) / len(values))
+    return out
 
 
 # answers of a server that is up but still loading its model (Triton opens HTTP first and says 404 for a model not

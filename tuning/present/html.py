@@ -500,10 +500,10 @@ def tune_throughput_sentence(s: dict[str, Any]) -> str:
     return head + " Error bars: 95% intervals of each configuration's throughput over the baseline's."
 
 
-_TUNE_COLUMNS_TAIL = ["throughput req/s", "ratio [95%]", "windows", "capacity req/s", "p99 ms", "peak MB", "starts"]
 
 
-def render_tune(result: Any, resume_dir: Any = None) -> str:
+def render_tune(result: Any, resume_dir: Any = None, title: str = "tune: the service's own knobs",
+                extra: str = "") -> str:
     """``tune``'s page (tune.html): the table, the exploration, the confirmation, the target checks, the
     command line to run. ``result``: a ``TuneResult`` or its summary (tune.json, loaded); ``resume_dir``: where
     ``--resume`` would go on from (named in the banner of a run cut short)."""
@@ -514,11 +514,12 @@ def render_tune(result: Any, resume_dir: Any = None) -> str:
     space = list(s.get("space") or {})
     target = s.get("target_p99_ms")
     charts = _Charts()
-    rows = tune_rows(s.get("rows") or [], space)
-    columns = [(k, k) for k in space] + [(k, k) for k in _TUNE_COLUMNS_TAIL]
+    unit = "texts/s" if (s.get("service") or {}).get("texts_per_s") else "req/s"
+    rows = tune_rows(s.get("rows") or [], space, unit)
+    columns = [(k, k) for k in (list(rows[0]) if rows else space)]
     errors = [r for r in s.get("rows") or [] if r.get("error")]
     best = s.get("best")
-    table = _table(rows, columns, lambda r: "failed" if r["throughput req/s"] == "error" else "kept")
+    table = _table(rows, columns, lambda r: "failed" if r[f"throughput {unit}"] == "error" else "kept")
     body = ["<p>How tune decides is on one page, <code>docs/deciding.md</code>: every configuration's sustained "
             "throughput (closed loop, its server started once and kept warm), the best confirmed against the "
             "baseline (the first value of every <code>--space</code>) on interleaved pairs, then the target checked "
@@ -532,7 +533,7 @@ def render_tune(result: Any, resume_dir: Any = None) -> str:
                 _section("target", "Target checks",
                          charts.block(lambda: viz.target_check_chart(s), lambda: tune_probes_sentence(s)))]
     if best:
-        ship = [f"<p>{best['capacity']:.1f} req/s at p99 ≤ {fixed(target, '.0f')} ms. Run it:</p>",
+        ship = [f"<p>{best['capacity']:.1f} {unit} at p99 ≤ {fixed(target, '.0f')} ms. Run it:</p>",
                 f"<pre>{_esc(best.get('command'))}</pre>"]
         if s.get("indeterminate"):
             ship.append(f'<p class="note">{_esc(s["indeterminate"])}.</p>')
@@ -556,8 +557,9 @@ def render_tune(result: Any, resume_dir: Any = None) -> str:
             + (f'<p class="muted">command: <code>{_esc(s.get("cmd"))}</code></p>' if s.get("cmd") else "")
             + alerts
             + (f'<p class="headline">Ship: {_esc(" ".join(f"{k}={best.get(k)}" for k in space))} at '
-               f'{best["capacity"]:.1f} req/s.</p>' if best else ""))
-    return _page("tuning tune report", head + "".join(sections))
+               f'{best["capacity"]:.1f} {unit}.</p>' if best else ""))
+    return _page("tuning tune report", head.replace("<h1>tune: the service's own knobs</h1>", f"<h1>{_esc(title)}</h1>")
+                 + "".join(sections) + extra)
 
 
 def _knob(v: Any) -> Any:
@@ -566,3 +568,47 @@ def _knob(v: Any) -> Any:
     if isinstance(v, dict):
         return ", ".join(f"{k}={_knob(x)}" for k, x in v.items())
     return v
+
+
+_STAGE_COLUMNS = [("role", "configuration"), ("total_ms", "total ms"), ("client_ms", "client ms"),
+                  ("network_ms", "network ms"), ("server_queue_ms", "server queue ms"),
+                  ("server_compute_ms", "server compute ms"), ("source", "server timings from")]
+
+
+def render_service(summary: dict[str, Any], resume_dir: Any = None) -> str:
+    """``investigate --url`` / ``--cmd``'s report.html: the engine's page (:func:`render_tune`) with the
+    diagnosis of the baseline and the recommended configuration, and where their latency went."""
+    service = summary.get("service") or {}
+    where = "a running service (--url)" if service.get("mode") == "url" else "a service started per configuration"
+    title = f"investigate: {where}" + (f", --server {service['server']}" if service.get("server") else "")
+    return render_tune(summary, resume_dir, title=title, extra=_diagnosis_sections(summary.get("diagnosis") or {}))
+
+
+def _diagnosis_sections(diagnosed: dict[str, Any]) -> str:
+    if not diagnosed:
+        return ""
+    stages = [{"role": f"{role}: {' '.join(f'{k}={v}' for k, v in (d.get('configuration') or {}).items()) or 'as it runs'}",
+               **{k: fixed(v, ".1f", "-") if isinstance(v, (int, float)) else (v or "-")
+                  for k, v in (d.get("stages") or {}).items()}}
+              for role, d in diagnosed.items() if d.get("stages")]
+    body = ["<p>Each configuration watched under a closed loop: the mean latency of an ok answer split into the "
+            "client's wait before sending, the network and HTTP front, and the server's own queue and compute "
+            "(from its answers' timing headers or its metrics; without either, the network column holds the "
+            "server's time too).</p>"]
+    if stages:
+        body.append(_table(stages, _STAGE_COLUMNS))
+    for role, d in diagnosed.items():
+        body.append(f"<h3>{_esc(role)}</h3>")
+        if d.get("error"):
+            body.append(f'<p class="miss">could not be watched: {_esc(d["error"])}</p>')
+            continue
+        diag = d.get("diagnosis") or {}
+        body.append(f"<p><b>{_esc(diag.get('kind', '?'))}</b>: {_esc('; '.join(diag.get('reasons') or []))}</p>"
+                    f"<p>Next: {_esc(diag.get('next_step', ''))}</p>")
+        if diag.get("cannot_see"):
+            body.append("<p class=\"muted\">Not visible from outside: " + _esc("; ".join(diag["cannot_see"])) + "</p>")
+        threads = d.get("threads") or []
+        if threads:
+            body.append(_table([{k: t.get(k) for k in ("name", "cpu_percent")} for t in threads],
+                               [("name", "thread"), ("cpu_percent", "CPU %")]))
+    return _section("diagnosis", "Diagnosis of the baseline and the recommended configuration", "".join(body))

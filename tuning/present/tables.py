@@ -259,10 +259,18 @@ def format_investigation(inv: Investigation) -> str:
     return "\n".join(lines)
 
 
-def tune_rows(rows: Any, space: Any) -> list[dict[str, Any]]:
+SERVER_COLUMNS = {"server_queue_ms": "server queue ms", "server_compute_ms": "server compute ms",
+                  "server_mean_batch": "server batch"}
+
+
+def tune_rows(rows: Any, space: Any, unit: str = "req/s") -> list[dict[str, Any]]:
     """``tune``'s table rows from its summary rows (``TuneRow.row()``, or tune.json's ``rows``): the knobs, the
-    sustained throughput and its ratio over the baseline's, the capacity where checked, peak memory, starts."""
+    sustained throughput and its ratio over the baseline's, the capacity where checked, the server's own
+    timings where its metrics gave them, peak memory, starts. ``unit``: req/s, or texts/s where configurations
+    send different numbers of texts per request."""
     out = []
+    server = [k for k in ("server_queue_ms", "server_compute_ms", "server_mean_batch")
+              if any(r.get(k) is not None for r in rows)]
     for row in rows:
         ratio = row.get("throughput_ratio")
         span = (f"{ratio:.3f} [{fixed(row.get('low'), '.3f', '?')}-{fixed(row.get('high'), '.3f', '?')}]"
@@ -270,18 +278,21 @@ def tune_rows(rows: Any, space: Any) -> list[dict[str, Any]]:
         cap = ("-" if not row.get("checked") else f"{row['capacity']:.1f}" if row.get("capacity") is not None
                else "not met")
         out.append({**{k: row.get(k) for k in space},
-                    "throughput req/s": "error" if row.get("error") else fixed(row.get("qps"), ".1f", "-"),
-                    "ratio [95%]": span, "windows": row.get("windows"), "capacity req/s": cap,
-                    "p99 ms": fixed(row.get("p99_ms"), ".0f", "-"), "peak MB": fixed(row.get("peak_memory_mb"), ".0f", "-"),
-                    "starts": row.get("starts")})
+                    f"throughput {unit}": "error" if row.get("error") else fixed(row.get("qps"), ".1f", "-"),
+                    "ratio [95%]": span, "windows": row.get("windows"), f"capacity {unit}": cap,
+                    "p99 ms": fixed(row.get("p99_ms"), ".0f", "-"),
+                    **{SERVER_COLUMNS[k]: fixed(row.get(k), ".1f", "-") for k in server},
+                    "peak MB": fixed(row.get("peak_memory_mb"), ".0f", "-"), "starts": row.get("starts")})
     return out
 
 
-def format_tune(result: Any) -> str:
-    """``tune``'s ending: the table, the confirmation, the target checks, and the configuration to run."""
+def format_tune(result: Any, unit: str = "req/s", command: str = "tune") -> str:
+    """``tune``'s ending: the table, the confirmation, the target checks, and the configuration to run
+    (``unit``: texts/s where configurations send different numbers of texts per request)."""
     s = result.summary()
-    rows = tune_rows(s["rows"], result.space)
-    lines = [f"tune: {len(result.rows)} configurations ({result.search}), capacity at p99 <= {result.target_p99_ms:.0f} ms"]
+    rows = tune_rows(s["rows"], result.space, unit)
+    lines = [f"{command}: {len(result.rows)} configurations ({result.search}), capacity at p99 <= "
+             f"{result.target_p99_ms:.0f} ms"]
     if result.resumed:
         lines[0] += f"; {result.resumed} windows from the earlier run (--resume, not measured again)"
     if rows:
@@ -293,7 +304,7 @@ def format_tune(result: Any) -> str:
         lines.append(f"confirmation of {c['candidate']} against the baseline: {c['verdict']} after {c['pairs']} pairs, "
                      f"x{fixed(c.get('ratio'), '.3f')} [{fixed(c.get('low'), '.3f')}-{fixed(c.get('high'), '.3f')}]")
     for c in s["target_checks"]:
-        lines.append(f"target check of {c['configuration']}: capacity {fixed(c.get('capacity'), '.1f', 'none')} req/s")
+        lines.append(f"target check of {c['configuration']}: capacity {fixed(c.get('capacity'), '.1f', 'none')} {unit}")
     if s.get("indeterminate"):
         lines.append(f"indeterminate: {s['indeterminate']}")
     if result.interrupted:
@@ -305,7 +316,33 @@ def format_tune(result: Any) -> str:
         if not result.interrupted and not result.error:
             lines.append(f"TARGET NOT MET: no configuration kept p99 <= {result.target_p99_ms:.0f} ms at any rate tried")
     else:
-        lines.append(f"ship: {best.capacity.capacity:.1f} req/s at p99 <= {result.target_p99_ms:.0f} ms with "
-                     f"{' '.join(f'{k}={v}' for k, v in best.values.items())}")
-        lines.append(f"run it: {best.command}")
+        lines.append(f"ship: {best.capacity.capacity:.1f} {unit} at p99 <= {result.target_p99_ms:.0f} ms with "
+                     f"{' '.join(f'{k}={v}' for k, v in best.values.items()) or 'the service as it runs'}")
+        if best.command:
+            lines.append(f"run it: {best.command}")
+    return "\n".join(lines)
+
+
+def format_service(inv: Any) -> str:
+    """``investigate --url`` / ``--cmd``'s ending: the engine's table and decision (as ``tune``), each watched
+    configuration's diagnosis and latency stages, and what to ship."""
+    s = inv.summary()
+    unit = "texts/s" if s["service"]["texts_per_s"] else "req/s"
+    lines = [format_tune(inv.tune, unit, "investigate")]
+    for role, d in (s.get("diagnosis") or {}).items():
+        if d.get("error"):
+            lines.append(f"{role}: could not be watched: {d['error']}")
+            continue
+        diag = d.get("diagnosis") or {}
+        lines.append(f"{role}: {diag.get('kind', '?')}: {'; '.join(diag.get('reasons') or [])}")
+        st = d.get("stages") or {}
+        if st.get("total_ms") is not None:
+            server = (f"server {fixed(st.get('server_ms'), '.1f')} ms from {st['source']}" if st.get("source")
+                      else "server time not exposed (in network)")
+            lines.append(f"  latency {fixed(st['total_ms'], '.1f')} ms: client {fixed(st.get('client_ms'), '.1f')}, "
+                         f"network {fixed(st.get('network_ms'), '.1f')}, {server}")
+        if diag.get("cannot_see"):
+            lines.append(f"  not visible: {'; '.join(diag['cannot_see'])}")
+    if inv.out is not None:
+        lines.append(f"files: {inv.out / 'report.html'}, {inv.out / 'summary.json'}")
     return "\n".join(lines)
