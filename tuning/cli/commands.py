@@ -752,6 +752,7 @@ def cmd_investigate_service(args: argparse.Namespace) -> int:
     from tuning.experiments.service import SUMMARY, investigate_service
     from tuning.experiments.tune import read_checkpoint
     from tuning.load.apis import request_bodies
+    from tuning.present.service import write_service_files
     from tuning.present.tables import format_service
 
     _refuse(_given(args), ["--device", "--what-if", "--objective", "--model", "--error-budget", "--seed"],
@@ -780,7 +781,7 @@ def cmd_investigate_service(args: argparse.Namespace) -> int:
     say = (lambda line: None) if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
     inv = investigate_service(url, lambda a: request_bodies(a, inputs, formatter), api, args.target_p99_ms, settings,
                               cmd=cmd, space=space, ready_url=ready, metrics_url=metrics, pid=args.pid, out=out,
-                              resume=previous, server=args.server, say=say)
+                              resume=previous, server=args.server, say=say, on_save=write_service_files)
     code = _emit(args, inv.summary(), lambda: format_service(inv))
     if inv.interrupted:
         if out is not None:

@@ -21,14 +21,12 @@ replays its windows) and ``report.html``.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from tuning.base.contract import with_schema
 from tuning.base.format import rounded
 from tuning.experiments.engine import ConfigError
 from tuning.experiments.trial import Trial
@@ -188,16 +186,18 @@ def investigate_service(url: str, encode: Callable[[Any], list[Any]], api: Any, 
                         ready_url: str | None = None, metrics_url: str | None = None, pid: int | None = None,
                         out: Path | None = None, resume: dict[str, Any] | None = None, server: str | None = None,
                         say: Callable[[str], None] | None = None, diagnose_s: float = DIAGNOSE_S,
-                        watch_fn: Callable[..., Any] | None = None,
-                        measure: Callable[..., Trial] | None = None) -> ServiceInvestigation:
+                        watch_fn: Callable[..., Any] | None = None, measure: Callable[..., Trial] | None = None,
+                        on_save: Callable[[ServiceInvestigation], None] | None = None) -> ServiceInvestigation:
     """Decide with the engine, then diagnose the baseline and the winner (see the module docstring).
 
     ``encode(api) -> bodies``: the requests for that API (its ``client_batch`` texts each). ``cmd``: start each
     configuration from it (``space`` its knobs); without it ``url`` is a running service and ``space`` may name
-    ``client_batch`` only. ``out``: ``summary.json`` and ``report.html`` are written there after every window.
+    ``client_batch`` only. ``on_save(inv)`` runs after every window and every diagnosis (the CLI writes
+    ``summary.json`` and ``report.html`` to ``out`` there: :func:`tuning.present.service.write_service_files`).
     ``resume``: an earlier run's summary.json (same settings). ``watch_fn`` and ``measure``: replace the watch
     and the load (tests)."""
     say = say or (lambda line: None)
+    write_files = on_save or (lambda inv: None)
     t0 = time.perf_counter()
     mode = "cmd" if cmd else "url"
     if mode == "url":
@@ -219,8 +219,8 @@ def investigate_service(url: str, encode: Callable[[Any], list[Any]], api: Any, 
         inv.tune = run_tune(cmd, space, url, encode(api), api, target_p99_ms, settings, ready_url, say, save, resume,
                             measure, metrics_url)
         if not inv.tune.interrupted and inv.tune.decision is not None:
-            diagnose_roles(inv, measure, (url, encode(api), api, metrics_url), settings, diagnose_s, pid, say,
-                           watch_fn)
+            diagnose_roles(inv, measure, (url, encode, api, metrics_url), settings, diagnose_s, pid, say,
+                           watch_fn, write_files)
     except KeyboardInterrupt:
         inv.tune.interrupted = True
         say("interrupted: what was measured is kept")
@@ -242,9 +242,9 @@ def roles(result: TuneResult) -> list[tuple[str, dict[str, str]]]:
     return out
 
 
-def diagnose_roles(inv: ServiceInvestigation, measure: Any, plain: tuple[str, list, Any, str | None],
+def diagnose_roles(inv: ServiceInvestigation, measure: Any, plain: tuple[str, Callable, Any, str | None],
                    settings: TuneSettings, duration_s: float, pid: int | None, say: Callable[[str], None],
-                   watch_fn: Callable[..., Any] | None) -> None:
+                   watch_fn: Callable[..., Any] | None, saved: Callable[[ServiceInvestigation], None]) -> None:
     """Watch each role's configuration under a closed loop at the engine's concurrency: per-thread CPU and
     memory (a local process), the server's metrics, NVML, a diagnosis, and the latency's stages. A role that
     cannot be watched keeps its error."""
@@ -265,31 +265,20 @@ def diagnose_roles(inv: ServiceInvestigation, measure: Any, plain: tuple[str, li
         inv.diagnosed[role] = {"configuration": values, **summary,
                                "stages": stage_split(watched.load, watched.server_metrics)
                                if watched.load is not None else None}
-        write_files(inv)
+        saved(inv)
 
 
-def _endpoint(measure: Any, values: dict[str, str], plain: tuple[str, list, Any, str | None]) -> tuple[str, list, Any, Any]:
+def _endpoint(measure: Any, values: dict[str, str], plain: tuple[str, Callable, Any, str | None]) -> tuple[str, list, Any, Any]:
     """(URL, bodies, API, metrics URL) of one configuration: its running server's (``--cmd``, started if need
-    be), the running service's with that many texts per request (``--url``), else ``plain`` (a test's measure)."""
+    be), the running service's with that many texts per request (``--url``), else ``plain``'s URL with that
+    configuration's texts per request (a test's measure)."""
     if isinstance(measure, SwitchingMeasure):
         _, http = measure.running_server(values)
         return http.url, http.bodies, http.api, http.metrics_url
     if isinstance(measure, ClientMeasure):
         http = measure.http(values)
         return http.url, http.bodies, http.api, http.metrics_url
-    return plain
-
-
-def write_files(inv: ServiceInvestigation) -> None:
-    """``summary.json`` and ``report.html`` in ``inv.out``, each replaced whole (never half a file)."""
-    if inv.out is None:
-        return
-    from tuning.present.html import render_service
-
-    inv.out.mkdir(parents=True, exist_ok=True)
-    summary = inv.summary()
-    for name, text in ((SUMMARY, json.dumps(with_schema(summary), indent=2, default=str)),
-                       (REPORT, render_service(summary, resume_dir=inv.out))):
-        tmp = inv.out / f"{name}.tmp"
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(inv.out / name)
+    url, encode, api, metrics_url = plain
+    if "client_batch" in values:
+        api = dataclasses.replace(api, client_batch=int(values["client_batch"]))
+    return url, encode(api), api, metrics_url

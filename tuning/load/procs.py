@@ -107,6 +107,7 @@ def merge(results: Sequence[LoadResult]) -> LoadResult:
     merged.client_cpu = sum(cpus) if cpus else None
     merged.busy_s, merged.busy_window = first.busy_s, first.busy_window
     merged.texts_per_request, merged.api, merged.engine = first.texts_per_request, first.api, first.engine
+    merged.stopped_early = next((r.stopped_early for r in results if getattr(r, "stopped_early", None)), None)
     return merged
 
 

@@ -155,7 +155,10 @@ def format_watch(result: WatchResult) -> str:
     s = result.summary()
     d = s["diagnosis"]
     t0, t1 = result.window
-    lines = [f"watched pid {result.pid} ({result.command}) for {result.t_end - result.t_start:.1f} s every "
+    found = f", found from its {result.pid_from}" if getattr(result, "pid_from", None) else ""
+    subject = (f"pid {result.pid} ({result.command}{found})" if result.pid is not None
+               else f"no local process ({getattr(result, 'process_reason', '') or 'none found'})")
+    lines = [f"watched {subject} for {result.t_end - result.t_start:.1f} s every "
              f"{result.interval:g} s" + (f", driving load at {result.target}" if result.target else ", no load driven"), ""]
     trend = result.trend_frame()
     if not trend.empty:

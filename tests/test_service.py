@@ -1,0 +1,171 @@
+"""``investigate --url`` (a running service) and ``--cmd`` (started per configuration): the engine, the
+diagnosis of the baseline and the winner, the files and ``--resume`` (tuning.experiments.service)."""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from tests.worlds import World
+from tuning.experiments.service import (
+    SUMMARY,
+    ClientMeasure,
+    ServiceError,
+    client_space,
+    investigate_service,
+    per_text,
+    stage_split,
+)
+from tuning.experiments.trial import Trial
+from tuning.experiments.tune import TuneSettings, read_checkpoint
+from tuning.load.apis import Api
+from tuning.online.response import Response
+from tuning.present.service import write_service_files
+
+TEI = Api("tei")
+CUSTOM_ONE = Api("custom", template={"input": "{text}"})
+
+
+def test_a_running_service_s_lever_is_texts_per_request_where_its_api_carries_several():
+    assert client_space(TEI) == {"client_batch": ["1", "4", "16"]}
+    assert client_space(TEI, {"client_batch": ["1", "8"]}) == {"client_batch": ["1", "8"]}
+    assert client_space(CUSTOM_ONE) == {}  # one text per request: the target check alone
+    assert client_space(Api("custom", template={"input": "{texts}"}), None) == {"client_batch": ["1", "4", "16"]}
+
+
+@pytest.mark.parametrize("api, space, named", [
+    (TEI, {"max_batch_tokens": ["1", "2"]}, "--cmd to restart it"),
+    (TEI, {"client_batch": ["1", "x"]}, "'x' is not a whole number"),
+    (CUSTOM_ONE, {"client_batch": ["1", "4"]}, "sends one text per request"),
+])
+def test_a_lever_the_client_does_not_hold_is_named_with_the_fix(api, space, named):
+    with pytest.raises(ServiceError, match=named):
+        client_space(api, space)
+
+
+def test_rates_are_texts_per_second_when_a_request_carries_several():
+    t = Trial(qps=100.0, p99_ms=20.0, rate=50.0, offered_rate=49.0, ok=300, submitted=300)
+    scaled = per_text(t, 8)
+    assert (scaled.qps, scaled.rate, scaled.offered_rate) == (800.0, 400.0, 392.0)
+    assert scaled.p99_ms == 20.0 and scaled.ok == 300  # latencies and outcomes stay per request
+    assert per_text(t, 1) is t
+
+
+def test_a_target_window_at_a_texts_rate_holds_the_engine_s_number_of_requests():
+    settings = TuneSettings.quick()
+    seen = {}
+
+    class Http:
+        def __call__(self, values, *, rate=None, seed=None, window_s=None):
+            seen.update(rate=rate, window_s=window_s)
+            return Trial(qps=rate or 10.0, p99_ms=5.0, rate=rate, ok=10, submitted=10)
+
+    measure = ClientMeasure("http://127.0.0.1:1/embed", lambda api: [b"{}"], TEI, settings)
+    measure._measures[8] = Http()
+    measure({"client_batch": "8"}, rate=8000.0)
+    assert seen["rate"] == 1000.0  # requests per second
+    assert seen["window_s"] == settings.engine.target_window_s(1000.0)
+
+
+def _load(responses, timings):
+    return SimpleNamespace(responses=responses, timings=timings)
+
+
+def _ok(rid, **stages):
+    return Response(rid, "ok", **{f"{k}_ms": v for k, v in stages.items()})
+
+
+def test_the_latency_splits_into_client_network_and_server_from_the_answers_headers():
+    # scheduled, sent, received (s): 10 ms and 20 ms latencies, 2 ms of client wait on the first
+    load = _load([_ok(1, queue_wait=1.5, inference=3.0), _ok(2, queue_wait=2.5, inference=5.0),
+                  Response(3, "error", "HTTP 500")],
+                 [(0.0, 0.002, 0.010), (1.0, 1.0, 1.020), (2.0, 2.0, 2.001)])
+    split = stage_split(load)
+    assert split["source"] == "answers"
+    assert split["total_ms"] == pytest.approx(15.0) and split["client_ms"] == pytest.approx(1.0)
+    assert split["server_ms"] == pytest.approx(6.0) and split["network_ms"] == pytest.approx(8.0)
+
+
+def test_without_timings_in_the_answers_the_server_s_metrics_give_its_part_and_say_so():
+    load = _load([_ok(1), _ok(2)], [(0.0, 0.0, 0.010), (1.0, 1.0, 1.010)])
+    metrics = SimpleNamespace(values={"queue_ms": 2.0, "inference_ms": 4.0}, exporter="triton")
+    split = stage_split(load, metrics)
+    assert split["source"] == "metrics (triton)" and split["server_ms"] == pytest.approx(6.0)
+    assert split["network_ms"] == pytest.approx(4.0)
+    bare = stage_split(load, None)
+    assert bare["source"] is None and bare["server_ms"] is None and bare["network_ms"] == pytest.approx(10.0)
+
+
+class Service:
+    """A running service whose throughput grows with texts per request (a World, texts per second), counting
+    windows; a watch that records what it was asked to watch."""
+
+    def __init__(self, gain=3.0):
+        self.world = World(rules=[(lambda v: v.get("client_batch") == "4", gain),
+                                  (lambda v: v.get("client_batch") == "16", gain * 1.05)],
+                           base_rate=80.0, noise=0.02, seed=3, dip_share=0.0)
+        self.windows = 0
+        self.watched = []
+
+    def measure(self, values, *, rate=None, record=False, seed=None, window_s=None):
+        self.windows += 1
+        return self.world(values, rate=rate, seed=seed, window_s=window_s)
+
+    def watch(self, pid, url, bodies, *, concurrency, duration_s, api, metrics_url):
+        self.watched.append((pid, url, api.client_batch if api else None))
+        load = _load([_ok(1, queue_wait=1.0, inference=2.0)], [(0.0, 0.0, 0.005)])
+        diagnosis = {"kind": "blocked", "reasons": ["idle"], "next_step": "raise load", "cannot_see": ["threads"]}
+        return SimpleNamespace(load=load, server_metrics=None,
+                               summary=lambda: {"diagnosis": diagnosis, "threads": [], "frames": {"big": 1}})
+
+
+def _investigate(service, out, **kw):
+    return investigate_service("http://127.0.0.1:9/embed", lambda api: [b"{}"] * 4, TEI, 300.0,
+                               TuneSettings.quick(), out=out, measure=service.measure, watch_fn=service.watch,
+                               on_save=write_service_files, diagnose_s=1.0, **kw)
+
+
+def test_investigate_url_ships_more_texts_per_request_diagnoses_both_and_writes_the_report(tmp_path):
+    service = Service()
+    inv = _investigate(service, tmp_path)
+    s = json.loads((tmp_path / SUMMARY).read_text())
+    assert s["command"] == "investigate" and s["service"]["mode"] == "url" and s["service"]["texts_per_s"]
+    assert s["best"]["client_batch"] in ("4", "16") and inv.target_met
+    assert set(s["diagnosis"]) == {"baseline", "recommended"}
+    assert s["diagnosis"]["baseline"]["stages"]["server_ms"] == pytest.approx(3.0)
+    assert "frames" not in s["diagnosis"]["baseline"]
+    assert [w[2] for w in service.watched] == [1, int(s["best"]["client_batch"])]
+    page = (tmp_path / "report.html").read_text()
+    assert "investigate: a running service (--url)" in page and "capacity texts/s" in page
+    assert "Diagnosis of the baseline" in page and "server compute ms" in page
+
+
+def test_a_resumed_investigation_replays_every_window_and_measures_none_again(tmp_path):
+    first = Service()
+    shipped = _investigate(first, tmp_path).tune.best.values
+    previous = read_checkpoint(tmp_path, SUMMARY, "investigate")
+    again = Service()
+    inv = _investigate(again, tmp_path, resume=previous)
+    assert again.windows == 0 and inv.tune.resumed == first.windows
+    assert inv.tune.best.values == shipped
+
+
+def test_a_resume_with_another_target_is_refused_and_names_it(tmp_path):
+    _investigate(Service(), tmp_path)
+    previous = read_checkpoint(tmp_path, SUMMARY, "investigate")
+    with pytest.raises(ValueError, match="--target-p99-ms: that run had 300.0, this one 200.0"):
+        investigate_service("http://127.0.0.1:9/embed", lambda api: [b"{}"] * 4, TEI, 200.0, TuneSettings.quick(),
+                            measure=Service().measure, watch_fn=Service().watch, resume=previous)
+
+
+def test_a_service_with_one_text_per_request_gets_its_capacity_at_the_target_alone(tmp_path):
+    service = Service()
+    inv = investigate_service("http://127.0.0.1:9/predict", lambda api: [b"{}"] * 4, CUSTOM_ONE, 300.0,
+                              TuneSettings.quick(), out=tmp_path, measure=service.measure, watch_fn=service.watch,
+                              on_save=write_service_files, diagnose_s=1.0)
+    s = inv.summary()
+    assert s["space"] == {} and s["ship"] == "the service as it runs" and not s["service"]["texts_per_s"]
+    assert math.isfinite(inv.tune.best.capacity.capacity) and list(s["diagnosis"]) == ["baseline"]
