@@ -169,3 +169,63 @@ def test_a_service_with_one_text_per_request_gets_its_capacity_at_the_target_alo
     s = inv.summary()
     assert s["space"] == {} and s["ship"] == "the service as it runs" and not s["service"]["texts_per_s"]
     assert math.isfinite(inv.tune.best.capacity.capacity) and list(s["diagnosis"]) == ["baseline"]
+
+
+def _cli(*argv):
+    import contextlib
+    import io
+
+    from tuning import cli
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = cli.main(list(argv))
+    return code, stdout.getvalue(), stderr.getvalue()
+
+
+def _processes_running(marker: str) -> list[int]:
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        if marker in " ".join(p.info["cmdline"] or []):
+            found.append(p.info["pid"])
+    return found
+
+
+@pytest.mark.slow
+def test_investigate_cmd_ships_the_faster_server_diagnoses_both_and_leaves_no_process(tmp_path):
+    import sys
+    from pathlib import Path
+
+    app = Path(__file__).parent / "apps" / "queue_service.py"
+    code, out, err = _cli("investigate", "--cmd", f"{sys.executable} {app} --port {{port}} --service-ms {{ms}}",
+                          "--space", "ms=8,2", "--url", "http://127.0.0.1:{port}/predict", "--body",
+                          '{"input": "{text}"}', "--target-p99-ms", "300", "--quick", "--limit", "20",
+                          "--out", str(tmp_path), "--json")
+    assert code == 0, err
+    s = json.loads(out)
+    assert s["service"]["mode"] == "cmd" and s["best"]["ms"] == "2" and "--service-ms 2" in s["ship"]
+    assert set(s["diagnosis"]) == {"baseline", "recommended"}
+    for role in s["diagnosis"].values():
+        assert role["pid"] is not None and role["stages"]["total_ms"] > 0  # found from its port
+        assert role["stages"]["source"] is None  # the queue service exposes no timings: said, not guessed
+    assert (tmp_path / "report.html").is_file() and json.loads((tmp_path / SUMMARY).read_text())["best"]["ms"] == "2"
+    assert _processes_running(str(app)) == []
+
+
+@pytest.mark.slow
+def test_investigate_url_on_this_package_s_server_finds_its_process_and_its_own_timings(tmp_path):
+    from tuning.experiments.watch import ServiceProcess
+
+    with ServiceProcess("tuned") as service:
+        code, out, err = _cli("investigate", "--url", service.endpoint, "--quick", "--limit", "40",
+                              "--target-p99-ms", "800", "--out", str(tmp_path), "--json")
+        pid = service.pid
+    assert code in (0, 3), err
+    s = json.loads(out)
+    assert s["space"] == {} and len(s["target_checks"]) == 1
+    baseline = s["diagnosis"]["baseline"]
+    assert baseline["pid"] == pid and "listening port" in baseline["pid_from"]
+    assert baseline["stages"]["source"] == "answers" and baseline["stages"]["server_ms"] > 0
+    assert baseline["server_metrics"]["exporter"] == "tuning"
