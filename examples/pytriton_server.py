@@ -15,16 +15,18 @@ PyTriton pins ``numpy<2``, so it runs in its own virtual environment (``tests/tr
 torch with safetensors and ``tokenizers`` (this package's BERT encoder): sentence-transformers would work too,
 but its import alone takes seconds at every start, and a tuner starts the server once per configuration.
 
-Two things PyTriton leaves to the caller, handled here:
+Three things PyTriton leaves to the caller, handled here:
 
 - Its Python-backend stub is linked against ``libpython3.X.so`` and finds the system's copy first, which is
   not the interpreter running this script (pyenv, conda, a venv on another Python). The running
   interpreter's library folder goes first on ``LD_LIBRARY_PATH`` before Triton starts (Triton's process
   and the stubs it starts inherit the environment PyTriton copies from ``os.environ``).
 - Stopped by a plain SIGTERM, the process dies without ``triton.stop()`` and leaves its workspace (the Triton
-  binaries it copies, about 22 MB a start). SIGTERM and SIGINT both stop Triton and remove the workspace
+  binaries it copies there at every start). SIGTERM and SIGINT both stop Triton and remove the workspace
   (under ``$PYTRITON_HOME``, default ``~/.cache/pytriton``), also when the whole process group receives
   the signal and Triton exits first.
+- PyTriton's Unix sockets live in the workspace, so ``$PYTRITON_HOME`` must be a short path (a socket's path
+  has at most 107 bytes); a longer one is refused at start instead of a model load that times out.
 """
 
 from __future__ import annotations
@@ -32,18 +34,19 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
 import sys
 import sysconfig
-import tempfile
 from pathlib import Path
 
 MODEL_NAME = "minilm"
 INPUT_NAME = "TEXT"
 OUTPUT_NAME = "embedding"
 MAX_LENGTH = 256  # all-MiniLM-L6-v2's max_seq_length (its sentence_bert_config.json); longer texts are cut
+UNIX_SOCKET_PATH_MAX = 107  # sun_path is 108 bytes on Linux, with its terminating NUL
 
 LOG = logging.getLogger("pytriton_server")
 
@@ -128,13 +131,20 @@ def stop_on_signals() -> None:
     signal.signal(signal.SIGINT, handler)
 
 
-def new_workspace() -> Path:
-    """A folder of our own for PyTriton's workspace, under ``$PYTRITON_HOME`` like PyTriton's default, so that it is
-    removed here whatever thread of PyTriton's ran its own clean-up (Triton exiting first starts one)."""
+def new_workspace(instances: int) -> Path:
+    """A path for PyTriton's workspace under ``$PYTRITON_HOME`` like PyTriton's own default, named here so that it
+    is removed here whichever of PyTriton's threads ran its own clean-up (Triton exiting first starts one).
+    PyTriton puts its Unix sockets in it, whose paths may not be longer than the kernel's limit: a clear error
+    here instead of a model that times out loading."""
     from pytriton.constants import PYTRITON_HOME
 
     PYTRITON_HOME.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix="workspace_", dir=PYTRITON_HOME))
+    workspace = PYTRITON_HOME / f"workspace_{secrets.token_hex(4)}"
+    longest = workspace / f"{MODEL_NAME}_0_{instances - 1}-server.sock"
+    if len(str(longest).encode()) > UNIX_SOCKET_PATH_MAX:
+        raise SystemExit(f"PYTRITON_HOME={PYTRITON_HOME} is too long a path for the Unix sockets PyTriton makes in it "
+                         f"({longest}: over {UNIX_SOCKET_PATH_MAX} bytes); set a shorter one")
+    return workspace
 
 
 def serve(args: argparse.Namespace, workspace: Path) -> None:
@@ -146,7 +156,7 @@ def serve(args: argparse.Namespace, workspace: Path) -> None:
     model, tokenizer = load_model()
     config = TritonConfig(http_port=args.port, grpc_port=free_port(), metrics_port=args.metrics_port,
                           allow_metrics=True, allow_gpu_metrics=False)
-    with Triton(config=config, workspace=workspace / "triton") as triton:
+    with Triton(config=config, workspace=workspace) as triton:
         triton.bind(
             model_name=MODEL_NAME,
             infer_func=[make_infer(model, tokenizer) for _ in range(args.instances)],
@@ -166,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     stop_on_signals()
     put_running_libpython_first()
-    workspace = new_workspace()
+    workspace = new_workspace(args.instances)
     try:
         serve(args, workspace)
     except KeyboardInterrupt as exc:
