@@ -26,6 +26,30 @@ def test_request_bodies_follow_each_documented_schema():
     assert json.loads(many.body(texts)) == {"batch": texts}
 
 
+def test_openai_sends_one_text_as_a_string_and_a_batch_as_a_list():
+    """OpenAI clients send a bare string for one text; LitServe's OpenAI spec under dynamic batching rejects a
+    list (its 400 "does not support dynamic batching when client-side batching is used")."""
+    assert json.loads(Api("openai", model_name="m").body(["a"])) == {"input": "a", "model": "m"}
+    assert json.loads(Api("openai").encode(["a", "b"])[1]) == {"input": "b"}
+    assert json.loads(Api("openai", client_batch=2).encode(["a", "b", "c"])[1]) == {"input": ["c", "a"]}
+
+
+def test_each_api_is_one_schema_and_triton_is_another_name_for_kserve():
+    from tuning.load.apis import API_NAMES, SCHEMAS
+
+    assert tuple(SCHEMAS) == API_NAMES and all(SCHEMAS[n].name == n for n in API_NAMES)
+    triton = Api("triton", model_name="minilm", output_name="embedding", client_batch=2)
+    kserve = Api("kserve", model_name="minilm", output_name="embedding", client_batch=2)
+    assert triton == kserve and triton.describe()["api"] == "kserve"  # the protocol on the wire, said as such
+    assert triton.body(["a", "b"]) == kserve.body(["a", "b"])
+    assert triton.url("http://h:8000") == "http://h:8000/v2/models/minilm/infer"
+    with pytest.raises(ApiError, match="--api triton needs --model-name"):
+        Api("triton")
+    with pytest.raises(ApiError, match=r"--api 'teii' is not known; use one of tuning, tei, openai, kserve, custom or "
+                                       r"triton \(= kserve\)"):
+        Api("teii")
+
+
 def test_routes_from_the_api_the_url_or_route():
     assert Api("tei").url("http://h:8080") == "http://h:8080/embed"
     assert Api("openai").url("https://h/") == "https://h/v1/embeddings"

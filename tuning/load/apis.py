@@ -8,11 +8,13 @@ send the same bodies to the same route and judge the answers the same way.
 tuning     ``/embed {"text": ...}`` (or a record)      ``{"id": ..., "embedding": [...], ...}``
 tei        ``/embed {"inputs": [...], "truncate":      ``[[float, ...], ...]``
            true}`` (text-embeddings-inference)
-openai     ``/v1/embeddings {"input": [...],           ``{"data": [{"embedding": [...], "index": i}]}``
-           "model": M}`` (vLLM, Infinity, LitServe)
+openai     ``/v1/embeddings {"input": "..." or [...],  ``{"data": [{"embedding": [...], "index": i}]}``
+           "model": M}`` (vLLM, Infinity, LitServe;
+           one text as a string, a batch as a list)
 kserve     ``/v2/models/NAME/infer {"inputs": [{"name":  ``{"outputs": [{"name": ..., "shape": [B, D],
            N, "shape": [B, 1], "datatype": "BYTES",    "data": [...]}]}``
-           "data": [...]}]}`` (KServe v2, Triton)
+           "data": [...]}]}`` (KServe v2, Triton;
+           ``triton`` is another name for it)
 custom     ``--body`` template with ``--route``        one embedding per text (a list of vectors, one
                                                        vector, or a dict holding them), or anything
                                                        with ``--no-validate``
@@ -22,7 +24,8 @@ A custom template is parsed as JSON; a string value exactly ``"{text}"`` becomes
 ``"{texts}"`` the list of texts; nothing else is substituted. An answer is ok only when its status is 2xx
 and its body parses, for its API, to one embedding per text sent, all of one dimension; otherwise it is an
 error whose reason comes from the body (``error``, ``detail``, ``message``, or its first 200 bytes).
-Pure Python and JSON: the locust workers import it.
+Each API is one :class:`Schema` subclass in :data:`SCHEMAS`; :class:`Api` holds the settings and hands every
+request and answer to its schema. Pure Python and JSON: the locust workers import it.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from urllib.parse import urlsplit, urlunsplit
 import orjson
 
 API_NAMES = ("tuning", "tei", "openai", "kserve", "custom")
+API_ALIASES = {"triton": "kserve"}  # Triton speaks the KServe v2 protocol: one schema, two names a user may know
 DEFAULT_ROUTES = {"tuning": "/embed", "tei": "/embed", "openai": "/v1/embeddings"}
 SECRET_HEADERS = ("authorization", "x-api-key", "api-key", "proxy-authorization", "cookie")
 # TEI's response headers (milliseconds) -> this package's server-side stages
@@ -46,9 +50,189 @@ class ApiError(ValueError):
     """A bad ``--api`` setting: the message names the value and the fix."""
 
 
+# --- one class per schema: stateless, the Api's settings passed in, so one instance serves every Api ---
+
+
+class Schema:
+    """How one API's requests are built and its answers read. The base reads TEI's timing headers for every
+    schema, since a proxy or a server of another API may forward them; a schema adds only what differs."""
+
+    name = ""
+
+    def check_settings(self, api: "Api", given: str) -> None:
+        """Raise ApiError naming the flag when ``api``'s settings cannot speak this schema (``given``: the
+        name the user wrote, an alias included)."""
+
+    def default_route(self, api: "Api") -> str:
+        return DEFAULT_ROUTES.get(self.name, "/")
+
+    def body(self, api: "Api", texts: list[str]) -> bytes:
+        raise NotImplementedError
+
+    def embeddings(self, api: "Api", payload: Any, n: int, exact: bool) -> list[list[float]]:
+        raise NotImplementedError
+
+    def server_stages(self, headers: Any) -> dict[str, float]:
+        """Server-side stage times (ms) from the answer's headers: TEI's ``x-*-time`` headers."""
+        out: dict[str, float] = {}
+        if headers is None:
+            return out
+        for header, stage in TEI_TIMING_HEADERS.items():
+            value = headers.get(header)
+            if value is not None:
+                try:
+                    out[stage] = float(value)
+                except ValueError:
+                    pass
+        return out
+
+
+class TuningSchema(Schema):
+    """This package's own ``/embed``: one text per request; the answer carries an embedding only when asked."""
+
+    name = "tuning"
+
+    def check_settings(self, api: "Api", given: str) -> None:
+        if api.client_batch != 1:
+            raise ApiError("--client-batch: this package's /embed takes one text per request; use --api tei, openai, "
+                           "kserve or a --body with \"{texts}\" for batches")
+
+    def body(self, api: "Api", texts: list[str]) -> bytes:
+        return json.dumps({"text": texts[0]}).encode()
+
+    def embeddings(self, api: "Api", payload: Any, n: int, exact: bool) -> list[list[float]]:
+        if isinstance(payload, dict) and "error" not in payload:
+            emb = payload.get("embedding")
+            return [_vector(emb)] if emb is not None else [[0.0]]  # the server sends embeddings only when asked
+        raise ValueError("expected a JSON object without an 'error'")
+
+
+class TeiSchema(Schema):
+    """text-embeddings-inference's ``/embed``: a list of texts in, a bare matrix out."""
+
+    name = "tei"
+
+    def body(self, api: "Api", texts: list[str]) -> bytes:
+        return json.dumps({"inputs": texts, "truncate": True}).encode()
+
+    def embeddings(self, api: "Api", payload: Any, n: int, exact: bool) -> list[list[float]]:
+        return _matrix(payload, "a list of vectors", exact)
+
+
+class OpenAISchema(Schema):
+    """OpenAI's ``/v1/embeddings`` (vLLM, Infinity, LitServe): one text goes as a string, as OpenAI clients
+    send it (LitServe's spec under dynamic batching refuses a list), a batch as a list."""
+
+    name = "openai"
+
+    def body(self, api: "Api", texts: list[str]) -> bytes:
+        obj: dict[str, Any] = {"input": texts[0] if api.client_batch == 1 else texts}
+        if api.model_name:
+            obj["model"] = api.model_name
+        return json.dumps(obj).encode()
+
+    def embeddings(self, api: "Api", payload: Any, n: int, exact: bool) -> list[list[float]]:
+        if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
+            raise ValueError("expected {\"data\": [{\"embedding\": [...], \"index\": i}, ...]}")
+        rows = sorted(payload["data"], key=lambda d: d.get("index", 0) if isinstance(d, dict) else 0)
+        return [_vector(d.get("embedding") if isinstance(d, dict) else None) for d in rows]
+
+
+class KServeSchema(Schema):
+    """KServe's v2 inference protocol (Triton): a BYTES tensor of shape [B, 1] in, a flat [B, D] tensor out."""
+
+    name = "kserve"
+
+    def check_settings(self, api: "Api", given: str) -> None:
+        if not api.model_name and not api.route:
+            raise ApiError(f"--api {given} needs --model-name NAME (the route is /v2/models/NAME/infer) or --route")
+
+    def default_route(self, api: "Api") -> str:
+        return f"/v2/models/{api.model_name}/infer"
+
+    def body(self, api: "Api", texts: list[str]) -> bytes:
+        return json.dumps({"inputs": [{"name": api.input_name, "shape": [len(texts), 1], "datatype": "BYTES",
+                                       "data": texts}]}).encode()
+
+    def embeddings(self, api: "Api", payload: Any, n: int, exact: bool) -> list[list[float]]:
+        outputs = payload.get("outputs") if isinstance(payload, dict) else None
+        if not isinstance(outputs, list) or not outputs:
+            raise ValueError("expected {\"outputs\": [{\"name\": ..., \"shape\": [B, D], \"data\": [...]}]}")
+        out = self._output(api, outputs)
+        shape, flat = out.get("shape"), out.get("data")
+        if not (isinstance(shape, list) and len(shape) == 2 and isinstance(flat, list)):
+            raise ValueError(f"output {out.get('name')!r} has shape {shape!r}: expected [B, D] with flat data")
+        b, d = int(shape[0]), int(shape[1])
+        if len(flat) != b * d:
+            raise ValueError(f"output {out.get('name')!r}: {len(flat)} values for shape {shape}")
+        return [_vector(flat[i * d:(i + 1) * d]) for i in range(b)]
+
+    @staticmethod
+    def _output(api: "Api", outputs: list[Any]) -> dict[str, Any]:
+        """The output named ``--output-name``, else the first."""
+        if not api.output_name:
+            return outputs[0]
+        out = next((o for o in outputs if isinstance(o, dict) and o.get("name") == api.output_name), None)
+        if out is None:
+            raise ValueError(f"no output named {api.output_name!r} (outputs: "
+                             f"{[o.get('name') for o in outputs if isinstance(o, dict)]}); set --output-name")
+        return out
+
+
+class CustomSchema(Schema):
+    """A ``--body`` template with ``"{text}"`` / ``"{texts}"``; the answer is found under the usual keys."""
+
+    name = "custom"
+    KEYS = ("embeddings", "embedding", "data", "output", "outputs", "vectors", "predictions")
+
+    def check_settings(self, api: "Api", given: str) -> None:
+        if api.template is None:
+            raise ApiError("--api custom needs --body, e.g. --body '{\"input\": \"{text}\"}'")
+        has_text, has_texts = _placeholders(api.template)
+        if not (has_text or has_texts):
+            raise ApiError(f"--body {json.dumps(api.template)}: no string value is exactly \"{{text}}\" or "
+                           "\"{texts}\", so no text would be sent; e.g. --body '{\"input\": \"{text}\"}'")
+        if api.client_batch > 1 and not has_texts:
+            raise ApiError(f"--client-batch {api.client_batch} needs a \"{{texts}}\" list in --body; "
+                           "\"{text}\" holds one text")
+        object.__setattr__(api, "_has_texts", has_texts)
+
+    def body(self, api: "Api", texts: list[str]) -> bytes:
+        return json.dumps(_fill(api.template, texts)).encode()
+
+    def embeddings(self, api: "Api", payload: Any, n: int, exact: bool) -> list[list[float]]:
+        """A list of vectors, one vector (one text), or a dict holding either under a usual key."""
+        if isinstance(payload, dict):
+            for key in self.KEYS:
+                if key in payload:
+                    return self.embeddings(api, payload[key], n, exact)
+            raise ValueError(f"no embeddings under the usual keys (found {sorted(payload)[:8]}); use --no-validate")
+        if isinstance(payload, list) and payload and isinstance(payload[0], dict) and "embedding" in payload[0]:
+            return [_vector(d["embedding"]) for d in payload]
+        if isinstance(payload, list) and payload and all(isinstance(x, (int, float)) for x in payload):
+            return [_vector(payload)]
+        return _matrix(payload, "one embedding per text", exact)
+
+
+SCHEMAS: dict[str, Schema] = {s.name: s for s in (TuningSchema(), TeiSchema(), OpenAISchema(), KServeSchema(),
+                                                   CustomSchema())}
+
+
+def schema_name(name: str) -> str:
+    """The schema an ``--api`` name speaks (an alias resolved), or ApiError listing the names."""
+    canonical = API_ALIASES.get(name, name)
+    if canonical not in SCHEMAS:
+        aliases = ", ".join(f"{a} (= {c})" for a, c in API_ALIASES.items())
+        raise ApiError(f"--api {name!r} is not known; use one of {', '.join(API_NAMES)} or {aliases} "
+                       "(custom: give --body and --route)")
+    return canonical
+
+
 @dataclass(frozen=True)
 class Api:
-    """How to talk to one service: its schema, route, headers, texts per request and whether answers are checked."""
+    """How to talk to one service: its schema, route, headers, texts per request and whether answers are checked.
+    ``name`` is the schema spoken: an alias (``triton``) becomes the schema's own name (``kserve``), so every
+    output names the protocol on the wire."""
 
     name: str = "tuning"
     route: str | None = None
@@ -63,27 +247,15 @@ class Api:
     _has_texts: bool = field(default=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.name not in API_NAMES:
-            raise ApiError(f"--api {self.name!r} is not known; use one of {', '.join(API_NAMES)} "
-                           "(custom: give --body and --route)")
+        given = self.name
+        canonical = schema_name(given)
+        object.__setattr__(self, "name", canonical)
+        # the schema held as a plain attribute, not a field: the hot path pays no lookup, and vars()/asdict()
+        # consumers (the locust spec skips names starting with "_") never see it
+        object.__setattr__(self, "_schema", SCHEMAS[canonical])
         if not isinstance(self.client_batch, int) or self.client_batch < 1:
             raise ApiError(f"--client-batch {self.client_batch!r}: give an integer >= 1 (texts per request)")
-        if self.name == "tuning" and self.client_batch != 1:
-            raise ApiError("--client-batch: this package's /embed takes one text per request; use --api tei, openai, "
-                           "kserve or a --body with \"{texts}\" for batches")
-        if self.name == "kserve" and not self.model_name and not self.route:
-            raise ApiError("--api kserve needs --model-name NAME (the route is /v2/models/NAME/infer) or --route")
-        if self.name == "custom":
-            if self.template is None:
-                raise ApiError("--api custom needs --body, e.g. --body '{\"input\": \"{text}\"}'")
-            has_text, has_texts = _placeholders(self.template)
-            if not (has_text or has_texts):
-                raise ApiError(f"--body {json.dumps(self.template)}: no string value is exactly \"{{text}}\" or "
-                               "\"{texts}\", so no text would be sent; e.g. --body '{\"input\": \"{text}\"}'")
-            if self.client_batch > 1 and not has_texts:
-                raise ApiError(f"--client-batch {self.client_batch} needs a \"{{texts}}\" list in --body; "
-                               "\"{text}\" holds one text")
-            object.__setattr__(self, "_has_texts", has_texts)
+        self._schema.check_settings(self, given)
         if not self.timeout_s > 0:
             raise ApiError(f"--timeout {self.timeout_s!r}: give seconds > 0")
 
@@ -100,9 +272,7 @@ class Api:
         return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
 
     def default_route(self) -> str:
-        if self.name == "kserve":
-            return f"/v2/models/{self.model_name}/infer"
-        return DEFAULT_ROUTES.get(self.name, "/")
+        return self._schema.default_route(self)
 
     def header_dict(self) -> dict[str, str]:
         return {"Content-Type": "application/json", **dict(self.headers)}
@@ -117,20 +287,7 @@ class Api:
 
     def body(self, texts: Sequence[str]) -> bytes:
         """The request body for ``texts`` (exactly ``client_batch`` of them)."""
-        texts = list(texts)
-        if self.name == "tuning":
-            return json.dumps({"text": texts[0]}).encode()
-        if self.name == "tei":
-            return json.dumps({"inputs": texts, "truncate": True}).encode()
-        if self.name == "openai":
-            obj: dict[str, Any] = {"input": texts}
-            if self.model_name:
-                obj["model"] = self.model_name
-            return json.dumps(obj).encode()
-        if self.name == "kserve":
-            return json.dumps({"inputs": [{"name": self.input_name, "shape": [len(texts), 1], "datatype": "BYTES",
-                                           "data": texts}]}).encode()
-        return json.dumps(_fill(self.template, texts)).encode()
+        return self._schema.body(self, list(texts))
 
     def encode(self, items: Sequence[Any]) -> list[Any]:
         """Request bodies, encoded once, from model texts (a :class:`tuning.inputs.records.RecordError` stays
@@ -175,59 +332,11 @@ class Api:
         ``exact=False`` only where the answer's bytes hold no ``true``/``false`` (see ``_no_bools``)."""
         if payload is _NOT_JSON:
             raise ValueError("the body is not JSON")
-        if self.name == "tuning":
-            if isinstance(payload, dict) and "error" not in payload:
-                emb = payload.get("embedding")
-                return [_vector(emb)] if emb is not None else [[0.0]]  # the server sends embeddings only when asked
-            raise ValueError("expected a JSON object without an 'error'")
-        if self.name == "tei":
-            return _matrix(payload, "a list of vectors", exact)
-        if self.name == "openai":
-            if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
-                raise ValueError("expected {\"data\": [{\"embedding\": [...], \"index\": i}, ...]}")
-            rows = sorted(payload["data"], key=lambda d: d.get("index", 0) if isinstance(d, dict) else 0)
-            return [_vector(d.get("embedding") if isinstance(d, dict) else None) for d in rows]
-        if self.name == "kserve":
-            outputs = payload.get("outputs") if isinstance(payload, dict) else None
-            if not isinstance(outputs, list) or not outputs:
-                raise ValueError("expected {\"outputs\": [{\"name\": ..., \"shape\": [B, D], \"data\": [...]}]}")
-            out = next((o for o in outputs if isinstance(o, dict) and o.get("name") == self.output_name), None) \
-                if self.output_name else outputs[0]
-            if out is None:
-                raise ValueError(f"no output named {self.output_name!r} (outputs: "
-                                 f"{[o.get('name') for o in outputs if isinstance(o, dict)]}); set --output-name")
-            shape, flat = out.get("shape"), out.get("data")
-            if not (isinstance(shape, list) and len(shape) == 2 and isinstance(flat, list)):
-                raise ValueError(f"output {out.get('name')!r} has shape {shape!r}: expected [B, D] with flat data")
-            b, d = int(shape[0]), int(shape[1])
-            if len(flat) != b * d:
-                raise ValueError(f"output {out.get('name')!r}: {len(flat)} values for shape {shape}")
-            return [_vector(flat[i * d:(i + 1) * d]) for i in range(b)]
-        # custom: a list of vectors, one vector (one text), or a dict holding either under a usual key
-        if isinstance(payload, dict):
-            for key in ("embeddings", "embedding", "data", "output", "outputs", "vectors", "predictions"):
-                if key in payload:
-                    return self.embeddings(payload[key], n, exact)
-            raise ValueError(f"no embeddings under the usual keys (found {sorted(payload)[:8]}); use --no-validate")
-        if isinstance(payload, list) and payload and isinstance(payload[0], dict) and "embedding" in payload[0]:
-            return [_vector(d["embedding"]) for d in payload]
-        if isinstance(payload, list) and payload and all(isinstance(x, (int, float)) for x in payload):
-            return [_vector(payload)]
-        return _matrix(payload, "one embedding per text", exact)
+        return self._schema.embeddings(self, payload, n, exact)
 
     def server_stages(self, headers: Any) -> dict[str, float]:
-        """Server-side stage times (ms) from the answer's headers: TEI's ``x-*-time`` headers."""
-        out = {}
-        if headers is None:
-            return out
-        for header, stage in TEI_TIMING_HEADERS.items():
-            value = headers.get(header)
-            if value is not None:
-                try:
-                    out[stage] = float(value)
-                except ValueError:
-                    pass
-        return out
+        """Server-side stage times (ms) from the answer's headers (see :meth:`Schema.server_stages`)."""
+        return self._schema.server_stages(headers)
 
 
 _NOT_JSON = object()
