@@ -69,10 +69,10 @@ def test_a_simulated_engine_charges_its_hosts_miniature_per_launch_and_says_so()
 
 
 def test_a_profile_fitted_beyond_a_tiny_op_gets_a_tiny_op_back(tmp_path):
-    """A profile JSON without ``host_dispatch`` was fitted before 2026-12-04, its launch_s beyond one tiny op: adding
-    the miniature to it would count the model's Python twice, so a what-if adds the tiny op."""
+    """A format-1 profile JSON without ``host_dispatch`` was fitted beyond one tiny op: adding the miniature to its
+    launch_s would count the model's Python twice, so a what-if adds the tiny op."""
     raw = json.loads((load_profile("h200-sxm-estimate").to_json()))
-    del raw["host_dispatch"]
+    del raw["host_dispatch"], raw["format_version"]
     old = tmp_path / "old.json"
     old.write_text(json.dumps(raw))
     profile = load_profile(str(old))

@@ -149,7 +149,7 @@ def test_gil_bound_cpu_costs_more_on_two_cores_than_on_one():
     assert two.rate_on(2) == pytest.approx(GIL_CORE / 0.005)
     assert one.cores == pytest.approx(one.rate * (0.005 * GIL_CROSS_CORE + 0.002))  # many cores: the scaled CPU
     assert two.cores == pytest.approx(two.rate * 0.007)
-    assert f"x{GIL_CROSS_CORE:.2f} of this 1-core run's" in one.say() and "of this 1-core run" not in two.say()
+    assert f"x{GIL_CROSS_CORE:.2f} of this single-core run's" in one.say() and "of this single-core run" not in two.say()
     back = HostCores.from_dict(json.loads(json.dumps(one.to_dict())))
     assert back.rate_on(2) == pytest.approx(one.rate_on(2), rel=1e-3) and one.to_dict()["gil_cross_core"] == GIL_CROSS_CORE
     d = one.to_dict()

@@ -59,9 +59,10 @@ def test_the_default_is_this_hosts_dispatch_measured_once():
 
 
 def _old_profile_json(tmp_path):
-    """The H200 profile as written before the dispatch split: no ``host_dispatch_separate`` key, whole host costs
-    of 10 us per launch and 15 us per replay."""
+    """The H200 profile as a format-1 file without the dispatch split: no ``format_version``, no
+    ``host_dispatch_separate`` key, whole host costs of 10 us per launch and 15 us per replay."""
     raw = load_profile("h200-sxm-estimate").as_dict()
+    raw.pop("format_version")
     raw.pop("host_dispatch_separate")
     raw["sources"].pop("host_dispatch_separate")
     raw.update(launch_s=10e-6, graph_replay_s=15e-6)
@@ -71,8 +72,8 @@ def _old_profile_json(tmp_path):
 
 
 def test_old_profile_json_loads_with_its_whole_host_costs(tmp_path):
-    """A profile written before the split has no ``host_dispatch_separate`` key: its launch_s (10 us then) is the
-    whole host cost per launch, so no dispatch is added on top."""
+    """A format-1 profile without a ``host_dispatch_separate`` key: its launch_s (10 us) is the whole host cost per
+    launch, so no dispatch is added on top."""
     old = load_profile(str(_old_profile_json(tmp_path)))
     assert old.host_dispatch_separate is False
     model = embedded_model_profile()
@@ -112,7 +113,7 @@ def test_calibration_keeps_the_driver_part_and_records_the_hosts_dispatch(tmp_pa
 
 
 def test_an_eager_only_calibration_over_an_old_base_does_not_count_a_dispatch_twice_per_replay(tmp_path):
-    """No graph points: graph_replay_s is kept from the base. A base written before the split holds a whole host
+    """No graph points: graph_replay_s is kept from the base. A format-1 base without the split holds a whole host
     cost (15 us, its host's dispatch included) while the new profile adds this host's dispatch per replay: kept
     as it was, one replay would be charged 15 us + a dispatch. It keeps 15 us less the calibrating dispatch."""
     truth = unit_device(peak_flops={"fp32": 20e12, "bf16": 80e12, "fp16": 80e12}, mem_bandwidth=250e9, launch_s=7e-6,

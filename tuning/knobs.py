@@ -228,13 +228,13 @@ PRESETS: dict[str, Knobs] = {
     # The investigation's starting point: one request per model call, two loader workers,
     # per-record Python tokenization, dynamic shapes, fp32, eager.
     "baseline": Knobs(num_workers=2, batch_size=1, tokenizer="naive", padding="dynamic", dtype="fp32", graph="eager"),
-    # Best measured on the 2-core CPU (sweeps: bench/presets.py, bench/results/presets.json): batched Rust tokenizer in the
-    # main process (loader workers only compete with the model for the two cores), length-grouped
-    # batches of 16 padded to 8-token buckets (padded tokens cost as much as real ones on a CPU), grouped
-    # by exact token length (padding waste 0.14 -> 0.05 against the byte-size proxy). Its precision follows the
-    # hardware (tuned_precision): bf16 where the CPU computes it natively (there 2x faster than fp32), on CUDA
-    # and on the simulated device; fp32 on a CPU without (an AVX2-only EPYC ran bf16 5.4x slower than fp32).
-    # torch.compile measured no faster here at these shapes and costs ~5 s per shape, so: eager.
+    # The best of the CPU sweeps (bench/presets.py; its result, with the machine it ran on, in
+    # bench/results/presets.json): the batched Rust tokenizer in the main process (loader workers only compete
+    # with the model for the cores), length-grouped batches of 16 padded to 8-token buckets (a padded token costs
+    # as much as a real one on a CPU), grouped by exact token length (less padding than grouping by byte size, a
+    # proxy of it). Its precision follows the hardware (tuned_precision): bf16 where the CPU computes it natively,
+    # on CUDA and on the simulated device; fp32 on a CPU without, where bf16 is emulated and slower. Eager: at these
+    # small shapes torch.compile saves little on a CPU and costs seconds of compilation per new shape.
     "tuned": Knobs(
         num_workers=0, batch_size=16, tokenizer="fast", padding="bucket", dtype="bf16", graph="eager",
         buckets=tuple(range(8, 257, 8)), bucket_window=1024, group_by="tokens", max_wait_ms=20.0,
@@ -246,7 +246,7 @@ def tuned_precision(device: str = "auto", flags: dict[str, bool] | None = None,
                     cuda: bool | None = None) -> tuple[str, str]:
     """The ``tuned`` preset's ``dtype`` on this hardware and why: ``bf16`` on CUDA, on the simulated device
     (a datasheet accelerator computes bf16) and on a CPU with native bf16 (AVX512-BF16 or AMX); ``fp32`` on a
-    CPU without, where bf16 is emulated and about 5x slower. ``flags`` and ``cuda`` stand in for this machine's
+    CPU without, where bf16 is emulated and several times slower. ``flags`` and ``cuda`` stand in for this machine's
     (tests fake a CPU with and without native bf16)."""
     from tuning.base.machine import NATIVE_BF16_FLAGS, cpu_flags
 

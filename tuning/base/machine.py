@@ -17,7 +17,8 @@ from typing import Any, Mapping
 
 # The instruction sets that decide a CPU forward's precision and speed: AVX2 (every x86 server of a decade),
 # AVX-512, and native bf16 (AVX512-BF16 dot products, AMX tiles). Without native bf16 a bf16 forward is emulated
-# and about 5x slower than fp32 (MiniLM 16x64 on an AVX2-only EPYC: fp32 231 ms, bf16 1,252 ms).
+# (converted to fp32 and back around every operator), so it runs several times slower than fp32 rather than faster;
+# bench/presets.py times the tuned preset against the other precision on the machine it runs on.
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 RESERVED_CORES_ENV = "TUNING_RESERVED_CORES"  # cores the tool's other processes take (set for the ones it spawns)
@@ -113,8 +114,9 @@ def reserved_cores() -> int:
 def intra_op_threads(reserved: int = 0, cores: int | None = None) -> int:
     """torch's intra-op threads that do not oversubscribe the cores: the usable cores less those kept busy by load
     generators the tool started (``reserved``, and :func:`reserved_cores` for a process spawned beside one), at
-    least 1. Beside one busy process, one thread beat two for MiniLM's fp32 forward on 2 cores (260 ms against
-    419 ms here; 426 against 1,052 ms on an AVX2 EPYC); helpers that mostly wait are not counted (bench/threads.py)."""
+    least 1: a thread that shares its core with a busy process waits for it, and the forward's other threads wait at
+    every operator's join for the slowest one, so one thread per free core beats more (bench/threads.py,
+    bench/results/threads.json). Helpers that mostly wait (loader workers, an idle client) are not counted."""
     cores = usable_cores() if cores is None else cores
     return max(1, cores - reserved_cores() - max(0, reserved))
 

@@ -92,7 +92,7 @@ def _precision(c: Context) -> dict[str, Any] | NotApplicable:
         if isinstance(cos, float) and cos >= MIN_COSINE:
             return {"dtype": dtype}
     why = "; ".join(f"{d}: " + (f"min cosine {v:.5f} < {MIN_COSINE}" if isinstance(v, float) else str(v))
-                    for d, v in c.cosines.items()) or "no half precision measured here"
+                    for d, v in c.cosines.items()) or "no half precision was checked for accuracy in this run"
     return NotApplicable(f"not recommended: {why}")
 
 

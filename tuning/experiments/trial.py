@@ -89,7 +89,7 @@ LATE_SHARE_OF_TARGET = 0.05  # ...or, against a latency target, this share of it
 
 def late_sends(t: "Trial", target_p99_ms: float | None = None) -> int:
     """Sends later than :data:`LATE_MS`, or than 5% of the target: a lag that small cannot move a p99 across
-    it, and on a loaded 2-core host the client's scheduling alone lags 10 ms often."""
+    it, and a client that shares a loaded host with the server is often scheduled that late without falling behind."""
     if t.lags_ms is None or target_p99_ms is None:
         return t.late
     return int((np.asarray(t.lags_ms) > max(LATE_MS, LATE_SHARE_OF_TARGET * target_p99_ms)).sum())

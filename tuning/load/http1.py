@@ -1,10 +1,10 @@
 """A small HTTP/1.1 keep-alive client for the load generator: the client must not be what is measured.
 
 Why its own client: a load test measures the server only while the client has CPU to spare. Against a bare
-ASGI echo on one core each (``bench/client_ceiling.py``), the aiohttp client spent 275-460 us of CPU per
-request (2,700-3,800 req/s at a full core), five times Debian's ``hey`` (about 65 us, 13,200-15,900 req/s at
-0.95 core, as quoted in issue 24): any service faster than that measured the client, and a GPU service of
-this kind answers thousands of requests per second. aiohttp's cost is its generality (a request object,
+ASGI echo, each on a core of its own, the aiohttp client spends several times the CPU per request of a minimal
+client such as Debian's ``hey`` (``bench/client_ceiling.py``; its figures, with the machine they were measured on,
+in ``bench/results/client_ceiling.json``), so a service faster than its ceiling measures the client, and a GPU
+service of this kind answers thousands of requests per second. aiohttp's cost is its generality (a request object,
 a response object, a stream reader, payload wrappers, a timer context and cookie, redirect and
 decompression handling per request); a load generator sends the same few bodies over and over to one
 host. So this client does only that:

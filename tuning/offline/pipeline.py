@@ -574,8 +574,8 @@ class Pipeline:
     def __init__(self, knobs: Knobs, model: torch.nn.Module | Callable | None = None,
                  tokenizer: Tokenizer | None = None, formatter: TextFormatter = format_record,
                  engine: Engine | None = None):
-        # loader workers take no core from the model: reserving one measured 0.55x (tuned, 1 worker) and 0.64x
-        # (baseline, 2 workers) on 2 cores (bench/results/threads.json, threads_baseline.json): they mostly wait
+        # loader workers take no core from the model: they mostly wait, so a core reserved for them idles while the
+        # model is short of one (bench/threads.py, bench/results/threads.json and threads_baseline.json)
         self.engine = engine or Engine(knobs, model)
         self.knobs = self.engine.knobs
         self.preparer = Preparer(self.knobs, tokenizer or make_tokenizer(self.knobs), formatter)

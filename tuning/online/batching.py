@@ -38,13 +38,14 @@ class BatchFormer(Generic[T]):
     max_wait_s: float
     bucket_of: Callable[[T], int] = field(default=lambda item: 0)
     bucket_lengths: tuple[int, ...] | None = None  # length of each bucket index; None: one bucket
-    # a topped-up member may be padded by at most this share of the batch length
-    # (0.15 measured best of 0.15, 0.25, 0.4, 0.6 at concurrency 32 on the 2-core CPU)
+    # a topped-up member may be padded by at most this share of the batch length: a padded token costs as much as a
+    # real one, so a looser bound fills batches sooner but spends the saved wait on padding
     max_padding: float = 0.15
     # padded-token budget per batch: batch size x padded length (None: no budget)
     max_batch_tokens: int | None = None
     length_of: Callable[[T], int] = field(default=lambda item: 0)
-    # overdue batches before full ones (False: the old order, full ones first; kept for the before/after bench)
+    # overdue batches before full ones, so that a short bucket's lone request is not starved by busy ones (False:
+    # full ones first, the order bench/serving.py --compare fairness measures this one against)
     overdue_first: bool = True
     _pending: dict[int, list[Pending[T]]] = field(default_factory=dict, init=False)
 

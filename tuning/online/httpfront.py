@@ -122,8 +122,8 @@ def validate_body(raw: bytes) -> tuple[Any, str | None]:
 
 def response_body(response: Any) -> bytes:
     """The JSON answer for an ok response. orjson writes the float32 embedding straight from the array
-    (each value as the shortest text that reads back to the same float32): about 10 us, where
-    ``json.dumps`` of a Python list of 384 floats took about 300 us of the event loop's time."""
+    (each value as the shortest text that reads back to the same float32) in one C call, where ``json.dumps``
+    would first build a Python list of 384 float objects and format each one on the event loop's thread."""
     return orjson.dumps({"id": response.id, "embedding": response.embedding, "n_tokens": response.n_tokens,
                          "truncated": response.truncated, "batch_size": response.batch_size,
                          "latency_ms": response.latency_ms,
@@ -284,17 +284,17 @@ def open_files_limit() -> int | None:
 class HttpFront:
     """uvicorn serving :func:`build_app` for a :class:`Server`, on a thread of this process; loopback by default.
 
-    ``backlog``: the listen queue of connections not yet accepted (the standard library's server used 5,
-    so a burst of new connections was reset or waited for a SYN retransmit).
+    ``backlog``: the listen queue of connections not yet accepted (a short one, such as the standard library
+    server's 5, resets a burst of new connections or makes them wait for a SYN retransmit).
 
     ``max_connections``: open connections the front serves (uvicorn's ``limit_concurrency``, which also
     caps requests in flight; a request whose client left stays in flight until its answer or the
     ``answer_timeout_s`` bound); a request on a connection past it is answered 503 (plain text,
     connection closed) when its headers arrive, without reaching the server. Every connection is still
     accepted first, and probes (``/healthz``, ``/metrics``) are shed like any request. ``max_queue``
-    bounds what the server holds; this bounds the front, which otherwise kept accepting connections
-    under an overload beyond its own ceiling until the process ran out of file descriptors (answers took
-    10-20 s, clients saw resets). Those 503s are not in the server's outcome counts (the server never
+    bounds what the server holds; this bounds the front, which would otherwise keep accepting connections
+    under an overload beyond its own ceiling until the process runs out of file descriptors (answers then take
+    many seconds and clients see resets). Those 503s are not in the server's outcome counts (the server never
     saw them): ``/healthz`` reports them as ``shed_by_front``.
     """
 

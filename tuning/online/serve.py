@@ -79,7 +79,8 @@ class Server:
 
     Use as a context manager (``with Server(knobs) as s: s.submit(...).result()``) or call
     :meth:`start` and :meth:`close`. ``completion="inline"`` answers a batch on the executor before it
-    takes the next one (the old critical path, kept for the before/after bench).
+    takes the next one (the arm that ``bench/serving.py --compare critical-path`` measures the completer thread
+    against: the executor then waits on each answer's copy and reply instead of computing the next batch).
     """
 
     def __init__(self, knobs: Knobs, engine: Engine | None = None, tokenizer: Tokenizer | None = None,

@@ -402,7 +402,7 @@ def render_report(inv: Any) -> str:
             body.append("<h3>Host cores needed</h3><ul>" + "".join(f"<li>{_esc(c['sentence'])}</li>" for c in cores.values())
                         + "</ul><p>Host CPU per request per thread is measured on this host; the device's busy share "
                         "and capacity are SIMULATED. The Python threads of one server process share one GIL (taken as "
-                        f"{GIL_CORE} of a core; 0.61-0.84 measured here, so the processes are a lower bound; the same work "
+                        f"{GIL_CORE} of a core, the most its threads get, so the processes are a lower bound; the same work "
                         f"costs {GIL_CROSS_CORE}x the CPU on 2+ cores as on one), so the "
                         "answer says how many processes it assumes.</p>")
         base_profile = wi["runs"]["baseline"].profile

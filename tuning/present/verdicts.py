@@ -100,7 +100,7 @@ def precision_verdict(rows: list[dict[str, Any]], threshold: float = 0.999) -> s
         pick = max(good, key=lambda r: (r["dtype"] == "bf16", r["min_cosine"]))
         return (f"verdict: use --set dtype={pick['dtype']}: its worst text keeps cosine {pick['min_cosine']:.4f} "
                 f">= {threshold} against fp32 (half the memory traffic)"
-                + (f"; not measured here: {', '.join(skipped)}" if skipped else "") + ".")
+                + (f"; not measured on this device: {', '.join(skipped)}" if skipped else "") + ".")
     if ok:
         worst = min(ok, key=lambda r: r["min_cosine"])
         return (f"verdict: keep dtype=fp32: {worst['dtype']}'s worst text falls to cosine {worst['min_cosine']:.4f} "

@@ -3,7 +3,7 @@
 Model busy is the share of wall time inside the model call, host work included. On CUDA the
 engine synchronises before and after each forward, so a span runs from the first kernel
 launch to the end of the last kernel: host launch time plus device time, not device time.
-A launch-bound model reads near 100% here while the device idles; device busy (NVML, kernel
+A launch-bound model's model busy reads near 100% while the device idles; device busy (NVML, kernel
 time, or the simulated device's timeline) is the other utilization (see ``diagnose``).
 """
 

@@ -20,11 +20,10 @@ Which threads count as GIL-bound (:func:`gil_bound`): every Python thread of the
 batcher, completer, main thread, preprocessing, the model executor). The Rust fast tokenizer and torch's ops do
 release the GIL inside a call, but per request the Python around each call (one short text per ``encode``,
 eager dispatch op by op, the stand-in's per-launch torch op) holds it most of the time, and a thread counts
-whole. Measured (``bench/host_cores.py``, 2 cores, three runs of 3 pairs): the pure-Python ``baseline`` server's
-threads held 0.61-0.84 of a core, and 2 cores served it 0.95-1.19x what 1 did (predicted from the 1-core run
-1.02-1.14x); the ``tuned`` one 1.08-1.46x (predicted 1.11-1.34x). The cross-core factor itself moved from pair to
-pair (GIL-bound CPU per request 1.00-1.93x on 2 cores), so the process count is a lower bound. Not
-GIL-bound: native threads (torch's intra-op pool, named ``... (native)``) and loader worker processes (each its
+whole. ``bench/host_cores.py`` checks the prediction against runs on one core and on two (its results, with the
+machine each ran on, in ``bench/results/host_cores*.json``): the cross-core factor moves from run to run, and
+the lock's hand-offs keep one process's Python threads below a full core, so the process count is a lower bound.
+Not GIL-bound: native threads (torch's intra-op pool, named ``... (native)``) and loader worker processes (each its
 own interpreter); ``pure_python=False`` treats the fast tokenizer and the executor as releasing it (the
 optimistic bound). Samplers and the load generator's process are not the service and are left out; CPU no
 sampled thread held (``unattributed``) is counted, as not GIL-bound.
@@ -40,10 +39,10 @@ from tuning.base.format import fixed, pct, rounded
 
 GIL_CORE = 0.9  # the most CPU one process's GIL-holding threads get (switch interval and hand-off overhead)
 # GIL-bound CPU per request on 2+ cores over 1 core: the lock's hand-offs across cores (cache lines moving, a
-# wake-up on the other core) cost CPU a single core's hand-offs do not. 1.10 is the median of the six 1-core/2-core
-# pairs of the calibration run (bench/results/host_cores.json: tuned 1.00-1.16, baseline 1.05-1.43); held out:
-# host_cores_run2.json and later runs. A pure-Python 4-thread queue pipeline here: 1.0-1.8x, the more the
-# shorter the work between hand-offs, so this is one host's figure for this server's granularity.
+# wake-up on the other core) cost CPU a single core's hand-offs do not. The median of the calibration run's pairs
+# of one core against two (bench/host_cores.py, bench/results/host_cores.json; later runs held out). The factor
+# grows the shorter the work between hand-offs, so it belongs to this server's granularity, and a what-if reads
+# the process count it gives as a lower bound.
 GIL_CROSS_CORE = 1.10
 DEFAULT_TARGET_BUSY = 0.70  # the what-if's "fed" share (investigate.FED_DEVICE_BUSY)
 
@@ -166,7 +165,7 @@ class HostCores:
                     f"{len(self.threads)} service threads measured)")
         procs = f"in {self.processes} process{'es' if self.processes != 1 else ''}"
         cpu, gil, _ = self._on(math.inf)
-        scaled = (f" on many cores: the GIL-bound part x{self.gil_cross_core:.2f} of this 1-core run's"
+        scaled = (f" on many cores: the GIL-bound part x{self.gil_cross_core:.2f} of this single-core run's"
                   if self.cross_core_scale(math.inf) != 1 else "")
         return (f"this host's {self.host_cores} cores keep the {self.device} {pct(self.device_busy)} busy; about "
                 f"{self.cores:.1f} cores ({procs}) would keep it {self.target_busy:.0%} busy "

@@ -15,7 +15,7 @@ class StealWatch(PeriodicSampler):
     window inside the run (a load test's measured window, without its warm-up and server start and stop) can
     be read afterwards: ``with StealWatch() as w: ...; w.share(t0, t1)`` on the ``time.perf_counter`` clock.
 
-    One reading is a read of ``/proc/stat`` (about 20 us); no thread runs where that file has no steal column."""
+    One reading is a read of ``/proc/stat`` (microseconds); no thread runs where that file has no steal column."""
 
     thread_name = "steal-watch"
 

@@ -87,7 +87,8 @@ def read_sweeps(paths: Sequence[str | Path]) -> tuple[list[Point], str]:
                 LAST_DEVICE_MEMORY = float(sweep["device_memory_bytes"])
             if sweep.get("host_dispatch_s"):
                 LAST_HOST_DISPATCH = float(sweep["host_dispatch_s"])
-                # a sweep written before 2026-12-04 recorded one tiny op's dispatch
+                # a sweep that does not name the kind of its dispatch recorded one tiny op's (the only kind sweeps
+                # recorded before they named it)
                 LAST_HOST_DISPATCH_KIND = str(sweep.get("host_dispatch_kind") or "tiny op")
             for p in sweep["points"]:
                 if p.get("status", "ok") != "ok" or p.get("per_batch_ms") is None:
@@ -196,7 +197,7 @@ def fit_parameters(model: ModelProfile, points: Sequence[Point], synchronous: bo
 def prediction_error(model: ModelProfile, profile: DeviceProfile, points: Sequence[Point],
                      host_dispatch_s: float | None = None) -> float:
     """Worst relative error of a profile's predictions on measured points (e.g. shapes left out of the fit);
-    ``host_dispatch_s``: the host's cost per launch the fit subtracted (None: a tiny op's, measured here)."""
+    ``host_dispatch_s``: the host's cost per launch the fit subtracted (None: a tiny op's, measured in this process)."""
     from tuning.sim.costmodel import predict
 
     errors = [abs(predict(model, profile, p.batch, p.length, p.dtype, p.graph, host_dispatch_s=host_dispatch_s).call_s
@@ -293,8 +294,9 @@ def calibrate(points: Sequence[Point], model: ModelProfile, device_kind: str, na
     graph_points = any(g in ("cuda_graph", "compile_graph") for g in graphs)
     hidden = (f"{UNIDENTIFIED}: eager points on an asynchronous device hide device time behind launches; "
               "add sweeps with --set graph=cuda_graph")
-    # a base profile written before the split holds a whole host cost (its host's dispatch included): the new
-    # profile is marked host_dispatch_separate, so keeping that figure would count a dispatch twice per replay
+    # a base profile with whole host costs (host_dispatch_separate false, a format-1 file) includes its host's dispatch
+    # in graph_replay_s: the new profile is marked host_dispatch_separate, so keeping that figure would count a
+    # dispatch twice per replay
     kept_replay = (base_profile.graph_replay_s if base_profile.host_dispatch_separate
                    else max(base_profile.graph_replay_s - dispatch, 0.0))
     whole = "" if base_profile.host_dispatch_separate else (
@@ -369,7 +371,7 @@ def calibrate_device(sweeps: Any, out: str | Path | None = None, name: str | Non
     use it with ``device='sim', sim_profile=str(path)``.
 
     ``sweeps``: sweep results or ``sweep batch --json`` files (one per length, dtype and graph mode).
-    ``model``: the model the sweeps ran (None: the embedded one); its profile is measured here."""
+    ``model``: the model the sweeps ran (None: the embedded one); its profile is measured in this process."""
     import json
     import tempfile
 

@@ -48,7 +48,7 @@ The formula, for one forward at (B, T) in dtype d::
                  rows than the captured size, the replay, then a clone of the output rows; each
                  copy is a bandwidth-bound kernel that the device runs too; compile_graph: the replay alone)
     dispatch_s = the dispatch part of host_s (launches * dispatch); host_s - dispatch_s is the driver's
-                 (a profile made before the split, ``host_dispatch_separate`` false, has launch_s and
+                 (a profile with ``host_dispatch_separate`` false, a format-1 file, has launch_s and
                  graph_replay_s as whole host costs: dispatch is 0 for it)
     call_s     = end of the last kernel, where kernel i starts at max(its launch, end of kernel i-1)
                  (an asynchronous device: about max(host_s, device_s) plus the start-up lag);
@@ -153,7 +153,7 @@ class ModelProfile:
     def _features(self, batch: int, length: int) -> np.ndarray:
         x = features(batch, length)
         width = len(np.asarray(self.flops[0])) if self.flops else len(FEATURES)
-        if width == 4:  # a profile fitted over the old basis (1, B, B*T, B*T^2)
+        if width == 4:  # a profile fitted over the four-term basis (1, B, B*T, B*T^2): those columns of the six
             return x[..., [0, 1, 4, 5]]
         return x
 

@@ -16,12 +16,12 @@ dispatch and a call's driver part outside its segments are hashed in updates sma
 A torch op binding holds the GIL while it parses its arguments and releases it (pybind11
 ``gil_scoped_release``) around the dispatcher call; beside a busy Python thread, each release long enough for
 that thread to wake hands it the GIL, and the caller waits up to the 5 ms switch interval to take it back.
-Before :data:`SEGMENT_S` the stand-in ran one real tiny op per launch and released the GIL after each (about
-100 releases per call; how many of the ops' brief releases hand it over depends on the machine's load: 0.1 to
-60 of 76 in one call here): 0.27 ms calls stretched about 2,000x where the real CPU forward stretched 3.6x
-(``bench/standin_gil.py``). All of it is a fixed amount of real CPU work, so it stretches when other threads
-want the cores. 1-element tensors stay far under the intra-op pool's grain size: the tiny op never wakes the
-pool.
+Why segments rather than one real tiny op per launch, each releasing the GIL: how many of a hundred brief
+releases hand the GIL over depends on the machine's load, so such a stand-in stretches far more than the real
+forward beside a busy thread, and by an amount no profile can predict (``bench/standin_gil.py`` times both
+against the real CPU forward; its results in ``bench/results/standin_gil.json``). All of it is a fixed amount of
+real CPU work, so it stretches when other threads want the cores. 1-element tensors stay far under the intra-op
+pool's grain size: the tiny op never wakes the pool.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import torch
 
 # CPython's hashlib releases the GIL while hashing more than this many bytes (HASHLIB_GIL_MINSIZE is 2048)
 GIL_FREE_BYTES = 2048
-_CHUNK = 1 << 16  # the largest update of one burn: ~60 us here, so a long burn checks its CPU time often
+_CHUNK = 1 << 16  # the largest update of one burn: well under a millisecond of CPU, so a long burn checks its CPU time often
 _BUFFER = memoryview(bytes(_CHUNK))
 _OPERANDS = (torch.ones(1), torch.ones(1), torch.empty(1))
 _ZEROS = [_BUFFER]  # the largest zero buffer a plan has asked for (segments hash slices of it)
@@ -46,11 +46,10 @@ _ZEROS = [_BUFFER]  # the largest zero buffer a plan has asked for (segments has
 # One GIL-free segment of the host part per this many seconds of host time. Beside a busy Python thread, each
 # time a call releases the GIL for long enough, that thread takes it and the call waits up to the interpreter's
 # switch interval (5 ms) to get it back; a real eager forward lets that happen about once per SEGMENT_S of its
-# call: its wall alone / ((its wall beside a busy thread - alone) / switch interval). Source:
-# bench/results/standin_gil.json of 2026-12-01 (commit 18fca43; this 2-core VM, Python 3.11.7, torch 2.13.0+cpu):
-# the real eager MiniLM forward (batch 1, length 16, fp32) took 10.34 ms alone and 36.85 ms beside the counting
-# thread, (36.85 - 10.34) / 5 = 5.3 hand-offs, one per 1.95 ms. The rerun of 2026-12-02 (same file, other
-# processes busy on both cores, the forward 318.7 ms alone) derived 2.62 ms; kept at the quieter run's value.
+# call: its wall alone / ((its wall beside a busy thread - alone) / switch interval). Source: bench/standin_gil.py
+# times the real eager MiniLM forward (batch 1, length 16, fp32) alone and beside a counting thread; its result
+# (bench/results/standin_gil.json, with the machine it ran on) gives this interval. Taken from a quiet run: on cores
+# that other processes keep busy the forward's wall alone grows, and so does the interval derived from it.
 SEGMENT_S = 1.95e-3
 # A host part longer than this sizes its GIL-free segments (and tops up a held one) on the thread's CPU clock as it
 # runs, instead of tuning sizes over test runs at its first call (5 runs of a 30 ms part would cost 150 ms at least)
@@ -62,7 +61,7 @@ _DISPATCH_S: float | None = None
 _BURN_BPS: float | None = None
 _UPDATE_S: float | None = None
 _HELD_BPS: float | None = None  # bytes per second of CPU hashed in GIL-held updates of GIL_FREE_BYTES, calls included
-_PAIR_S: float | None = None  # what one op followed by one update costs beyond the two apart (measured here: ~0.7 us)
+_PAIR_S: float | None = None  # what one op followed by one update costs beyond the two apart (the switch between them)
 # one measurement at a time (two threads measuring at once would slow each other), and every try on this
 # thread's CPU clock: waiting for the GIL or a core is not CPU, so a busy Python thread beside the first
 # measurement does not inflate the value cached for the process
@@ -99,8 +98,8 @@ def tiny_op() -> None:
 def host_dispatch_s(refresh: bool = False) -> float:
     """This host's eager dispatch cost per op (seconds): Python and torch's dispatcher for :func:`tiny_op`'s
     op in a loop, the fastest of 15 tries of 100 ops after a warm-up, 1 ms apart (load only slows tries; spread
-    out, some land in a quiet moment of a shared VM). Measured once per process (about 25 ms); ``refresh``:
-    measure again."""
+    out, some land in a quiet moment of a shared VM). Measured once per process (some tens of milliseconds, mostly
+    the pauses); ``refresh``: measure again."""
     global _DISPATCH_S
     with _MEASURE:
         if _DISPATCH_S is None or refresh:
@@ -401,8 +400,9 @@ def model_dispatch_s(small: Any, launches: int = 0, refresh: bool = False) -> tu
     rebuild small, such as a ``module:factory`` model) gets :func:`host_dispatch_s`, the tiny op: a lower
     bound, said in the source.
 
-    On the lent H200 hosts (``bench/results/gpu_check_h200_run3``, ``_run4``) the eager MiniLM forward at batch 1
-    cost 23.4-45.9 us of host time per launched kernel, the miniature there 6.8-9.5 us, a tiny op 1.0-2.2 us."""
+    Why the miniature and not the tiny op: on a GPU host the real eager forward's host time per launched kernel is
+    several times the miniature's, and the miniature's several times a tiny op's (``bench/gpu_check.py`` measures
+    the three on the same host; its results in ``bench/results/gpu_check_h200_run*``)."""
     if small is None or launches <= 0:
         return host_dispatch_s(refresh), "tiny op (tuning.sim.dispatch.host_dispatch_s): a lower bound; " \
             "this model's own code could not be rebuilt small to time"

@@ -3,6 +3,10 @@
 Shipped profiles (in ``tuning/sim/devices/``) are datasheet estimates and say so in their
 name (``h200-sxm-estimate``); ``python -m tuning calibrate`` fits a measured one from a batch
 sweep on a real device. Any output made with a profile carries its name and source.
+
+Each file says its ``format_version`` (:data:`FORMAT_VERSION`; a file without one is version 1), and
+:func:`migrate` brings an older file's fields to the current format, one version at a time, before the profile is
+built, so that a profile written by an earlier release predicts what it predicted then.
 """
 
 from __future__ import annotations
@@ -20,6 +24,40 @@ DEFAULT_PROFILE = "h200-sxm-estimate"
 
 
 HOST_DISPATCH_KINDS = ("model", "tiny op")  # DeviceProfile.host_dispatch
+
+# The device-profile file format. 1: launch_s and graph_replay_s may be whole host costs (no
+# ``host_dispatch_separate``), and a separate host part was one tiny op's dispatch (no ``host_dispatch``).
+# 2: both say so explicitly.
+FORMAT_VERSION = 2
+
+
+def _v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
+    # A version-1 file without host_dispatch_separate holds whole host costs per launch and replay: the what-if adds
+    # no dispatch of its own host to them. One without host_dispatch subtracted (or is meant to get back) one tiny
+    # op's dispatch per launch: adding the model's miniature instead would count the model's Python twice.
+    raw.setdefault("host_dispatch_separate", False)
+    raw.setdefault("host_dispatch", "tiny op")
+    return raw
+
+
+# version -> the step that brings a file of that version to the next one
+_STEPS = {1: _v1_to_v2}
+
+
+def migrate(raw: dict[str, Any]) -> dict[str, Any]:
+    """A device-profile dict (a file's JSON) in the current format: each step from its ``format_version`` (missing:
+    1) up to :data:`FORMAT_VERSION` applied in turn. A copy: ``raw`` is left as it is. ValueError for a version this
+    release does not know (a file written by a newer one, or not a number)."""
+    out = dict(raw)
+    version = out.get("format_version", 1)
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
+        raise ValueError(f"format_version={version!r}; this release reads 1 to {FORMAT_VERSION} (a newer file needs "
+                         "a newer tuning)")
+    while version < FORMAT_VERSION:
+        out = _STEPS[version](out)
+        version += 1
+    out["format_version"] = FORMAT_VERSION
+    return out
 
 @dataclass(frozen=True)
 class DeviceProfile:
@@ -57,15 +95,19 @@ class DeviceProfile:
     bandwidth_half_bytes: float = 0.0  # kernel size (bytes) at which it reaches half the achievable bandwidth
     graph_min_kernel_s: float | None = None  # shortest kernel inside a CUDA graph (None: min_kernel_s)
     # True: launch_s and graph_replay_s are the driver's part only (the host's dispatch is added per launch);
-    # False: a profile written before the split (no such key in its JSON), whose launch_s and graph_replay_s
-    # are whole host costs per launch measured or estimated on some host: used as they are
+    # False: launch_s and graph_replay_s are whole host costs per launch, measured or estimated on some host, used
+    # as they are (a version-1 file without the key)
     host_dispatch_separate: bool = True
     # what the what-if adds to launch_s per launch on its own host, and what a calibration subtracted: "model" (the
     # model's own code at a miniature size, tuning.sim.dispatch.model_dispatch_s) or "tiny op" (one tiny op's
-    # dispatch: a profile fitted before 2026-12-04, or beside a model that cannot be rebuilt small)
+    # dispatch: a version-1 file without the key, or a fit beside a model that cannot be rebuilt small)
     host_dispatch: str = "model"
+    format_version: int = FORMAT_VERSION  # the file format this profile is written in (see migrate)
 
     def __post_init__(self) -> None:
+        if self.format_version != FORMAT_VERSION:
+            raise ValueError(f"device profile {self.name!r}: format_version={self.format_version!r}; a profile is "
+                             f"built in format {FORMAT_VERSION} (load_profile migrates an older file)")
         if self.host_dispatch not in HOST_DISPATCH_KINDS:
             raise ValueError(f"device profile {self.name!r}: host_dispatch={self.host_dispatch!r}; allowed: "
                              f"{' | '.join(HOST_DISPATCH_KINDS)}")
@@ -172,9 +214,12 @@ def load_profile(name_or_path: str | Path | DeviceProfile = DEFAULT_PROFILE) -> 
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"sim_profile={text!r}: cannot read {path}: {exc}") from None
     known = {f.name for f in fields(DeviceProfile)}
-    if isinstance(raw, dict):
-        raw.setdefault("host_dispatch_separate", False)  # written before the split: whole host costs
-        raw.setdefault("host_dispatch", "tiny op")  # fitted beyond one tiny op's dispatch (before 2026-12-04)
+    if not isinstance(raw, dict):
+        raise ValueError(f"sim_profile={text!r}: {path} holds {type(raw).__name__}, not a profile object")
+    try:
+        raw = migrate(raw)
+    except ValueError as exc:
+        raise ValueError(f"sim_profile={text!r}: {exc}") from None
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ValueError(f"sim_profile={text!r}: unknown field(s) {unknown}; known: {', '.join(sorted(known))}")

@@ -46,8 +46,9 @@ SPIN_TAIL_S = 50e-6  # the most a device wait spins (holding the GIL) to land on
 
 def spin_cpu(seconds: float, wall_cap: float = 0.25) -> None:
     """Host work holding the GIL: burn ``seconds`` of this thread's CPU time in a Python loop. Preempted by the
-    scheduler, it takes longer in wall time (capped at ``wall_cap`` extra). The stand-in's host part used it
-    until it took torch's GIL pattern (:func:`host_part`); kept as the reference that holds the GIL."""
+    scheduler, it takes longer in wall time (capped at ``wall_cap`` extra). The reference that holds the GIL
+    throughout; the stand-in's host part is :func:`host_part`, which releases it as torch's ops do, so that a busy
+    Python thread beside it gets the GIL about as often as beside a real forward."""
     if seconds <= 0:
         return
     cpu_end = time.thread_time() + seconds
@@ -64,9 +65,9 @@ class IntraOpBurner:
     Burning a *fixed amount of work* reproduces all three: about ``ops`` matrix products per call (the
     model's kernel count, so the GIL changes hands as often as in the real forward), each sized so the
     call's work takes the predicted seconds on an idle machine. A unit's idle time is measured once per
-    size and intra-op thread count (the fastest of a few tries). Spinning one Python thread for a
-    wall-clock time took one core (the real model took two here), held the GIL throughout, and did not
-    stretch under contention."""
+    size and intra-op thread count (the fastest of a few tries). Not one Python thread spinning for a wall-clock
+    time: that takes one core where the real forward takes every intra-op thread's, holds the GIL throughout, and
+    does not stretch under contention."""
 
     DIM = 384
     ROWS = tuple(16 << k for k in range(9))  # 16 ... 4096 rows per product
@@ -175,7 +176,7 @@ class SimulatedDevice:
 
     def info(self) -> dict:
         """The profile's ``device`` block, with the host cost per launch the predictions charge and its source."""
-        if not self.profile.host_dispatch_separate:  # a profile written before the split: whole host costs
+        if not self.profile.host_dispatch_separate:  # whole host costs (a format-1 profile): no dispatch added
             return {**self.profile.info(), "host_dispatch_us": 0.0,
                     "host_dispatch_source": "none added: the profile's launch_s is a whole host cost"}
         dispatch = self.host_dispatch_s if self.host_dispatch_s is not None else host_dispatch_s()
