@@ -229,3 +229,16 @@ def test_investigate_url_on_this_package_s_server_finds_its_process_and_its_own_
     assert baseline["pid"] == pid and "listening port" in baseline["pid_from"]
     assert baseline["stages"]["source"] == "answers" and baseline["stages"]["server_ms"] > 0
     assert baseline["server_metrics"]["exporter"] == "tuning"
+
+
+def test_your_service_doc_has_a_section_per_recipe_with_the_command_it_starts():
+    from pathlib import Path
+
+    from tuning.load.servers import EXAMPLE_COMMANDS, RECIPES
+
+    doc = (Path(__file__).parents[1] / "docs" / "your-service.md").read_text()
+    for name, r in RECIPES.items():
+        assert f"\n### {name}\n" in doc, f"docs/your-service.md has no section for --server {name}"
+        line = r.command_line(EXAMPLE_COMMANDS.get(name), list(r.default_space()))
+        flags = line[len(EXAMPLE_COMMANDS.get(name) or r.command):]
+        assert flags.strip() in doc, f"--server {name}: the doc does not show the flags it appends: {flags}"

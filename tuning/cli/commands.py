@@ -104,11 +104,11 @@ def _add_metrics_flag(p: argparse.ArgumentParser) -> None:
 
 def _add_api_flags(p: argparse.ArgumentParser) -> None:
     """The request schema of the service at --url (tuning.load.apis)."""
-    from tuning.load.apis import API_NAMES
+    from tuning.load.apis import API_ALIASES, API_NAMES
 
-    p.add_argument("--api", choices=list(API_NAMES), default=None,
+    p.add_argument("--api", choices=[*API_NAMES, *API_ALIASES], default=None,
                    help="the service's request schema: tuning (POST /embed {\"text\"}), tei (/embed {\"inputs\": [...]}), "
-                        "openai (/v1/embeddings), kserve (/v2/models/NAME/infer, Triton), custom (--body); "
+                        "openai (/v1/embeddings), kserve or triton (/v2/models/NAME/infer), custom (--body); "
                         "default tuning, or custom with --body")
     p.add_argument("--body", default=None, metavar="JSON",
                    help="a request template: a string value exactly \"{text}\" is the text, \"{texts}\" the list "
@@ -266,8 +266,8 @@ def _compile_note(knobs: Knobs) -> None:
 
         if knobs.device == "cpu" or not torch.cuda.is_available():
             warnings.warn("graph=compile on a CPU: torch.compile takes tens of seconds per shape (outside the "
-                          "measured window) and measured no faster than eager here; it pays on a GPU. On a CPU "
-                          "keep graph=eager", RuntimeWarning, stacklevel=2)
+                          "measured window), and what it saves is kernel launches, which cost little on a CPU; it "
+                          "pays on a GPU. On a CPU keep graph=eager", RuntimeWarning, stacklevel=2)
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -709,7 +709,7 @@ def started_service(args: argparse.Namespace, command: str) -> dict[str, Any]:
     space = parse_space(args.space) if args.space else (recipe.default_space() if recipe else parse_space([]))
     if recipe is not None:
         try:
-            cmd = recipe.command_line(args.cmd, list(space))
+            cmd = recipe.command_line(args.cmd if args.cmd is not None else _recipe_command(recipe), list(space))
         except ValueError as exc:
             raise UsageError(f"{command}: {exc}") from None
     elif args.cmd is None:
@@ -759,15 +759,17 @@ def cmd_investigate_service(args: argparse.Namespace) -> int:
             "they set up the embedded pipeline; investigate --url/--cmd measures your service as it is")
     settings = tune_settings(args)
     inputs = _inputs(args)
-    if args.cmd is None and args.url is None:
-        raise UsageError("investigate --server: give --cmd (start it per configuration) or --url (it runs already)")
-    if args.cmd is not None:
+    recipe = _recipe(args)
+    starts = args.cmd is not None or (args.url is None and recipe is not None and recipe.command is not None)
+    if not starts and args.url is None:
+        raise UsageError(f"investigate --server {args.server}: give --cmd (your server's command line, started per "
+                         "configuration) or --url (a server that runs already)")
+    if starts:
         service = started_service(args, "investigate")
         url, api, space = service["url"], service["api"], service["space"]
         cmd, ready, metrics = service["cmd"], service["ready_url"], service["metrics_url"]
         _refuse(_given(args), ["--pid"], "with --cmd the process is found from its port")
     else:
-        recipe = _recipe(args)
         api, url, cmd, ready = api_from_args(args, recipe), args.url, None, None
         api.url(url)
         metrics = args.metrics_url
@@ -804,6 +806,21 @@ def _recipe(args: argparse.Namespace) -> Any:
         raise UsageError(str(exc)) from None
 
 
+def _recipe_command(recipe: Any) -> str | None:
+    """A recipe's own command line, run by this interpreter (the one that has its packages); its example script
+    must be there (``examples/`` comes with a checkout, not with the installed package)."""
+    import shlex
+
+    if recipe.command is None or not recipe.command.startswith("python "):
+        return recipe.command
+    rest = recipe.command[len("python "):]
+    script = shlex.split(rest)[0]
+    if script.endswith(".py") and not Path(script).is_file():
+        raise UsageError(f"--server {recipe.name} starts {script}, which is not here: run from a checkout of this "
+                         f"project, or give --cmd 'python /path/to/{Path(script).name}'")
+    return f"{shlex.quote(sys.executable)} {rest}"
+
+
 def _space_or_none(items: Sequence[str] | None) -> dict[str, list[str]] | None:
     from tuning.experiments.tune import parse_space
 
@@ -812,10 +829,11 @@ def _space_or_none(items: Sequence[str] | None) -> dict[str, list[str]] | None:
 
 def _add_service_flags(p: argparse.ArgumentParser, command: str) -> None:
     """How to start (or reach) the user's service: shared by ``tune`` and ``investigate --cmd/--url``."""
-    p.add_argument("--server", default=None, metavar="NAME",
-                   help="a server recipe (tei, infinity, vllm, litserve, triton, tuning): fills in the API, the URL, "
-                        "the ready check, the metrics URL, the port flags and a default --space "
-                        "(docs/your-service.md)")
+    from tuning.load.servers import RECIPES
+
+    p.add_argument("--server", default=None, choices=list(RECIPES), metavar="NAME",
+                   help=f"a server recipe ({', '.join(RECIPES)}): fills in the API, the URL, the ready check, the "
+                        "metrics URL, the port flags and a default --space (docs/your-service.md)")
     p.add_argument("--cmd", default=None, help="the service's command line, with {port} (and {metrics_port}) and a "
                    "{name} per --space; with --server, its flags are appended for you")
     p.add_argument("--space", action="append", default=None, metavar="NAME=V1,V2",

@@ -343,8 +343,8 @@ _NOT_JSON = object()
 
 
 def _json(data: bytes) -> Any:
-    # orjson: the answer's parse was a quarter of the client's CPU per request with json (bench/client_ceiling.py:
-    # 520 us with the check, 383 without; orjson and the type check below: see bench/results/client_ceiling.json)
+    # orjson: parsing the answer was a large share of the client's CPU per request with the json module, and a
+    # client that keeps up is what lets a window measure the server (bench/client_ceiling.py and its results)
     try:
         return orjson.loads(data) if data else _NOT_JSON
     except (ValueError, TypeError):
@@ -384,7 +384,7 @@ def _vector(x: Any, exact: bool = True) -> list[float]:
         if not set(map(type, x)) <= _NUMBERS:  # exact types: a bool is not a number here
             raise ValueError("expected a list of numbers")
         return x
-    try:  # a fifth of the set's cost per element (bench/client_ceiling.py); bools were ruled out by _no_bools
+    try:  # cheaper per element than the set of types (bench/client_ceiling.py); bools were ruled out by _no_bools
         sum(x)
     except TypeError:
         raise ValueError("expected a list of numbers") from None
