@@ -242,3 +242,36 @@ def test_your_service_doc_has_a_section_per_recipe_with_the_command_it_starts():
         line = r.command_line(EXAMPLE_COMMANDS.get(name), list(r.default_space()))
         flags = line[len(EXAMPLE_COMMANDS.get(name) or r.command):]
         assert flags.strip() in doc, f"--server {name}: the doc does not show the flags it appends: {flags}"
+
+
+@pytest.mark.slow
+def test_sigterm_stops_investigate_cmd_s_servers_and_keeps_what_it_measured(tmp_path):
+    """``kill`` (or a CI runner's stop) mid-run: the servers it started go with their process groups, and
+    summary.json says interrupted with the windows measured so far."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    app = Path(__file__).parent / "apps" / "queue_service.py"
+    ms = f"7.{os.getpid()}"  # a service time no other test's server has: it marks this run's processes
+    marker = f"--service-ms {ms}"
+    proc = subprocess.Popen([sys.executable, "-m", "tuning", "investigate", "--cmd",
+                             f"{sys.executable} {app} --port {{port}} --service-ms {{ms}}", "--space",
+                             f"ms={ms},3", "--url", "http://127.0.0.1:{port}/predict", "--body",
+                             '{"input": "{text}"}', "--quick", "--limit", "20", "--out", str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    summary = tmp_path / SUMMARY
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # wait on state: the first window logged
+        if summary.is_file() and json.loads(summary.read_text())["state"]["log"]:
+            break
+        time.sleep(0.2)
+    assert _processes_running(marker), "the server under test never started"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 130
+    s = json.loads(summary.read_text())
+    assert s["interrupted"] and s["state"]["log"]
+    assert _processes_running(marker) == []

@@ -12,7 +12,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from tuning.base.contract import with_schema
 from tuning.base.machine import MachineWatch
@@ -682,9 +682,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
             tmp.write_text(text, encoding="utf-8")
             tmp.replace(out / name)  # never half a file, even on Ctrl-C
     say = (lambda line: None) if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
-    result = run_tune(service["cmd"], space, service["url"], bodies, api, args.target_p99_ms, settings,
-                      ready_url=service["ready_url"], say=say, on_row=save, resume=previous,
-                      metrics_url=service["metrics_url"])
+    with sigterm_as_interrupt():
+        result = run_tune(service["cmd"], space, service["url"], bodies, api, args.target_p99_ms, settings,
+                          ready_url=service["ready_url"], say=say, on_row=save, resume=previous,
+                          metrics_url=service["metrics_url"])
     save(result)
     code = _emit(args, result.summary(), lambda: format_tune(result))
     if result.interrupted:
@@ -781,9 +782,10 @@ def cmd_investigate_service(args: argparse.Namespace) -> int:
                          "run it without --url/--cmd, or this one without --resume")
     out = args.out if args.resume is None or "--out" in _given(args) else args.resume
     say = (lambda line: None) if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
-    inv = investigate_service(url, lambda a: request_bodies(a, inputs, formatter), api, args.target_p99_ms, settings,
-                              cmd=cmd, space=space, ready_url=ready, metrics_url=metrics, pid=args.pid, out=out,
-                              resume=previous, server=args.server, say=say, on_save=write_service_files)
+    with sigterm_as_interrupt():
+        inv = investigate_service(url, lambda a: request_bodies(a, inputs, formatter), api, args.target_p99_ms,
+                                  settings, cmd=cmd, space=space, ready_url=ready, metrics_url=metrics, pid=args.pid,
+                                  out=out, resume=previous, server=args.server, say=say, on_save=write_service_files)
     code = _emit(args, inv.summary(), lambda: format_service(inv))
     if inv.interrupted:
         if out is not None:
@@ -792,6 +794,27 @@ def cmd_investigate_service(args: argparse.Namespace) -> int:
     if inv.tune.error or not inv.tune.rows or all(r.error for r in inv.tune.rows):
         return cliguard.EXIT_NOTHING
     return code if inv.target_met else cliguard.EXIT_TARGET_MISSED
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """While servers this command started are up, SIGTERM (``kill``, ``timeout``, a CI runner's stop) is read
+    as Ctrl-C: the run stops its servers with their process groups and keeps what it measured, instead of
+    dying with them left running."""
+    import signal
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread (a test driving main()): nothing to install
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _recipe(args: argparse.Namespace) -> Any:
