@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import psutil
@@ -41,8 +42,7 @@ def _left_running(markers: list[str]) -> list[str]:
 
 def test_investigate_cmd_over_tritons_batcher_reports_and_leaves_nothing_running(pytriton_python, tmp_path,  # noqa: F811
                                                                                   monkeypatch):
-    home = tmp_path / "pyt"
-    home.mkdir()
+    home = Path(tempfile.mkdtemp(prefix="pyt-"))  # short: PyTriton's sockets go in it (a path of 107 bytes at most)
     monkeypatch.setenv("PYTRITON_HOME", str(home))  # the servers' workspaces are made (and must be removed) here
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     triton = recipe("triton")
