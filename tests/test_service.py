@@ -275,3 +275,18 @@ def test_sigterm_stops_investigate_cmd_s_servers_and_keeps_what_it_measured(tmp_
     s = json.loads(summary.read_text())
     assert s["interrupted"] and s["state"]["log"]
     assert _processes_running(marker) == []
+
+
+def test_a_service_that_never_answers_is_not_watched_and_the_reason_is_kept(tmp_path):
+    from tuning.experiments.engine import ConfigError
+
+    service = Service()
+
+    def never(values, **kw):
+        raise ConfigError("not ready within 180 s (connection refused)")
+
+    inv = investigate_service("http://127.0.0.1:9/embed", lambda api: [b"{}"] * 4, TEI, 300.0, TuneSettings.quick(),
+                              out=tmp_path, measure=never, watch_fn=service.watch, on_save=write_service_files)
+    s = json.loads((tmp_path / SUMMARY).read_text())
+    assert "connection refused" in s["error"] and s["best"] is None and s["diagnosis"] == {}
+    assert service.watched == [] and not inv.target_met

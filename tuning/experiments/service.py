@@ -218,7 +218,7 @@ def investigate_service(url: str, encode: Callable[[Any], list[Any]], api: Any, 
     try:
         inv.tune = run_tune(cmd, space, url, encode(api), api, target_p99_ms, settings, ready_url, say, save, resume,
                             measure, metrics_url)
-        if not inv.tune.interrupted and inv.tune.decision is not None:
+        if not inv.tune.interrupted and not inv.tune.error and inv.tune.decision is not None:
             diagnose_roles(inv, measure, (url, encode, api, metrics_url), settings, diagnose_s, pid, say,
                            watch_fn, write_files)
     except KeyboardInterrupt:
