@@ -239,7 +239,8 @@ class Check:
         self.report.step("points", status="ok", rows=sum(r.get("status") == "ok" for r in self.report.data["rows"]))
 
     def launch_budget(self) -> None:
-        """Predicted capture gain (host launches x cost, bounded by wall - kernel time) at batch 1."""
+        """Predicted capture gain (the wall time per batch no kernel covers: a bound, not a measured saving) at batch
+        1, eager and replayed."""
         length = self.sizes["lengths"][0]
         ids, mask = self.batch(1, length, ragged=False)
         runners = {"eager": self.model}
@@ -253,7 +254,7 @@ class Check:
             what = "host launches" if self.cuda else "ops"
             print(f"  launch budget {name:>10} (1, {length}): {s['launches_per_batch']:.0f} {what}, "
                   f"{s['kernels_per_batch']:.0f} kernels, wall {s['wall_ms_per_batch']:.3f} ms, "
-                  f"busy {s['busy_ms_per_batch']:.3f} ms, launch {s['launch_cost_us']:.1f} us -> capture gain <= "
+                  f"busy {s['busy_ms_per_batch']:.3f} ms, launch {s['launch_cost_us']:.1f} us -> predicted capture gain <= "
                   f"{100 * s['launch_share']:.0f}%", flush=True)
 
     def host_cost(self) -> None:
@@ -611,15 +612,18 @@ class Check:
                      "graph_replay_us"]), flush=True)
 
     def sim_fidelity(self) -> None:
-        """baseline and tuned offline on this device under the recorder, then on sim with the profile just fitted;
+        """baseline and tuned offline on this device under the recorder, then on sim with this card's shipped
+        profile (fitted on other runs: never the profile fitted on this run, which would judge the run by itself);
         each timed on its second pass over the records (the first, ``qps_first_pass``, meets each shape once)."""
         from tuning import preset
         from tuning.offline.pipeline import Pipeline
         from tuning.profile import Recorder
 
-        path = self.report.path.parent / "device_profile.json"
-        if not path.is_file():
-            self.report.step("sim_fidelity", status="skipped: no device profile (its step did not run)")
+        card = torch.cuda.get_device_name(self.device) if self.cuda else None
+        path = fidelity_profile(card)
+        if path is None:
+            self.report.step("sim_fidelity", status="skipped: no shipped profile of this card (the profile fitted on "
+                             "this run is never used to judge this run)")
             return
         limits = self.sizes["fidelity_limits"]
         runs: dict[str, dict[str, Any]] = {}
@@ -652,6 +656,15 @@ class Check:
         ratios = {name: r["sim"]["qps"] / r["real"]["qps"] for name, r in runs.items()}
         self.report.step("sim_fidelity", status="ok", runs=_clean(runs), sim_over_real=ratios)
         print("  sim/real throughput: " + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items()), flush=True)
+
+
+def fidelity_profile(card: str | None) -> str | None:
+    """The profile the simulated arm of ``sim_fidelity`` runs on: the shipped profile of ``card`` (fitted on other
+    runs, judged here), None when no shipped profile is of it. Never this run's own ``device_profile.json``."""
+    from tuning.sim.profiles import profile_for_card
+
+    profile = profile_for_card(card)
+    return profile.name if profile is not None else None
 
 
 # the (batch, length) shapes of bench/published.csv's A100 PyTorch rows (P01-P09, P27-P31)

@@ -170,7 +170,8 @@ def test_kernels_replayed_from_a_graph_are_not_launches():
     stats = stats_from_events(events, batches=3, batch_shape=(1, 64), device="cuda", wall_ms=3 * 0.6,
                               launch_cost_us=20.0)
     assert stats.kernels_per_batch == 100 and stats.launches_per_batch == 1
-    assert stats.launch_share == pytest.approx(0.02 / 0.6)
+    # the wall a replayed graph leaves outside its kernels (0.6 - 0.5 ms): its replay and copies, the most left to save
+    assert stats.launch_share == pytest.approx(0.1 / 0.6)
     assert {"cudaLaunchKernel", "cuLaunchKernel", "cudaGraphLaunch"} <= set(HOST_LAUNCH_CALLS)
 
 

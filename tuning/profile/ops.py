@@ -4,10 +4,11 @@ Per batch: operators (and kernels on CUDA) launched, their duration distribution
 share shorter than a threshold (fragmentation), and the launch budget: the most that graph
 capture could save, predicted before capturing. Launches are the host's launch calls
 (``cudaLaunchKernel``, ``cuLaunchKernel``, ``cudaGraphLaunch``...; operators on a CPU),
-not device kernels: a replayed graph runs many kernels from one launch. The budget is
-launches x the measured cost of one tiny launch, bounded by the wall time per batch that
-is not kernel time (capture cannot save time the device spends computing), as a share of
-the wall time per batch measured without the profiler.
+not device kernels: a replayed graph runs many kernels from one launch. The budget, on CUDA, is
+the wall time per batch (measured without the profiler) that is not kernel time: capture cannot
+save time the device spends computing, and it removes the host's launches, whose real cost per
+operator is several times a tiny op's. On a CPU it is launches x the measured cost of one tiny
+op. Either way it is a prediction (an upper bound), labelled so beside the figure.
 """
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ from tuning.base.stats import clean, summarize
 # CUDA runtime/driver calls that launch work from the host (one each, whatever they run)
 HOST_LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
                      "cudaLaunchCooperativeKernel", "cudaGraphLaunch", "cuGraphLaunch")
+
+
+LAUNCH_SHARE_IS = {  # what OpStats.launch_share is, per device kind: written beside the figure
+    "cuda": "predicted: the most graph capture could save, the share of the wall time per batch with no kernel "
+            "running (wall measured without the profiler, less the profiler's kernel sum); a bound, not a measured saving",
+    "cpu": "predicted: launches x one tiny op's measured cost / wall time per batch; a bound, not a measured saving",
+}
 
 
 @dataclass
@@ -65,17 +73,23 @@ class OpStats:
 
     @property
     def launch_share(self) -> float:
-        """The most capture could save, as a share of wall time per batch.
+        """The most capture could save, as a share of wall time per batch (a bound predicted from this
+        profile, not a measured saving).
 
-        min(launches x per-launch cost, wall - kernel time) / wall on CUDA; launches x cost / wall
-        on a CPU (where busy is wall). Without a wall time, busy time stands in for it.
+        On CUDA: the share of the wall time per batch (measured without the profiler) in which no kernel runs,
+        (wall - kernel sum) / wall: a replayed graph still runs every kernel, and its host side is one replay, so
+        what capture can remove is the host time the kernels do not cover, whatever each launch costs (a tiny op's
+        launch cost times the launches read a third of the saving that graph replay measured on real cards, because
+        a real operator's host path costs several tiny launches). On a CPU, where busy is the wall: launches x
+        the tiny op's cost / wall. Without a wall time, busy time stands in for it.
         """
         wall = self.wall_ms_per_batch if not math.isnan(self.wall_ms_per_batch) else self.busy_ms_per_batch
         if not wall > 0:
             return math.nan
-        saving = self.launch_overhead_ms
         if self.device == "cuda" and not math.isnan(self.wall_ms_per_batch):
-            saving = min(saving, max(wall - self.busy_ms_per_batch, 0.0))
+            saving = max(wall - self.busy_ms_per_batch, 0.0)
+        else:
+            saving = self.launch_overhead_ms
         return min(max(saving / wall, 0.0), 1.0)
 
     def to_frame(self) -> pd.DataFrame:
@@ -91,7 +105,8 @@ class OpStats:
             "launch_cost_us": clean(self.launch_cost_us),
             "duration_us": {k: clean(v) for k, v in d.items()}, "short_threshold_us": self.short_threshold_us,
             "short_share": clean(self.short_share), "launch_overhead_ms": clean(self.launch_overhead_ms),
-            "launch_share": clean(self.launch_share), "top_ops": self.top_ops,
+            "launch_share": clean(self.launch_share), "launch_share_is": LAUNCH_SHARE_IS.get(self.device, LAUNCH_SHARE_IS["cpu"]),
+            "top_ops": self.top_ops,
         }
 
 

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from tuning.sim.costmodel import ModelProfile, async_call_seconds, fused_groups, graph_call_copies
+from tuning.sim.costmodel import ModelProfile, async_call_seconds, fused_groups, graph_call_copies, is_attention
 from tuning.sim.profiles import DEFAULT_PROFILE, HOST_DISPATCH_KINDS, DeviceProfile, load_profile
 
 LAST_DEVICE_MEMORY: float | None = None  # total memory of the device the last sweeps read were measured on
@@ -105,26 +105,37 @@ def read_sweeps(paths: Sequence[str | Path]) -> tuple[list[Point], str]:
 
 
 class _Design:
-    """Per point, the model's per-kernel FLOPs and bytes, precomputed once."""
+    """Per point, the model's per-kernel FLOPs and bytes, precomputed once; ``attention_extra``: the card's attention
+    backend's extra kernels per attention call (from the card's profile: a sweep's wall times cannot count kernels),
+    each at the floor as :func:`tuning.sim.costmodel.predict` runs them."""
 
-    def __init__(self, model: ModelProfile, points: Sequence[Point]):
+    def __init__(self, model: ModelProfile, points: Sequence[Point], attention_extra: int = 0):
         self.points = list(points)
         self.kernels = []
+        self.extra = []  # per point, per kernel: floors it carries beyond its own (the attention backend's kernels)
         # under cuda_graph, the runner's copies around the replay (sweeps time full batches: no padding)
         self.copies = [graph_call_copies(model, p.batch, p.length) if p.graph == "cuda_graph" else None
                        for p in self.points]
         for p in self.points:
             flops, nbytes, launches = model.per_op(p.batch, p.length, p.dtype)
+            attention = np.asarray([is_attention(op) for op in model.ops], dtype=bool)
             if p.graph in ("compile", "compile_graph"):
-                self.kernels.append(fused_groups(model, flops, nbytes))
+                kf, kb = fused_groups(model, flops, nbytes)
+                extra = np.zeros(len(kf))
+                if len(kf):
+                    extra[-1] = attention_extra * int((attention & launches).sum())
             else:
-                self.kernels.append((flops[launches], nbytes[launches]))
+                kf, kb = flops[launches], nbytes[launches]
+                extra = attention_extra * attention[launches].astype(float)
+            self.kernels.append((kf, kb))
+            self.extra.append(extra)
         self.measured = np.array([p.ms / 1000 for p in self.points])
 
     def predict(self, params: dict[str, float], synchronous: bool) -> np.ndarray:
         out = np.empty(len(self.points))
         for i, (p, (f, b)) in enumerate(zip(self.points, self.kernels)):
             k = np.maximum(params["min_kernel_s"], np.maximum(f / params[f"flops_{p.dtype}"], b / params["bandwidth"]))
+            k = k + self.extra[i] * params["min_kernel_s"]
             if p.graph == "cuda_graph":  # as costmodel.predict: copies launched around one replay
                 before, after = self.copies[i]
                 copy = [max(params["min_kernel_s"], c / params["bandwidth"]) for c in before + after]
@@ -160,15 +171,23 @@ def _initial_guess(design: _Design, dtypes: Sequence[str]) -> dict[str, float]:
 
 
 def fit_parameters(model: ModelProfile, points: Sequence[Point], synchronous: bool,
-                   start: dict[str, float] | None = None, rounds: int = 400) -> tuple[dict[str, float], float]:
-    """Least squares in log space; returns the parameters and the worst relative error."""
-    design = _Design(model, points)
+                   start: dict[str, float] | None = None, rounds: int = 400,
+                   limits: dict[str, float] | None = None, attention_extra: int = 0) -> tuple[dict[str, float], float]:
+    """Least squares in log space within bounds; returns the parameters and the worst relative error.
+
+    ``limits``: the physical ceiling of a parameter (``flops_<dtype>``: the datasheet's dense peak of that dtype,
+    ``bandwidth``: the card's memory bandwidth); a fitted rate never exceeds its ceiling (a max() in the formula lets
+    an unbounded fit trade an impossible rate for a floor). Times are bounded to (1 ns, 1 s)."""
+    design = _Design(model, points, attention_extra)
     dtypes = sorted({p.dtype for p in points})
     params = _initial_guess(design, dtypes)
     params.update({k: v for k, v in (start or {}).items() if k in params})
     free = [k for k in params if k != "graph_replay_s" or any(p.graph in ("cuda_graph", "compile_graph") for p in points)]
     if synchronous:
         free = [k for k in free if k != "graph_replay_s"]
+    limits = {k: float(v) for k, v in (limits or {}).items() if v and math.isfinite(v)}
+    lower = np.log([1e3 if k.startswith(("flops", "bandwidth")) else 1e-9 for k in free])
+    upper = np.log([limits.get(k, 1e18) if k.startswith(("flops", "bandwidth")) else 1.0 for k in free])
 
     from scipy.optimize import least_squares
 
@@ -176,7 +195,8 @@ def fit_parameters(model: ModelProfile, points: Sequence[Point], synchronous: bo
         trial = {**params, **dict(zip(free, np.exp(x)))}
         return np.log(design.predict(trial, synchronous)) - np.log(design.measured)
 
-    x0 = np.log([params[k] for k in free])
+    inside = 1e-9  # a start strictly inside the bounds (least_squares refuses one on them)
+    x0 = np.clip(np.log([params[k] for k in free]), lower + inside, upper - inside)
     best = None
     # a few starts around the guess: max() makes the surface piecewise smooth with shallow local minima. The replay
     # is hidden behind the copies around it in most graph points, so from a start below the truth the fit can slide
@@ -185,11 +205,15 @@ def fit_parameters(model: ModelProfile, points: Sequence[Point], synchronous: bo
     rates = np.array([k.startswith(("flops", "bandwidth")) for k in free], dtype=float)
     replay = np.array([k == "graph_replay_s" for k in free], dtype=float)
     for shift, replay_shift in [(s, r) for r in ((0.0, 1.5) if replay.any() else (0.0,)) for s in (0.0, -1.5, 1.5)]:
-        fit = least_squares(residuals, x0 + shift * rates + replay_shift * replay,
-                            method="trf", x_scale=1.0, max_nfev=rounds * len(free))
+        x = np.clip(x0 + shift * rates + replay_shift * replay, lower + inside, upper - inside)
+        fit = least_squares(residuals, x, bounds=(lower, upper), method="trf", x_scale=1.0,
+                            max_nfev=rounds * len(free))
         if best is None or fit.cost < best.cost:
             best = fit
     params = {**params, **dict(zip(free, np.exp(best.x)))}
+    for k in free:  # exp(log(limit)) may land a rounding above the limit
+        if k in limits:
+            params[k] = min(params[k], limits[k])
     worst = float(np.max(np.abs(design.predict(params, synchronous) / design.measured - 1)))
     return params, worst
 
@@ -252,7 +276,6 @@ def calibrate(points: Sequence[Point], model: ModelProfile, device_kind: str, na
     :data:`UNIDENTIFIED` in ``sources`` (see :func:`unidentified`), not passed off as fitted.
     """
     synchronous = device_kind == "cpu"
-    params, worst = fit_parameters(model, points, synchronous)
     if host_dispatch_kind not in HOST_DISPATCH_KINDS:
         raise ValueError(f"host_dispatch_kind={host_dispatch_kind!r}; allowed: {' | '.join(HOST_DISPATCH_KINDS)}")
     kind = host_dispatch_kind
@@ -282,15 +305,30 @@ def calibrate(points: Sequence[Point], model: ModelProfile, device_kind: str, na
     memory_bytes = memory_bytes or (LAST_DEVICE_MEMORY if not synchronous else None)
     if memory_bytes:
         base_profile = base_profile.replace(mem_bytes=float(memory_bytes))
-    dtypes = {d: params.get(f"flops_{d}") for d in ("fp32", "bf16", "fp16")}
-    fallback = next(v for v in dtypes.values() if v is not None)
-    half = dtypes["bf16"] or dtypes["fp16"]  # an unmeasured half precision takes the other one's rate
-    peak = {d: float(v if v is not None else (half if d != "fp32" and half else fallback)) for d, v in dtypes.items()}
-    if "flops_tf32" in params:
-        peak["tf32"] = float(params["flops_tf32"])
+    # the card's datasheet, where a profile of this card says it: every fitted rate stays at or below it
+    datasheet = None if synchronous or not base_profile.device_names else base_profile
+    limits = ({f"flops_{d}": datasheet.flops_for(d) for d in ("fp32", "tf32", "bf16", "fp16")}
+              | {"bandwidth": datasheet.mem_bandwidth}) if datasheet else {}
+    extra = int(datasheet.attention_extra_kernels) if datasheet else 0  # a property of this card alone
+    params, worst = fit_parameters(model, points, synchronous, limits=limits, attention_extra=extra)
     measured = sorted({p.dtype for p in points})
     graphs = sorted({p.graph for p in points})
-    copied = [d for d in ("fp32", "bf16", "fp16") if d not in measured]
+    peak, not_measured = {}, []
+    for d in ("fp32", "bf16", "fp16"):
+        if params.get(f"flops_{d}") is not None:
+            peak[d] = float(params[f"flops_{d}"])
+            continue
+        not_measured.append(d)
+        if d == "fp16" and params.get("flops_bf16") is not None and datasheet is not None \
+                and datasheet.flops_for("fp16") == datasheet.flops_for("bf16"):
+            peak[d] = float(params["flops_bf16"])  # one tensor-core rate for both on this card's datasheet
+        elif datasheet is not None:  # the datasheet estimate of the card: its peak x its estimated efficiency
+            eff = datasheet.gemm_efficiency.get(d, datasheet.flops_efficiency)
+            peak[d] = datasheet.flops_for(d) * eff
+        else:  # no datasheet: a measured dtype's rate stands in, marked unknown
+            peak[d] = float(next(params[f"flops_{m}"] for m in measured if f"flops_{m}" in params))
+    if "flops_tf32" in params:
+        peak["tf32"] = float(params["flops_tf32"])
     graph_points = any(g in ("cuda_graph", "compile_graph") for g in graphs)
     hidden = (f"{UNIDENTIFIED}: eager points on an asynchronous device hide device time behind launches; "
               "add sweeps with --set graph=cuda_graph")
@@ -302,8 +340,7 @@ def calibrate(points: Sequence[Point], model: ModelProfile, device_kind: str, na
     whole = "" if base_profile.host_dispatch_separate else (
         f", a whole host cost there, less this host's dispatch ({dispatch * 1e6:.2f} us): {kept_replay * 1e6:g} us")
     sources = {
-        "peak_flops": f"fitted: achieved FLOP/s per dtype ({', '.join(measured)} measured"
-                      + (f"; {', '.join(copied)} copied from a measured one, not fitted)" if copied else ")"),
+        "peak_flops": _peak_source(measured, not_measured, datasheet, limits),
         "mem_bandwidth": "fitted: achieved bandwidth of operators without FLOPs" if synchronous or graph_points else hidden,
         "launch_s": (f"fitted: host time per launched operator, {params['launch_s'] * 1e6:.2f} us, less the calibrating "
                      f"host's dispatch ({dispatch * 1e6:.2f} us, clamped at 0): the driver's part"),
@@ -333,10 +370,32 @@ def calibrate(points: Sequence[Point], model: ModelProfile, device_kind: str, na
         synchronous=synchronous, sources=sources, host_dispatch_separate=True, host_dispatch=kind,
         # the fit's rates are flat (one per dtype, one floor): the shape model of the base profile stays off so that
         # the profile predicts what was fitted
-        sm_count=0, gemm_efficiency={}, bandwidth_half_bytes=0.0, graph_min_kernel_s=None)
+        sm_count=0, gemm_efficiency={}, bandwidth_half_bytes=0.0, graph_min_kernel_s=None,
+        attention_extra_kernels=extra)
+    if extra:
+        profile.sources["attention_extra_kernels"] = (f"from {base_profile.name} ({extra} a call; a sweep's wall "
+                                                      "times cannot count kernels), modelled in the fit")
     for key in ("sm_count", "gemm_efficiency", "gemm_k_half", "bandwidth_half_bytes", "graph_min_kernel_s"):
         profile.sources.pop(key, None)
     return profile, worst
+
+
+def _peak_source(measured: Sequence[str], not_measured: Sequence[str], datasheet: DeviceProfile | None,
+                 limits: dict[str, float]) -> str:
+    fitted = f"fitted: achieved FLOP/s of {', '.join(measured)}"
+    fitted += (f", bounded by {datasheet.name}'s datasheet peaks and bandwidth" if limits
+               else " (no datasheet of this card known: not bounded above)")
+    parts = [fitted]
+    for d in not_measured:
+        if datasheet is None:
+            parts.append(f"{d}: {UNKNOWN}: not measured and no datasheet of this card: a measured dtype's rate stands "
+                         "in, not fitted")
+        elif d == "fp16" and "bf16" in measured and datasheet.flops_for("fp16") == datasheet.flops_for("bf16"):
+            parts.append("fp16: bf16's fitted rate (one tensor-core peak for both on the datasheet), not measured")
+        else:
+            parts.append(f"{d}: {UNKNOWN}: not measured by these sweeps; {datasheet.name}'s datasheet peak x its "
+                         "estimated efficiency, not fitted")
+    return "; ".join(parts)
 
 
 def calibrate_files(paths: Iterable[str | Path], name: str, model: ModelProfile | None = None,

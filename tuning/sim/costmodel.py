@@ -38,7 +38,8 @@ The formula, for one forward at (B, T) in dtype d::
                  (bandwidth reached = bytes / (bytes + half-saturation size) of the asymptote: a small
                  elementwise or reduction kernel cannot keep enough bytes in flight)
     min_kernel_s[mode] = min_kernel_s (eager, compile) or graph_min_kernel_s (cuda_graph, compile_graph)
-    device_s   = sum_i kernel_i                                   (what NVML's utilization sees)
+    device_s   = sum_i kernel_i + attention calls x attention_extra_kernels x min_kernel_s[mode]
+                 (the kernel sum: what a profiler's kernel times add up to; device busy = kernel sum / wall)
     launch     = dispatch + launch_s       (dispatch: this host's per-op dispatch, measured, or the
                  ``host_dispatch_s`` given; launch_s: the driver's cudaLaunchKernel, from the profile)
     replay     = dispatch + graph_replay_s (one Python call into the driver's cudaGraphLaunch)
@@ -226,6 +227,11 @@ def is_gemm(name: str) -> bool:
     """Whether an aten operator's name is one of :data:`GEMM_OPS` (matmul-like: its FLOPs run on the GEMM units)."""
     return any(name == g or name.startswith(g + ".") or (g.endswith("dot_product") and name.startswith(g))
                for g in GEMM_OPS)
+
+
+def is_attention(name: str) -> bool:
+    """Whether an aten operator is fused attention (scaled_dot_product_*): what a card's attention backend runs."""
+    return "scaled_dot_product" in name
 
 
 def gemm_dims(name: str, args: Sequence[Any]) -> tuple[float, float, float, float] | None:
@@ -539,8 +545,21 @@ def predict(model: ModelProfile, device: DeviceProfile, batch: int, length: int,
     else:
         k_flops, k_bytes, k_shapes = flops[launches], nbytes[launches], shapes[launches]
     kernels = kernel_seconds(device, k_flops, k_bytes, dtype, k_shapes, graph)
+    n_host = len(kernels)  # kernels the host launches (eager, compile) or the graph holds
+    extra = int(device.attention_extra_kernels)
+    n_extra = extra * sum(1 for op, launched in zip(model.ops, launches) if launched and is_attention(op))
+    if n_extra and len(kernels):  # the attention backend's own kernels: device work at the mode's floor, no launch
+        floor = device.min_kernel_for(graph)
+        kernels = np.array(kernels, dtype=float)
+        if graph in ("compile", "compile_graph"):  # fused groups keep no op identity: added to the call's last kernel
+            kernels[-1] += n_extra * floor
+        else:
+            attention = np.asarray([is_attention(op) for op in model.ops], dtype=bool)
+            kernels += extra * floor * attention[launches]
+    else:
+        n_extra = 0
+    n = n_host + n_extra
     device_s = float(kernels.sum())
-    n = len(kernels)
     if graph == "cuda_graph":  # the runner's copies launched from the host around one replay
         before, after = graph_call_copies(model, batch, length, rows)
         pre = [copy_kernel_seconds(device, b) for b in before]
@@ -556,7 +575,7 @@ def predict(model: ModelProfile, device: DeviceProfile, batch: int, length: int,
         host_s, n_launches = replay_s, 1
         call_s = host_s + device_s
     else:
-        host_s, n_launches = n * launch_s, n
+        host_s, n_launches = n_host * launch_s, n_host
         if device.synchronous:
             call_s = host_s + device_s
         else:

@@ -94,6 +94,10 @@ class DeviceProfile:
     gemm_k_half: float = 64.0  # K at which a GEMM tile reaches half its asymptotic rate (prologue/epilogue)
     bandwidth_half_bytes: float = 0.0  # kernel size (bytes) at which it reaches half the achievable bandwidth
     graph_min_kernel_s: float | None = None  # shortest kernel inside a CUDA graph (None: min_kernel_s)
+    # kernels the card's attention backend runs per attention call beyond the attention kernel itself (a workspace
+    # memset of cuDNN's fused attention, say): device work at the mode's floor, no host launch of the model's own
+    # code (the host cost per launch was measured over the whole forward, these included). 0: none
+    attention_extra_kernels: int = 0
     # True: launch_s and graph_replay_s are the driver's part only (the host's dispatch is added per launch);
     # False: launch_s and graph_replay_s are whole host costs per launch, measured or estimated on some host, used
     # as they are (a version-1 file without the key)
@@ -129,6 +133,10 @@ class DeviceProfile:
                                  "tf32, bf16, fp16, each in (0, 1]")
         if self.sm_count < 0 or self.gemm_k_half < 0 or self.bandwidth_half_bytes < 0:
             raise ValueError(f"device profile {self.name!r}: sm_count, gemm_k_half, bandwidth_half_bytes must be >= 0")
+        if isinstance(self.attention_extra_kernels, bool) or not isinstance(self.attention_extra_kernels, int) \
+                or self.attention_extra_kernels < 0:
+            raise ValueError(f"device profile {self.name!r}: attention_extra_kernels={self.attention_extra_kernels!r} "
+                             "must be a whole number >= 0")
         if self.graph_min_kernel_s is not None and not self.graph_min_kernel_s >= 0:
             raise ValueError(f"device profile {self.name!r}: graph_min_kernel_s={self.graph_min_kernel_s!r} must be >= 0")
         for name in ("launch_s", "graph_replay_s", "min_kernel_s", "copy_latency_s"):
