@@ -142,3 +142,15 @@ def test_gpu_check_judges_a_run_with_a_profile_not_fitted_on_it():
     profile = module.fidelity_profile("NVIDIA H200")
     assert profile == "h200-sxm-estimate"  # shipped, fitted on other runs; never this run's device_profile.json
     assert module.fidelity_profile("a card without a profile") is None
+
+
+# -- finding 5: one meaning of device busy ----------------------------------------------------------------------
+
+def test_device_busy_is_the_kernel_sum_and_nvml_keeps_its_own_name():
+    from tuning.profile.busy import device_busy_figures
+
+    both = device_busy_figures(0.04, 12.8)
+    assert both == {"device_busy": 0.04, "nvml_util_gpu": pytest.approx(0.128), "device_busy_source": "kernel sum"}
+    only_nvml = device_busy_figures(math.nan, 12.8)
+    assert math.isnan(only_nvml["device_busy"]) and "nvml" in only_nvml["device_busy_source"]
+    assert device_busy_figures(None)["device_busy_source"] == "unknown"

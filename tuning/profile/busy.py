@@ -9,11 +9,32 @@ time, or the simulated device's timeline) is the other utilization (see ``diagno
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 import pandas as pd
+
+DEVICE_BUSY_IS = "the share of wall time with a kernel running: kernel sum / wall (a profiler's, or the cost model's)"
+NVML_UTIL_IS = ("NVML's util.gpu: the share of its sample periods in which any kernel ran (reads above the kernel sum "
+                "for short kernels); not device busy")
+
+
+def device_busy_figures(kernel_busy: float, nvml_util_percent: float | None = None) -> dict[str, object]:
+    """Device busy under one definition (:data:`DEVICE_BUSY_IS`), with NVML's utilization beside it under its own
+    name: ``device_busy`` is the kernel-sum share (NaN when no profiler or cost model gave one), ``nvml_util_gpu``
+    NVML's share (NaN without NVML), and ``device_busy_source`` says which one a reader has where only NVML is
+    known (a service watched from outside): ``"nvml util.gpu (not a kernel sum)"``."""
+    kernel = float(kernel_busy) if kernel_busy is not None else math.nan
+    nvml = float(nvml_util_percent) / 100 if nvml_util_percent is not None else math.nan
+    if math.isfinite(kernel):
+        source = "kernel sum"
+    elif math.isfinite(nvml):
+        source = "nvml util.gpu (not a kernel sum)"
+    else:
+        source = "unknown"
+    return {"device_busy": kernel, "nvml_util_gpu": nvml, "device_busy_source": source}
 
 
 @dataclass

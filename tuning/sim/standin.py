@@ -279,8 +279,10 @@ class SimulatedDevice:
 
 def window_device_busy(device: dict, timeline: DeviceTimeline | None, t0: float, t1: float, window_s: float,
                        model_busy: float) -> float:
-    """Device busy of a measured window by device kind: the simulated timeline; on a CPU the model call is
-    the device's work (model busy); on CUDA unknown here (NaN: NVML measures it)."""
+    """Device busy of a measured window by device kind, as :data:`tuning.profile.busy.DEVICE_BUSY_IS` defines it
+    (kernel sum / wall): the simulated timeline's kernel sum; on a CPU the model call is the device's work (model
+    busy); on CUDA unknown here (NaN: no profiler runs during a load window; NVML's util.gpu is another figure and
+    keeps its own name)."""
     kind = device.get("kind")
     if kind == "simulated":
         if timeline is None or window_s <= 0:
