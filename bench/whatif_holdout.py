@@ -1,4 +1,4 @@
-"""The what-if fitted on some H200 cards and judged on the others (issue 52, deliver 1; ``docs/whatif.md``).
+"""The what-if fitted on some H200 cards and judged on the others (issue 52, deliver 1; ``docs/what-if-validation.md``).
 
     python bench/whatif_holdout.py                    # judge, write bench/results/whatif_holdout.json
     python bench/whatif_holdout.py --write-profile    # and write the refit tuning/sim/devices/h200-sxm-estimate.json

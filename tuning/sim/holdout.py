@@ -1,4 +1,4 @@
-"""The what-if held to real cards: fit on some cards' runs, judge on the others (``docs/whatif.md``).
+"""The what-if held to real cards: fit on some cards' runs, judge on the others (``docs/what-if-validation.md``).
 
 A run is one ``bench/gpu_check.py`` result folder (``gpu_check.json``): forwards timed on one card, eager and
 replayed, the profiler's launch budget (kernels per forward and their summed time), and, where the run measured
