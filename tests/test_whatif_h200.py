@@ -154,3 +154,53 @@ def test_device_busy_is_the_kernel_sum_and_nvml_keeps_its_own_name():
     only_nvml = device_busy_figures(math.nan, 12.8)
     assert math.isnan(only_nvml["device_busy"]) and "nvml" in only_nvml["device_busy_source"]
     assert device_busy_figures(None)["device_busy_source"] == "unknown"
+
+
+class _GpuWorkload:
+    """A real-GPU run's workload as the recorder sees it: model busy from its spans, no kernel figure of its own."""
+
+    t_window_start, t_end, model_busy = 0.0, 10.0, 0.8
+    device = {"kind": "cuda"}
+
+    @property
+    def knobs(self):
+        from tuning.knobs import preset
+
+        return preset("tuned")
+
+    def spans(self):
+        return [(i * 1.0, i * 1.0 + 0.8) for i in range(10)]
+
+    def batch_sizes(self):
+        return [8] * 10
+
+    def wait_for_input_s(self):
+        return 0.0
+
+    def summary(self):
+        return {}
+
+
+def _nvml_series(util_percent):
+    from tuning.profile.gpu import GpuSample, GpuSeries
+
+    samples = [GpuSample(t=t, gpu=0, name="H200", sm_util=util_percent, mem_util=5.0, mem_used_mb=1000.0,
+                         mem_total_mb=141000.0, power_w=200.0, power_limit_w=700.0, sm_clock_mhz=1980.0, temp_c=40.0,
+                         proc_sm_util=math.nan)
+               for t in (1.0, 5.0, 9.0)]
+    return GpuSeries(True, None, samples, ["H200"])
+
+
+def test_device_busy_on_a_real_gpu_is_the_kernel_sum_and_nvml_keeps_its_own_name():
+    from tuning.profile.host import HostSeries
+    from tuning.profile.ops import OpStats
+    from tuning.profile.recorder import window_signals
+
+    # NVML says a kernel ran in 100% of each period; the profiler says kernels ran 0.2 of a 1.0 ms call
+    ops = OpStats(device="cuda", batches=5, batch_shape=(8, 64), ops_per_batch=100.0, kernels_per_batch=82.0,
+                  busy_ms_per_batch=0.2, launch_cost_us=10.0, short_threshold_us=10.0, wall_ms_per_batch=1.0)
+    s = window_signals(_GpuWorkload(), HostSeries(), _nvml_series(100.0), 0.0, 10.0, ops)
+    assert s.device_busy == pytest.approx(0.8 * 0.2)  # model busy x the kernels' share of a call
+    assert s.gpu_util == pytest.approx(100.0)
+    without_profiler = window_signals(_GpuWorkload(), HostSeries(), _nvml_series(100.0), 0.0, 10.0, None)
+    assert math.isnan(without_profiler.device_busy) and without_profiler.gpu_util == pytest.approx(100.0)

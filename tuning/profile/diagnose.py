@@ -38,7 +38,7 @@ class Signals:
 
     ``model_busy`` (model busy): share of wall time inside the model call, host launch included
     (what the engine's spans cover; device-agnostic). ``device_busy`` (device busy): share of
-    wall time the device computes (NVML SM util on a GPU, kernel time, or the simulated device's timeline); NaN
+    wall time with a kernel running (the profiler's kernel sum, or the simulated device's timeline); NaN
     when unknown, e.g. on a CPU, where the two are the same thing. ``gpu_util``: NVML's
     ``util.gpu`` in percent (share of the sample period in which any kernel ran, any process).
     ``launch_share``: the most graph capture could save, as a share of wall time per batch.
@@ -61,7 +61,6 @@ class Signals:
     batch_size_knob: int | None = None
     dtype_knob: str | None = None
     padding_knob: str | None = None
-    device_busy: float = math.nan
 
 
 @dataclass

@@ -185,8 +185,8 @@ def window_signals(workload: Workload, host: HostSeries, gpu: GpuSeries, t0: flo
     power = (gf.power_w / gf.power_limit_w).dropna() if len(gf) else pd.Series(dtype=float)
     model_busy = float(workload.model_busy)
     device_busy = float(getattr(workload, "device_busy", math.nan))
-    if not math.isfinite(device_busy) and len(gf) and gf.sm_util.notna().any():
-        device_busy = float(gf.sm_util.mean()) / 100  # NVML: share of time a kernel ran
+    if not math.isfinite(device_busy):
+        device_busy = kernel_busy(model_busy, ops)
     launch_share = ops.launch_share if ops else math.nan
     timeline = getattr(workload, "device_timeline", None)
     if getattr(workload, "device", {}).get("kind") == "simulated" and timeline is not None:
@@ -208,6 +208,16 @@ def window_signals(workload: Workload, host: HostSeries, gpu: GpuSeries, t0: flo
         batch_size_knob=workload.knobs.batch_size, dtype_knob=workload.knobs.dtype,
         padding_knob=workload.knobs.padding,
     )
+
+
+def kernel_busy(model_busy: float, ops: OpStats | None) -> float:
+    """Device busy as one definition everywhere (:data:`tuning.profile.busy.DEVICE_BUSY_IS`): the share of wall
+    time with a kernel running, here the model's busy share times the share of a call the profiler saw kernels
+    run (kernel sum over the call's wall time). NaN without a CUDA profile: NVML's ``util.gpu`` is not it (one
+    tiny kernel in a period reads 100%), and it stays beside it as ``gpu_util`` under its own name."""
+    if ops is None or ops.kernels_per_batch <= 0 or not (ops.wall_ms_per_batch > 0):
+        return math.nan
+    return model_busy * min(ops.busy_ms_per_batch / ops.wall_ms_per_batch, 1.0)
 
 
 def _simulated_series(workload: Any, t0: float, t1: float, interval: float) -> GpuSeries:
