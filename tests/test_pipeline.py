@@ -102,7 +102,7 @@ def test_cli_table(messy_file):
     (["run", "--set", "batch_size=0"], "batch_size=0"),
     (["run", "--set", "dtype=fp64"], "fp32 | bf16 | fp16"),
     (["run", "--set", "nonsense"], "knob=value"),
-    (["run", "--bogus"], "unrecognized arguments"),
+    (["run", "--bogus"], "python -m tuning run: unrecognized argument --bogus"),
     (["run", "--preset", "nope"], "invalid choice"),
     (["run", "--data", "/nonexistent.jsonl"], "no such file"),
     (["run", "--limit", "0"], "must be >= 1"),

@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import json
 import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 from tuning.base.contract import with_schema
 from tuning.base.machine import MachineWatch
+from tuning.cli.guard import EXIT_CODES, TERMS, Exit
 from tuning.knobs import PRESETS, Knobs, parse_knob_value, preset, preset_note
 
 
@@ -24,8 +26,38 @@ class UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
+    """argparse's errors as one line, exit 2 (argparse prints the usage too); an unknown flag is named with its
+    subcommand and the flag it most likely meant, since a typo is the commonest reason for one."""
+
+    def error(self, message: str) -> None:
         raise UsageError(f"{self.prog}: {message}")
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = _subcommands(self).get(getattr(parsed, "command", None) or "", self)
+            raise UsageError(_unrecognized(command, extras))
+        return parsed
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The parser of each subcommand (argparse has no public accessor for them)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _unrecognized(parser: argparse.ArgumentParser, extras: Sequence[str]) -> str:
+    """One line for what ``parser`` did not take: the first unknown flag (else the first stray word) and the
+    closest of that parser's own flags, e.g. ``python -m tuning run: unrecognized argument --limt; did you mean
+    --limit?``."""
+    word = next((e for e in extras if e.startswith("-")), extras[0]).split("=", 1)[0]
+    canonical = {o: next(f for f in a.option_strings if f.startswith("--"))  # an old alias suggests the new name
+                 for a in parser._actions for o in a.option_strings if o.startswith("--")}
+    close = difflib.get_close_matches(word, list(canonical), n=1, cutoff=0.6) if word.startswith("-") else []
+    hint = f"did you mean {canonical[close[0]]}?" if close else f"see {parser.prog} --help"
+    return f"{parser.prog}: unrecognized argument {word}; {hint}"
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -42,14 +74,29 @@ def knobs_from_args(args: argparse.Namespace) -> Knobs:
     return preset(args.preset, **_overrides(args))
 
 
-def _add_knob_flags(p: argparse.ArgumentParser, default_preset: str = "baseline") -> None:
-    p.add_argument("--preset", default=default_preset, choices=sorted(PRESETS), help="named knob preset")
+SERVING_COMMANDS = ("serve", "loadtest")
+PRESET_RULE = ("serve and loadtest start from tuned (what you would deploy); run, profile, sweep, plan and precision "
+               "start from baseline (the investigation's start, so that one --set shows its own effect)")
+
+
+def default_preset(command: str) -> str:
+    """One rule for every command (PRESET_RULE): the commands that serve run what you would ship, the ones
+    that study one variable start where the investigation starts."""
+    return "tuned" if command in SERVING_COMMANDS else "baseline"
+
+
+def _add_knob_flags(p: Any, command: str) -> None:
+    p.add_argument("--preset", default=default_preset(command), choices=sorted(PRESETS),
+                   help=f"the knobs to start from (python -m tuning knobs lists them); {PRESET_RULE}")
     p.add_argument("--set", action="append", metavar="KNOB=VALUE",
                    help="change one knob (repeatable), e.g. --set batch_size=8 --set dtype=bf16")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
-def _add_data_flags(p: argparse.ArgumentParser) -> None:
+def _add_json_flag(p: Any, what: str = "print one JSON object instead of a table") -> None:
+    p.add_argument("--json", action="store_true", help=what)
+
+
+def _add_data_flags(p: Any) -> None:
     from tuning.base.assets import DEFAULT_DATA
 
     p.add_argument("--data", type=Path, default=DEFAULT_DATA,
@@ -64,7 +111,7 @@ def _add_data_flags(p: argparse.ArgumentParser) -> None:
                    help="the data format when the extension does not say it")
 
 
-def _add_model_flags(p: argparse.ArgumentParser) -> None:
+def _add_model_flags(p: Any) -> None:
     p.add_argument("--model", default=None, metavar="DIR|MODULE:FACTORY",
                    help="your model: a sentence-transformers style folder (config.json, *.safetensors, tokenizer.json; "
                         "BERT-family), or module:factory returning the model or (model, tokenizer)")
@@ -95,14 +142,14 @@ def _inputs(args: argparse.Namespace) -> list[Any]:
     return [raw for _, raw in read_inputs(args.data, args.limit, **_data_kwargs(args))]
 
 
-def _add_metrics_flag(p: argparse.ArgumentParser) -> None:
+def _add_metrics_flag(p: Any) -> None:
     p.add_argument("--metrics-url", default=None,
                    help="the service's Prometheus metrics, scraped as the measured window opens and closes (default: "
                         "/metrics beside --url, where this package's server and TEI export them; Triton: "
                         "http://HOST:8002/metrics)")
 
 
-def _add_api_flags(p: argparse.ArgumentParser) -> None:
+def _add_api_flags(p: Any) -> None:
     """The request schema of the service at --url (tuning.load.apis)."""
     from tuning.load.apis import API_ALIASES, API_NAMES
 
@@ -202,11 +249,14 @@ _nonneg_seconds = _seconds(0.0, "give 0 or more seconds")
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Shows each option's default (where it has one) and keeps the terms epilog's layout."""
+    """Shows each option's default once: appended where it has one and its help does not already say it in
+    words (a help that names its default says it better than the value would), and keeps the epilog's layout
+    (the examples, the terms)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if "%(default)" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+        says_it = "%(default)" in text or "default" in text
+        if says_it or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
             return text
         return text + " (default: %(default)s)"
 
@@ -240,7 +290,7 @@ def _emit(args: argparse.Namespace, summary: Any, render: Callable[[], str]) -> 
         _print_json(summary)
     else:
         print(render())
-    return 0
+    return Exit.OK
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -321,14 +371,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_loadtest_any(args: argparse.Namespace) -> int:
     """``loadtest``: our own load generator, or ``--engine locust``."""
     if args.engine == "tuning":
-        if args.workers is not None or args.remote_workers:
-            raise UsageError("loadtest: --workers and --remote-workers go with --engine locust")
+        if args.locust_workers is not None or args.remote_workers:
+            raise UsageError("loadtest: --locust-workers and --remote-workers go with --engine locust")
         return cmd_loadtest(args)
+    if "--workers" in _given(args):
+        warnings.warn("--workers is now --locust-workers (locust's processes, not the knob num_workers); the old "
+                      "name still works", UserWarning, stacklevel=2)
     return cmd_loadtest_locust(args)
 
 
 def cmd_loadtest_locust(args: argparse.Namespace) -> int:
-    """locust headless, a master and --workers local worker processes, mapped into the loadtest summary."""
+    """locust headless, a master and --locust-workers local worker processes, mapped into the loadtest
+    summary."""
     from contextlib import nullcontext
 
     from tuning.load.locust_engine import run_locust
@@ -349,13 +403,13 @@ def cmd_loadtest_locust(args: argparse.Namespace) -> int:
         knobs = knobs_from_args(args)
         custom = _custom(args, knobs)[0]
         # the locust master and its local workers are processes this command starts: their cores are not the model's
-        engine = Engine(knobs, custom.pop("model"), reserved_cores=(args.workers or 1) + 1)
+        engine = Engine(knobs, custom.pop("model"), reserved_cores=(args.locust_workers or 1) + 1)
         front = HttpFront(Server(knobs, engine=engine, **custom))
     api = api_from_args(args) if args.url else None
     with front or nullcontext():
         url = api.url(args.url) if api else front.url + "/embed"
         result = run_locust(url, _api_inputs(args, api, inputs) if api else inputs, args.concurrency, args.duration,
-                            workers=args.workers or 1, warmup_s=args.warmup_s if args.warmup_s is not None else 2.0,
+                            workers=args.locust_workers or 1, warmup_s=args.warmup_s if args.warmup_s is not None else 2.0,
                             remote_workers=args.remote_workers, master_host=args.master_host, api=api)
     summary = result.summary()
     summary["target"] = url
@@ -478,7 +532,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             print(f"knee (smallest batch within 5% of the best per-sample cost): {summary['knee']}; "
                   f"marginal gain under 5% from batch {summary['diminishing_returns_at']}")
             print(batch_sweep_verdict(summary))
-        return 0
+        return Exit.OK
     from tuning.experiments.sweeps import load_sweep
 
     inputs = _inputs(args)
@@ -502,7 +556,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(frame.round(2).to_string(index=False))
         print(load_sweep_verdict(variable, points))
     _nothing_done(int(frame["ok"].sum()), int(frame[["ok", "errors", "timeouts", "rejected"]].sum().sum()), [])
-    return 0
+    return Exit.OK
 
 
 def _sweep_url(args: argparse.Namespace) -> int:
@@ -526,7 +580,7 @@ def _sweep_url(args: argparse.Namespace) -> int:
         print(frame.round(2).to_string(index=False))
         print(load_sweep_verdict("concurrency", points))
     _nothing_done(int(frame["ok"].sum()), int(frame[["ok", "errors", "timeouts", "rejected"]].sum().sum()), [], url)
-    return 0
+    return Exit.OK
 
 
 def _record_jsonl(args: argparse.Namespace) -> bool:
@@ -578,7 +632,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"verdict: {best['strategy']} pads {best['waste']:.0%} of the model's tokens"
               + (f" against {now['waste']:.0%} with the current knobs" if now else "")
               + f"; to use it: {best['settings']}.")
-    return 0
+    return Exit.OK
 
 
 def cmd_precision(args: argparse.Namespace) -> int:
@@ -653,8 +707,8 @@ def cmd_investigate(args: argparse.Namespace) -> int:
         raise cliguard.NothingAchieved(str(exc)) from exc
     code = _emit(args, inv.summary(), lambda: format_investigation(inv))
     if inv.interrupted:
-        return cliguard.EXIT_INTERRUPTED
-    return code if inv.target_met else cliguard.EXIT_TARGET_MISSED  # the files and the closest are there
+        return Exit.INTERRUPTED
+    return code if inv.target_met else Exit.TARGET_MISSED  # the files and the closest are there
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -689,16 +743,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     save(result)
     code = _emit(args, result.summary(), lambda: format_tune(result))
     if result.interrupted:
-        from tuning.cli import guard as cliguard
-
         if out is not None:
             say(f"go on with the same command and --resume {out} (the configurations in {out / CHECKPOINT} are kept)")
-        return cliguard.EXIT_INTERRUPTED
+        return Exit.INTERRUPTED
     if result.error or not result.rows or all(r.error for r in result.rows):
-        from tuning.cli import guard as cliguard
-
-        return cliguard.EXIT_NOTHING
-    return code if result.best is not None else 3
+        return Exit.NOTHING
+    return code if result.best is not None else Exit.TARGET_MISSED
 
 
 def started_service(args: argparse.Namespace, command: str) -> dict[str, Any]:
@@ -749,7 +799,6 @@ def tune_settings(args: argparse.Namespace) -> Any:
 def cmd_investigate_service(args: argparse.Namespace) -> int:
     """``investigate --url`` (a running service) or ``--cmd`` (started per configuration): the engine, then
     the baseline and the winner watched under load, in summary.json and report.html."""
-    from tuning.cli import guard as cliguard
     from tuning.experiments.service import SUMMARY, investigate_service
     from tuning.experiments.tune import read_checkpoint
     from tuning.load.apis import request_bodies
@@ -790,10 +839,10 @@ def cmd_investigate_service(args: argparse.Namespace) -> int:
     if inv.interrupted:
         if out is not None:
             say(f"go on with the same command and --resume {out}")
-        return cliguard.EXIT_INTERRUPTED
+        return Exit.INTERRUPTED
     if inv.tune.error or not inv.tune.rows or all(r.error for r in inv.tune.rows):
-        return cliguard.EXIT_NOTHING
-    return code if inv.target_met else cliguard.EXIT_TARGET_MISSED
+        return Exit.NOTHING
+    return code if inv.target_met else Exit.TARGET_MISSED
 
 
 @contextlib.contextmanager
@@ -850,7 +899,7 @@ def _space_or_none(items: Sequence[str] | None) -> dict[str, list[str]] | None:
     return parse_space(items) if items else None
 
 
-def _add_service_flags(p: argparse.ArgumentParser, command: str) -> None:
+def _add_service_flags(p: Any, command: str) -> None:
     """How to start (or reach) the user's service: shared by ``tune`` and ``investigate --cmd/--url``."""
     from tuning.load.servers import RECIPES
 
@@ -864,6 +913,7 @@ def _add_service_flags(p: argparse.ArgumentParser, command: str) -> None:
     p.add_argument("--ready-url", default=None, help="GET this (with {port}) until 2xx before measuring "
                    "(default: the recipe's, else until a first request is ok)")
     p.add_argument("--ready-timeout", "--startup-timeout", dest="startup_timeout", type=_positive_float, default=None,
+                   metavar="S",
                    help="seconds a configuration may take to become ready; answers that say it is still loading "
                         "(404, 503, refused connections) are waited through (default 180)")
     p.add_argument("--strategy", choices=("grid", "coordinate"), default=None,
@@ -875,61 +925,81 @@ def _add_service_flags(p: argparse.ArgumentParser, command: str) -> None:
         _add_metrics_flag(p)
 
 
-def _add_tune_flags(p: argparse.ArgumentParser) -> None:
+def _add_target_flag(p: Any, what: str) -> None:
+    """``--target-p99-ms``: one default for every command (DEFAULT_TARGET_P99_MS), so that two commands run
+    without it judge against the same line."""
     from tuning.experiments.ladder import DEFAULT_TARGET_P99_MS
 
-    _add_data_flags(p)
-    _add_service_flags(p, "tune")
-    p.add_argument("--target-p99-ms", type=_positive_float, default=DEFAULT_TARGET_P99_MS,
-                   help="the p99 target of the capacity")
-    p.add_argument("--quick", action="store_true", help="short windows and fewer pairs (the same design, "
-                   "docs/deciding.md)")
-    p.add_argument("--out", type=Path, default=None, help="write tune.json and tune.html (the table and the charts) "
-                   "here, rewritten after every configuration")
-    p.add_argument("--resume", type=Path, default=None, metavar="DIR",
-                   help="go on from an earlier run's DIR/tune.json (same --cmd, --space, --url, API, target, "
-                        "--quick and requests): its configurations are kept, the rest measured, and those that ended "
-                        "in an error there (the server never came up, or crashed) measured again; writes there unless "
-                        "--out is given")
-    _add_api_flags(p)
-    p.add_argument("--json", action="store_true", help="print only the JSON summary")
+    p.add_argument("--target-p99-ms", type=_positive_float, default=DEFAULT_TARGET_P99_MS, metavar="MS", help=what)
+
+
+def _add_tune_flags(p: argparse.ArgumentParser) -> None:
+    service = p.add_argument_group("your service (started once per configuration)")
+    _add_service_flags(service, "tune")
+    engine = p.add_argument_group("target and engine")
+    _add_target_flag(engine, "the p99 target of the capacity; exit 3 when no configuration meets it")
+    engine.add_argument("--quick", action="store_true", help="short windows and fewer pairs (the same design, "
+                        "docs/deciding.md)")
+    _add_data_flags(p.add_argument_group("requests"))
+    _add_api_flags(p.add_argument_group("the service's API"))
+    output = p.add_argument_group("output")
+    output.add_argument("--out", type=Path, default=None, help="write tune.json and tune.html (the table and the "
+                        "charts) here, rewritten after every configuration")
+    output.add_argument("--resume", type=Path, default=None, metavar="DIR",
+                        help="go on from an earlier run's DIR/tune.json (same --cmd, --space, --url, API, target, "
+                             "--quick and requests): its configurations are kept, the rest measured, and those that "
+                             "ended in an error there (the server never came up, or crashed) measured again; writes "
+                             "there unless --out is given")
+    _add_json_flag(output, "print only the JSON summary")
 
 
 def _add_investigate_flags(p: argparse.ArgumentParser) -> None:
     from tuning.experiments.investigate import DEFAULT_OUT
-    from tuning.experiments.ladder import DEFAULT_TARGET_P99_MS, OBJECTIVES
+    from tuning.experiments.ladder import OBJECTIVES
 
-    _add_data_flags(p)
-    _add_model_flags(p)
-    p.add_argument("--url", default=None, help="your service: a running one at this endpoint (its capacity at the "
-                   "target, the client's levers, a diagnosis), or with --cmd the endpoint with {port}")
-    _add_service_flags(p, "investigate")
-    p.add_argument("--pid", type=_positive_int, default=None, help="--url: the service's process, for per-thread "
-                   "CPU and memory (default: the process listening on the URL's port, when it is on this machine)")
-    _add_api_flags(p)
-    _add_metrics_flag(p)
-    p.add_argument("--quick", action="store_true", help="the same design with fewer windows: a 16-run screen, up to "
-                   "8 confirmation pairs at a 10%% minimum effect, shorter target windows")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "sim"],
-                   help="auto: CUDA when present, else the real CPU (plus the what-if on the simulated device)")
-    p.add_argument("--what-if", default="h200-sxm-estimate", metavar="PROFILE",
-                   help="simulated device profile for the what-if section (a shipped name or a JSON path; none: skip)")
-    p.add_argument("--out", type=Path, default=Path(DEFAULT_OUT), help="output directory (report.html, "
-                   "experiments.csv, summary.json, environment.json), rewritten after every window")
-    p.add_argument("--target-p99-ms", type=_positive_float, default=DEFAULT_TARGET_P99_MS,
-                   help="p99 latency target: a configuration's capacity is the highest rate that meets it; exit 3 "
-                        "when no configuration meets it")
-    p.add_argument("--objective", default=None, choices=list(OBJECTIVES),
-                   help="target (default): capacity at the p99 target, open loop; qps: closed-loop throughput "
-                        "(batch jobs)")
-    p.add_argument("--error-budget", type=_share, default=None, metavar="SHARE",
-                   help="the share of failed requests a passing rate may have (default 0.001: 0.1%%)")
-    p.add_argument("--concurrency", type=_positive_int, default=None,
-                   help="the closed loop's clients (the throughput windows); default 16")
-    p.add_argument("--seed", type=int, default=None, help="the open loop's arrival seed (default 0)")
-    p.add_argument("--resume", type=Path, default=None, metavar="DIR",
-                   help="go on from an interrupted run in DIR: its logged windows are replayed (same settings)")
-    p.add_argument("--json", action="store_true", help="print only the final JSON summary (no progress)")
+    what = p.add_argument_group("what to investigate (default: the embedded pipeline on the shipped requests)")
+    _add_data_flags(what)
+    _add_model_flags(what)
+    what.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "sim"],
+                      help="auto: CUDA when present, else the CPU (plus the what-if on the simulated device); "
+                           "sim: the simulated device only")
+    what.add_argument("--what-if", default="h200-sxm-estimate", metavar="PROFILE",
+                      help=f"simulated device profile for the what-if section: {_profile_choices()}; none: skip")
+    engine = p.add_argument_group("target and engine")
+    _add_target_flag(engine, "p99 latency target: a configuration's capacity is the highest rate that meets it; "
+                             "exit 3 when no configuration meets it")
+    engine.add_argument("--quick", action="store_true", help="the same design with fewer windows: a 16-run screen, "
+                        "up to 8 confirmation pairs at a 10%% minimum effect, shorter target windows")
+    engine.add_argument("--objective", default=None, choices=list(OBJECTIVES),
+                        help="target (default): capacity at the p99 target, open loop; qps: closed-loop throughput "
+                             "(batch jobs)")
+    engine.add_argument("--error-budget", type=_share, default=None, metavar="SHARE",
+                        help="the share of failed requests a passing rate may have (default 0.001: 0.1%%)")
+    engine.add_argument("--concurrency", type=_positive_int, default=None,
+                        help="the closed loop's clients (the throughput windows); default 16")
+    engine.add_argument("--seed", type=int, default=None, help="the open loop's arrival seed (default 0)")
+    service = p.add_argument_group("your service (instead of the embedded pipeline: docs/your-service.md)")
+    service.add_argument("--url", default=None, help="a running service at this endpoint (its capacity at the "
+                         "target, the client's levers, a diagnosis), or with --cmd the endpoint with {port}")
+    _add_service_flags(service, "investigate")
+    service.add_argument("--pid", type=_positive_int, default=None, help="--url: the service's process, for "
+                         "per-thread CPU and memory (default: the process listening on the URL's port, when it is "
+                         "on this machine)")
+    _add_metrics_flag(service)
+    _add_api_flags(p.add_argument_group("the service's API"))
+    output = p.add_argument_group("output")
+    output.add_argument("--out", type=Path, default=Path(DEFAULT_OUT), help="output directory (report.html, "
+                        "experiments.csv, summary.json, environment.json), rewritten after every window")
+    output.add_argument("--resume", type=Path, default=None, metavar="DIR",
+                        help="go on from an interrupted run in DIR: its logged windows are replayed (same settings)")
+    _add_json_flag(output, "print only the final JSON summary (no progress)")
+
+
+def _profile_choices() -> str:
+    """The shipped device profiles, read from their files (so a new profile is listed without touching this)."""
+    from tuning.base.assets import shipped_profiles
+
+    return f"a shipped name ({', '.join(shipped_profiles())}) or a JSON path from `python -m tuning calibrate`"
 
 
 def _share(text: str) -> float:
@@ -952,12 +1022,12 @@ def cmd_knobs(args: argparse.Namespace) -> int:
             for f in fields(Knobs)]
     if args.json:
         _print_json(rows, result=False)
-        return 0
+        return Exit.OK
     for r in rows:
         presets = ", ".join(f"{name} {_short(r[f'preset {name}'])}" for name in PRESETS)
         print(f"{r['knob']} = {_short(r['default'])}   ({presets})\n    {r['help']}")
     print("\nchange one with --set KNOB=VALUE (repeatable), start from --preset NAME")
-    return 0
+    return Exit.OK
 
 
 def _short(value: Any) -> str:
@@ -965,134 +1035,258 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _terms() -> str:
-    from tuning.cli.guard import TERMS
-
-    return TERMS
-
-
-_TERMS = _terms()
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    _add_knob_flags(p.add_argument_group("knobs"), "run")
+    _add_data_flags(p.add_argument_group("requests"))
+    _add_model_flags(p.add_argument_group("your model"))
+    _add_json_flag(p.add_argument_group("output"))
 
 
-COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
-    "investigate": (cmd_investigate, "the main job: baseline under load, the experiment engine (screen, confirm, "
-                                     "target check: docs/deciding.md), what-if, HTML report"),
-    "run": (cmd_run, "replay the records through the offline pipeline and print throughput and the stage ledger"),
-    "tune": (cmd_tune, "a service's own knobs: start it from --cmd per configuration, decide with the experiment "
-                       "engine, print the command line to ship"),
-    "profile": (cmd_profile, "run the offline pipeline under every profiler and print the diagnosis"),
-    "serve": (cmd_serve, "serve POST /embed, GET /healthz and GET /metrics over HTTP (loopback by default)"),
-    "loadtest": (cmd_loadtest_any, "load-test the in-process server (or --url) at fixed concurrency or rate; "
-                                   "--engine locust for locust with --workers N processes"),
-    "sweep": (cmd_sweep, "sweep one variable: batch size (model, fixed shapes), concurrency or wait (server)"),
-    "plan": (cmd_plan, "choose k bucket lengths from the token-length histogram; padding waste per strategy"),
-    "precision": (cmd_precision, "accuracy of bf16/fp16 embeddings against fp32 (min and mean cosine)"),
-    "watch": (cmd_watch, "watch a running service from outside (per-thread CPU, memory, GPU), optionally under load "
-                         "at its URL, with a diagnosis from what can be seen"),
-    "calibrate": (cmd_calibrate, "fit a simulated-device profile from batch sweeps measured on a real device"),
-    "knobs": (cmd_knobs, "list every knob with its help, its default and each preset's value"),
+def _add_profile_flags(p: argparse.ArgumentParser) -> None:
+    _add_run_flags(p)
+    sampling = p.add_argument_group("profiler")
+    sampling.add_argument("--interval", type=_interval, default=0.5, help="sampling interval in seconds (>= 0.1)")
+
+
+def _add_serve_flags(p: argparse.ArgumentParser) -> None:
+    _add_knob_flags(p.add_argument_group("knobs"), "serve")
+    _add_model_flags(p.add_argument_group("your model"))
+    server = p.add_argument_group("server")
+    server.add_argument("--host", default="127.0.0.1", help="address to bind (loopback by default)")
+    server.add_argument("--port", type=_port, default=8000, help="port (0: any free port)")
+    server.add_argument("--backlog", type=_positive_int, default=4096,
+                        help="listen backlog: new connections the kernel queues before they are accepted")
+    server.add_argument("--max-connections", type=_positive_int, default=None,
+                        help="open connections the front serves (default 1024, or the open-file limit less 64 where "
+                             "lower); a request on one past it gets 503 when its headers arrive (an overload past "
+                             "the front's own ceiling is shed here, before the server's queue)")
+    server.add_argument("--duration", type=_positive_float, default=None, help="stop after S seconds")
+    _add_json_flag(p.add_argument_group("output"), "print a JSON summary on stdout when it stops (the talk goes to "
+                   "stderr)")
+
+
+def _add_loadtest_flags(p: argparse.ArgumentParser) -> None:
+    shape = p.add_argument_group("load shape")
+    shape.add_argument("--concurrency", type=_positive_int, default=8, help="requests in flight (closed loop)")
+    shape.add_argument("--requests", type=_positive_int, default=None, help="measured requests")
+    shape.add_argument("--duration", type=_positive_float, default=None, help="measured seconds")
+    shape.add_argument("--rate", type=_positive_float, default=None, help="open loop: Poisson arrivals per second")
+    shape.add_argument("--warmup", type=_count, default=16, help="warm-up requests excluded from the figures")
+    shape.add_argument("--warmup-s", type=_nonneg_seconds, default=None,
+                       help="warm-up seconds excluded from the figures (our engine: besides --warmup; locust: "
+                            "default 2)")
+    target = p.add_argument_group("target service and API (default: this package's server, in this process)")
+    target.add_argument("--url", default=None, help="drive an HTTP endpoint instead, e.g. "
+                        "http://127.0.0.1:8000/embed")
+    _add_api_flags(target)
+    _add_metrics_flag(target)
+    local = p.add_argument_group("the in-process server (without --url)")
+    _add_knob_flags(local, "loadtest")
+    _add_model_flags(local)
+    local.add_argument("--profile", action="store_true",
+                       help="run the load under the recorder and add the diagnosis")
+    _add_data_flags(p.add_argument_group("requests"))
+    engine = p.add_argument_group("load generator")
+    engine.add_argument("--engine", choices=["tuning", "locust"], default="tuning",
+                        help="ours (an asyncio keep-alive client for --url) or locust (headless master + "
+                             "--locust-workers processes; closed loop, needs --duration)")
+    engine.add_argument("--client-procs", type=_positive_int, default=1,
+                        help="our engine with --url: load-client processes (one asyncio loop tops out near one core; "
+                             "give one per core the client may use), their outcomes merged exactly")
+    engine.add_argument("--locust-workers", "--workers", dest="locust_workers", type=_positive_int, default=None,
+                        metavar="N", help="--engine locust: local worker processes (default 1); --workers is the "
+                                          "old name, still accepted with a note (it read like the knob num_workers, "
+                                          "the DataLoader's workers)")
+    engine.add_argument("--remote-workers", type=_count, default=0,
+                        help="--engine locust: workers to wait for from other machines (run there: locust -f "
+                             "tuning/load/locustfile.py --worker --master-host THIS_HOST)")
+    engine.add_argument("--master-host", default="127.0.0.1",
+                        help="--engine locust: address the master binds (loopback unless remote workers join)")
+    _add_json_flag(p.add_argument_group("output"))
+
+
+def _add_sweep_flags(p: argparse.ArgumentParser) -> None:
+    what = p.add_argument_group("what to sweep")
+    what.add_argument("variable", choices=["batch", "concurrency", "wait"], help="what to sweep")
+    what.add_argument("--sizes", type=_int_list, default=None, help="batch: batch sizes, e.g. 1,2,4,8,16,32")
+    what.add_argument("--length", type=_length, default=64, help="batch: tokens per input")
+    what.add_argument("--repeats", type=_positive_int, default=5, help="batch: timed repeats per batch size")
+    what.add_argument("--values", type=_float_list, default=None, help="concurrency or wait: the clients or "
+                      "max_wait_ms values")
+    what.add_argument("--requests", type=_positive_int, default=200, help="concurrency or wait: requests per point")
+    what.add_argument("--concurrency", type=_positive_int, default=32, help="wait: clients in flight")
+    local = p.add_argument_group("the in-process model and server (without --url)")
+    _add_knob_flags(local, "sweep")
+    _add_model_flags(local)
+    _add_data_flags(p.add_argument_group("requests (concurrency and wait)"))
+    target = p.add_argument_group("a running service (sweep concurrency only)")
+    target.add_argument("--url", default=None, help="sweep concurrency against a running service at this endpoint "
+                        "(its request schema: --api / --body)")
+    _add_api_flags(target)
+    _add_json_flag(p.add_argument_group("output"))
+
+
+def _add_plan_flags(p: argparse.ArgumentParser) -> None:
+    plan = p.add_argument_group("plan")
+    plan.add_argument("--k", type=_positive_int, default=4, help="number of bucket lengths (shapes)")
+    _add_knob_flags(p.add_argument_group("knobs (batch_size, max_length, bucket_window are simulated)"), "plan")
+    _add_data_flags(p.add_argument_group("requests"))
+    _add_json_flag(p.add_argument_group("output"))
+
+
+def _add_precision_flags(p: argparse.ArgumentParser) -> None:
+    _add_knob_flags(p.add_argument_group("knobs"), "precision")
+    _add_data_flags(p.add_argument_group("texts"))
+    _add_json_flag(p.add_argument_group("output"))
+
+
+def _add_watch_flags(p: argparse.ArgumentParser) -> None:
+    what = p.add_argument_group("what to watch")
+    what.add_argument("--pid", type=_positive_int, default=None,
+                      help="process id of the running service (default with --url: the process listening on its "
+                           "port when the host is this machine; none for a remote or containerized one)")
+    what.add_argument("--duration", type=_positive_float, default=10.0,
+                      help="seconds to watch (with --url: measured seconds of load)")
+    what.add_argument("--interval", type=_interval, default=0.5, help="sampling interval in seconds (>= 0.1)")
+    load = p.add_argument_group("load while watching")
+    load.add_argument("--url", default=None, help="drive load at this endpoint while watching, e.g. "
+                      "http://127.0.0.1:8000/embed (POST JSON {\"text\": ...} or a record)")
+    load.add_argument("--concurrency", type=_positive_int, default=None, help="clients in flight with --url "
+                      "(default 8)")
+    _add_metrics_flag(load)
+    _add_api_flags(p.add_argument_group("the service's API"))
+    _add_data_flags(p.add_argument_group("requests"))
+    _add_json_flag(p.add_argument_group("output"), "print the tables as JSON frames and the diagnosis")
+
+
+def _add_calibrate_flags(p: argparse.ArgumentParser) -> None:
+    fit = p.add_argument_group("fit")
+    fit.add_argument("--from", dest="sources", action="append", required=True, type=Path, metavar="SWEEP.json",
+                     help="`sweep batch --json` output (repeat for more lengths, dtypes and graph modes)")
+    fit.add_argument("--base", default=None, help="profile whose memory, copy and power figures are kept "
+                     "(default: h200-sxm-estimate on CUDA; this machine on a CPU)")
+    output = p.add_argument_group("output")
+    output.add_argument("-o", "--out", type=Path, required=True, help="where to write the device profile JSON")
+    output.add_argument("--name", default=None, help="profile name (default: the output file's stem)")
+    _add_json_flag(output, "print the fitted profile as JSON")
+
+
+def _add_knobs_flags(p: argparse.ArgumentParser) -> None:
+    _add_json_flag(p.add_argument_group("output"), "print the knobs as JSON")
+
+
+class Command(NamedTuple):
+    """A subcommand, declared in one place: what runs, its one-line help, its flags and its examples
+    (each a command line and what it does; tests/test_cli_help.py parses every one, so they cannot rot)."""
+
+    handler: Callable[[argparse.Namespace], int]
+    help: str
+    add_flags: Callable[[argparse.ArgumentParser], None]
+    examples: tuple[tuple[str, str], ...]
+
+
+COMMANDS: dict[str, Command] = {
+    "investigate": Command(
+        cmd_investigate, "the main job: baseline under load, the experiment engine (screen, confirm, target check: "
+                         "docs/deciding.md), what-if, HTML report", _add_investigate_flags,
+        (("python -m tuning investigate --quick", "the demo: the embedded pipeline on the shipped requests"),
+         ("python -m tuning investigate --url http://127.0.0.1:8080/embed --api tei --quick",
+          "a service that runs already (here text-embeddings-inference): its capacity, levers and a diagnosis"),
+         ('python -m tuning investigate --server triton --cmd "$HOME/.venvs/pytriton/bin/python '
+          'examples/pytriton_server.py" --quick',
+          "a server started once per configuration of its own knobs, here PyTriton from its own environment "
+          "(docs/your-service.md)"))),
+    "run": Command(
+        cmd_run, "replay the records through the offline pipeline and print throughput and the stage ledger",
+        _add_run_flags,
+        (("python -m tuning run --limit 200", "the shipped requests, baseline knobs"),
+         ("python -m tuning run --preset tuned --set batch_size=32 --limit 500", "one change against tuned"),
+         ("python -m tuning run --data reviews.csv --text-column body", "your own texts, from a CSV column"))),
+    "tune": Command(
+        cmd_tune, "a service's own knobs: start it from --cmd per configuration, decide with the experiment engine, "
+                  "print the command line to ship", _add_tune_flags,
+        (("python -m tuning tune --server tuning --quick", "this package's server over its recipe's default space"),
+         ('python -m tuning tune --cmd "python app.py --port {port} --max-batch {max_batch}" '
+          '--url "http://127.0.0.1:{port}/embed" --space max_batch=1,8,32 --out tune-run',
+          "your server: {port} and one {name} per --space knob; tune.html in tune-run/"))),
+    "profile": Command(
+        cmd_profile, "run the offline pipeline under every profiler and print the diagnosis", _add_profile_flags,
+        (("python -m tuning profile --limit 300", "where the baseline spends its time"),
+         ("python -m tuning profile --preset tuned --interval 0.2", "the tuned knobs, sampled more often"))),
+    "serve": Command(
+        cmd_serve, "serve POST /embed, GET /healthz and GET /metrics over HTTP (loopback by default)",
+        _add_serve_flags,
+        (("python -m tuning serve --port 8000", "the tuned knobs until Ctrl-C"),
+         ("python -m tuning serve --port 0 --set batch_size=8 --set max_wait_ms=5 --duration 60",
+          "any free port, two knobs changed, for a minute"))),
+    "loadtest": Command(
+        cmd_loadtest_any, "load-test the in-process server (or --url) at fixed concurrency or rate; --engine locust "
+                          "for locust with --locust-workers N processes", _add_loadtest_flags,
+        (("python -m tuning loadtest --requests 500 --concurrency 16", "the in-process server, closed loop"),
+         ("python -m tuning loadtest --url http://127.0.0.1:8000/embed --rate 50 --duration 30",
+          "a running server, open loop at 50 requests/s"),
+         ("python -m tuning loadtest --url http://127.0.0.1:8080/embed --api tei --engine locust "
+          "--locust-workers 2 --duration 30", "text-embeddings-inference, driven by locust"))),
+    "sweep": Command(
+        cmd_sweep, "sweep one variable: batch size (model, fixed shapes), concurrency or wait (server)",
+        _add_sweep_flags,
+        (("python -m tuning sweep batch --sizes 1,4,16,64 --length 128", "the model's per-sample cost by batch"),
+         ("python -m tuning sweep wait --values 0,5,20 --concurrency 16", "the server's batch wait, max_wait_ms"),
+         ("python -m tuning sweep concurrency --url http://127.0.0.1:8080/embed --api tei --values 1,8,32",
+          "a running service's throughput and latency by clients in flight"))),
+    "plan": Command(
+        cmd_plan, "choose k bucket lengths from the token-length histogram; padding waste per strategy",
+        _add_plan_flags,
+        (("python -m tuning plan --k 4", "four bucket lengths for the shipped requests"),
+         ("python -m tuning plan --data reviews.csv --text-column body --set max_length=512 --k 6",
+          "your texts, up to 512 tokens, six shapes"))),
+    "precision": Command(
+        cmd_precision, "accuracy of bf16/fp16 embeddings against fp32 (min and mean cosine)", _add_precision_flags,
+        (("python -m tuning precision --limit 200", "the shipped texts"),
+         ("python -m tuning precision --data questions.txt --json", "your texts, one a line, as JSON"))),
+    "watch": Command(
+        cmd_watch, "watch a running service from outside (per-thread CPU, memory, GPU), optionally under load at its "
+                   "URL, with a diagnosis from what can be seen", _add_watch_flags,
+        (("python -m tuning watch --pid 12345 --duration 30", "a local process as it is, for 30 s"),
+         ("python -m tuning watch --url http://127.0.0.1:8080/embed --api tei --duration 20",
+          "under load at its URL (its process found from the port when it is local)"))),
+    "calibrate": Command(
+        cmd_calibrate, "fit a simulated-device profile from batch sweeps measured on a real device",
+        _add_calibrate_flags,
+        (("python -m tuning calibrate --from sweep-64.json --from sweep-128.json -o my-gpu.json",
+          "from `python -m tuning sweep batch --length 64 --json > sweep-64.json` (and 128) run on the device"),
+         ("python -m tuning calibrate --from sweep-bf16.json --base h100-sxm-estimate --name my-h100 -o my-h100.json",
+          "keep a shipped profile's memory, copy and power figures"))),
+    "knobs": Command(
+        cmd_knobs, "list every knob with its help, its default and each preset's value", _add_knobs_flags,
+        (("python -m tuning knobs", "every knob, its default and each preset's value"),
+         ("python -m tuning knobs --json", "the same as JSON"))),
 }
+
+TOP_EXAMPLES = (*COMMANDS["investigate"].examples[:2], COMMANDS["knobs"].examples[0])
+
+
+def _examples(examples: Sequence[tuple[str, str]]) -> str:
+    return "examples:\n" + "\n".join(f"  {line}\n      {what}" for line, what in examples)
+
+
+TOP_EPILOG = "\n\n".join([_examples(TOP_EXAMPLES) + "\n  (each command's --help: its flags, grouped, and its own "
+                                                     "examples)", TERMS, EXIT_CODES])
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The CLI's parser: each command's flags, grouped, and its examples come from COMMANDS; the terms and the
+    exit codes are said once, on the top-level help."""
     parser = _Parser(prog="python -m tuning", description="Tuning workbook for online inference services.",
-                     formatter_class=_HelpFormatter, epilog=_TERMS)
+                     formatter_class=_HelpFormatter,
+                     epilog=TOP_EPILOG)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name, (_, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=_HelpFormatter,
-                           epilog=_TERMS)
+    for name, command in COMMANDS.items():
+        p = sub.add_parser(name, help=command.help, description=command.help, formatter_class=_HelpFormatter,
+                           epilog=_examples(command.examples) + "\n\nterms and exit codes: python -m tuning --help")
         p.add_argument("--verbose", action="store_true",
                        help="show every warning with its source, the profiler's own log lines, and tracebacks")
-        if name == "knobs":
-            p.add_argument("--json", action="store_true", help="print the knobs as JSON")
-            continue
-        if name == "investigate":
-            _add_investigate_flags(p)
-            continue
-        if name == "tune":
-            _add_tune_flags(p)
-            continue
-        if name == "watch":
-            p.add_argument("--pid", type=_positive_int, default=None,
-                           help="process id of the running service (default with --url: the process listening on "
-                                "its port when the host is this machine; none for a remote or containerized one)")
-            p.add_argument("--url", default=None, help="drive load at this endpoint while watching, e.g. "
-                           "http://127.0.0.1:8000/embed (POST JSON {\"text\": ...} or a record)")
-            p.add_argument("--concurrency", type=_positive_int, default=None, help="clients in flight with --url (default 8)")
-            p.add_argument("--duration", type=_positive_float, default=10.0,
-                           help="seconds to watch (with --url: measured seconds of load)")
-            p.add_argument("--interval", type=_interval, default=0.5, help="sampling interval in seconds (>= 0.1)")
-            _add_data_flags(p)
-            _add_api_flags(p)
-            _add_metrics_flag(p)
-            p.add_argument("--json", action="store_true", help="print the tables as JSON frames and the diagnosis")
-            continue
-        if name == "calibrate":
-            p.add_argument("--from", dest="sources", action="append", required=True, type=Path, metavar="SWEEP.json",
-                           help="`sweep batch --json` output (repeat for more lengths, dtypes and graph modes)")
-            p.add_argument("-o", "--out", type=Path, required=True, help="where to write the device profile JSON")
-            p.add_argument("--name", default=None, help="profile name (default: the output file's stem)")
-            p.add_argument("--base", default=None, help="profile whose memory, copy and power figures are kept "
-                           "(default: h200-sxm-estimate on CUDA; this machine on a CPU)")
-            p.add_argument("--json", action="store_true", help="print the fitted profile as JSON")
-            continue
-        _add_knob_flags(p, "tuned" if name in ("serve", "loadtest") else "baseline")
-        if name in ("run", "profile", "serve", "loadtest", "sweep"):
-            _add_model_flags(p)
-        if name != "serve":
-            _add_data_flags(p)
-        if name == "profile":
-            p.add_argument("--interval", type=_interval, default=0.5, help="sampling interval in seconds (>= 0.1)")
-        if name == "serve":
-            p.add_argument("--host", default="127.0.0.1", help="address to bind (loopback by default)")
-            p.add_argument("--port", type=_port, default=8000, help="port (0: any free port)")
-            p.add_argument("--backlog", type=_positive_int, default=4096,
-                           help="listen backlog: new connections the kernel queues before they are accepted")
-            p.add_argument("--max-connections", type=_positive_int, default=None,
-                           help="open connections the front serves (default 1024, or the open-file limit less 64 "
-                                "where lower); a request on one past it gets 503 when its headers arrive (an "
-                                "overload past the front's own ceiling is shed here, before the server's queue)")
-            p.add_argument("--duration", type=_positive_float, default=None, help="stop after S seconds")
-        if name == "sweep":
-            p.add_argument("variable", choices=["batch", "concurrency", "wait"], help="what to sweep")
-            p.add_argument("--sizes", type=_int_list, default=None, help="batch sizes, e.g. 1,2,4,8,16,32")
-            p.add_argument("--length", type=_length, default=64, help="tokens per input for the batch sweep")
-            p.add_argument("--repeats", type=_positive_int, default=5, help="timed repeats per batch size")
-            p.add_argument("--values", type=_float_list, default=None, help="concurrency or max_wait_ms values")
-            p.add_argument("--requests", type=_positive_int, default=200, help="requests per point (server sweeps)")
-            p.add_argument("--concurrency", type=_positive_int, default=32, help="clients for the wait sweep")
-            p.add_argument("--url", default=None, help="sweep concurrency against a running service at this endpoint "
-                           "(its request schema: --api / --body)")
-            _add_api_flags(p)
-        if name == "plan":
-            p.add_argument("--k", type=_positive_int, default=4, help="number of bucket lengths (shapes)")
-        if name == "loadtest":
-            p.add_argument("--concurrency", type=_positive_int, default=8, help="requests in flight (closed loop)")
-            p.add_argument("--requests", type=_positive_int, default=None, help="measured requests")
-            p.add_argument("--duration", type=_positive_float, default=None, help="measured seconds")
-            p.add_argument("--rate", type=_positive_float, default=None, help="open loop: Poisson arrivals per second")
-            p.add_argument("--warmup", type=_count, default=16, help="warm-up requests excluded from the figures")
-            p.add_argument("--url", default=None, help="drive an HTTP endpoint instead, e.g. http://127.0.0.1:8000/embed")
-            p.add_argument("--client-procs", type=_positive_int, default=1,
-                           help="with --url: load-client processes (one asyncio loop tops out near one core; give "
-                                "one per core the client may use), their outcomes merged exactly")
-            p.add_argument("--profile", action="store_true",
-                           help="in-process only: run the load under the recorder and add the diagnosis")
-            p.add_argument("--warmup-s", type=_nonneg_seconds, default=None,
-                           help="warm-up seconds excluded from the figures (our engine: besides --warmup; "
-                                "locust: default 2)")
-            p.add_argument("--engine", choices=["tuning", "locust"], default="tuning",
-                           help="the load generator: ours (an asyncio keep-alive client for --url) or locust "
-                                "(headless master + --workers processes; closed loop, needs --duration)")
-            p.add_argument("--workers", type=_positive_int, default=None,
-                           help="--engine locust: local worker processes (default 1)")
-            p.add_argument("--remote-workers", type=_count, default=0,
-                           help="--engine locust: workers to wait for from other machines (run there: locust -f "
-                                "tuning/load/locustfile.py --worker --master-host THIS_HOST)")
-            p.add_argument("--master-host", default="127.0.0.1",
-                           help="--engine locust: address the master binds (loopback unless remote workers join)")
-            _add_api_flags(p)
-            _add_metrics_flag(p)
+        command.add_flags(p)
     return parser
 
 
@@ -1140,7 +1334,7 @@ def _check_applies(args: argparse.Namespace) -> None:
         _refuse(given, ["--client-procs"], "the in-process server is driven from this process; --client-procs "
                 "spreads the load of --url over processes")
     if args.command == "loadtest" and getattr(args, "engine", None) == "locust":
-        _refuse(given, ["--client-procs"], "locust spreads its own load: --workers N")
+        _refuse(given, ["--client-procs"], "locust spreads its own load: --locust-workers N")
 
 
 def _check_inputs(args: argparse.Namespace) -> None:
@@ -1208,7 +1402,6 @@ def _interrupted(args: argparse.Namespace | None, exc: KeyboardInterrupt) -> int
     """Ctrl-C: one line saying how far it got, the partial table (or JSON), exit 130; no traceback."""
     import signal
 
-    from tuning.cli import guard as cliguard
 
     with contextlib.suppress(ValueError):  # a second Ctrl-C while printing is ignored
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -1225,7 +1418,7 @@ def _interrupted(args: argparse.Namespace | None, exc: KeyboardInterrupt) -> int
     elif render is not None:
         with contextlib.suppress(Exception):
             print(render(), flush=True)
-    return cliguard.EXIT_INTERRUPTED
+    return Exit.INTERRUPTED
 
 
 def _partial_view(args: argparse.Namespace, partial: Any) -> tuple[str, dict[str, Any], Callable[[], str] | None]:
@@ -1274,23 +1467,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _interrupted(args, exc)
     except cliguard.NothingAchieved as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return cliguard.EXIT_NOTHING
+        return Exit.NOTHING
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     except (ValueError, TypeError) as exc:  # knob validation: names field, value and what is allowed
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     except (FileNotFoundError, ModuleNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     except OSError as exc:  # the environment, not the arguments: a port in use, a file that cannot be written
         print(f"error: {_os_error(args, exc)}", file=sys.stderr)
-        return 1
+        return Exit.NOTHING
     except Exception as exc:  # nothing a user can cause should get here: one line, the traceback with --verbose
         if getattr(args, "verbose", False):
             raise
         first = (str(exc).splitlines() or [""])[0][:300]
         print(f"error: {type(exc).__name__}: {first} (an internal error: rerun with --verbose for the traceback "
               "and report it)", file=sys.stderr)
-        return 1
+        return Exit.NOTHING

@@ -7,13 +7,31 @@ Kept apart from :mod:`tuning.cli.commands` (which declares the commands) so the 
 from __future__ import annotations
 
 import contextlib
+import enum
 import os
 import sys
 import threading
 import warnings
 from typing import Any, Iterator
 
-EXIT_OK, EXIT_NOTHING, EXIT_USAGE, EXIT_TARGET_MISSED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+class Exit(enum.IntEnum):
+    """Every exit status of the CLI, so that a script (or CI) can tell a miss from a mistake by the number alone."""
+
+    OK = 0  # done
+    NOTHING = 1  # nothing achieved: no valid input, no answer, nothing measured
+    USAGE = 2  # a bad flag or value (one line names it and the fix)
+    TARGET_MISSED = 3  # investigate/tune: no configuration met the p99 target (the report shows the closest)
+    INTERRUPTED = 130  # Ctrl-C or SIGTERM: what was measured so far is kept
+
+
+EXIT_MEANINGS = {Exit.OK: "done", Exit.NOTHING: "nothing achieved (no valid input, no answer)",
+                 Exit.USAGE: "usage error",
+                 Exit.TARGET_MISSED: "investigate or tune: no configuration met the p99 target (the report shows "
+                                     "the closest)",
+                 Exit.INTERRUPTED: "interrupted (Ctrl-C; what was measured is kept)"}
+
+EXIT_NOTHING, EXIT_INTERRUPTED = Exit.NOTHING, Exit.INTERRUPTED  # the names tests/test_tune.py imports
 
 DATA_FORMATS = ("accepted: record JSONL (one JSON object a line with id, title, category, attributes, body), "
                 "JSONL with a text field ({\"text\": ...}, or --text-field NAME), CSV/TSV/Parquet with a text column "
@@ -30,9 +48,9 @@ TERMS = """terms:
   model busy         share of the measured window the model was running
   knee               the smallest batch within 5% of the best per-sample cost
   capacity           the highest Poisson arrival rate whose open-loop p99 (from the scheduled arrival, every
-                     outcome) is within the target with errors within the budget
-exit codes: 0 done, 1 nothing achieved (no valid input, no answer), 2 usage error, 3 investigate: the p99 target
-            was not met by any configuration (the report shows the closest), 130 interrupted (Ctrl-C)"""
+                     outcome) is within the target with errors within the budget"""
+
+EXIT_CODES = "exit codes:\n" + "\n".join(f"  {int(code):<17d}  {text}" for code, text in EXIT_MEANINGS.items())
 
 
 class NothingAchieved(Exception):
