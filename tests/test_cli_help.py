@@ -171,3 +171,24 @@ def test_the_device_profiles_listed_are_the_shipped_files():
 
     what_if = _option("investigate", "--what-if").help
     assert all(name in what_if for name in shipped_profiles()) and len(shipped_profiles()) >= 4
+
+
+def test_the_knob_help_and_the_error_list_the_same_profiles():
+    from dataclasses import fields
+
+    from tuning.base.assets import device_profile_path, shipped_profiles
+    from tuning.knobs import Knobs
+
+    knob_help = next(f for f in fields(Knobs) if f.name == "sim_profile").metadata["help"]
+    with pytest.raises(ValueError) as refused:
+        device_profile_path("no-such-card")
+    for name in shipped_profiles():
+        assert name in knob_help and name in str(refused.value)
+
+
+def test_precision_recommends_on_the_investigations_line():
+    from tuning.experiments.factors import MIN_COSINE
+    from tuning.present.verdicts import precision_verdict
+
+    just_under = {"dtype": "bf16", "min_cosine": MIN_COSINE - 1e-4, "status": "ok"}
+    assert "keep dtype=fp32" in precision_verdict([just_under]) and str(MIN_COSINE) in precision_verdict([just_under])

@@ -23,6 +23,8 @@ _LAZY = {
     "read_lines": "inputs.readers", "load_texts": "inputs.readers", "DEFAULT_DATA": "base.assets",
     "device_for": "sim.device", "run_ladder": "experiments.ladder", "LadderSettings": "experiments.ladder",
     "FACTOR_NAMES": "experiments.ladder", "EngineSettings": "experiments.engine",
+    # one default for one idea: the p99 target and the minimum cosine every command and notebook uses
+    "DEFAULT_TARGET_P99_MS": "experiments.ladder", "MIN_COSINE": "experiments.factors",
     "investigate": "present.investigation", "Investigation": "experiments.investigate",
     # the engine's pieces: the target check, the measurement seam
     "check_target": "experiments.capacity", "Capacity": "experiments.capacity", "Trial": "experiments.trial",

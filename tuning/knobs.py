@@ -13,6 +13,8 @@ import warnings
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from tuning.base.assets import shipped_profiles
+
 TOKENIZERS = ("naive", "fast")
 PADDINGS = ("dynamic", "fixed", "bucket")
 DTYPES = ("fp32", "bf16", "fp16")
@@ -56,8 +58,9 @@ class Knobs:
                        "fp32 vs bf16 on a GPU overstates what half precision buys")
     device: str = _knob("auto", "'auto' (CUDA when available, else the CPU), 'cpu', 'cuda', or 'sim' (the real host "
                         "pipeline against a simulated accelerator, see sim_profile; every result is labelled simulated)")
-    sim_profile: str = _knob("h200-sxm-estimate", "device='sim' only: a shipped device profile (h200-sxm-estimate, "
-                             "h100-sxm-estimate, l4-estimate) or the path of a JSON profile from `tuning calibrate`")
+    sim_profile: str = _knob("h200-sxm-estimate", f"device='sim' only: a shipped device profile "
+                             f"({', '.join(shipped_profiles())}: the files in tuning/sim/devices/) or the path of a "
+                             "JSON profile from `python -m tuning calibrate`")
     torch_threads: int | None = _knob(None, "intra-op threads of the model (None: the usable cores less those the "
                                             "tool's own load generators keep busy, at least 1)")
     # online serving

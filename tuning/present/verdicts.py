@@ -91,8 +91,13 @@ def load_sweep_verdict(variable: str, rows: list[dict[str, Any]]) -> str:
             f"(p99 {knee.get('p99_ms') or 0:.0f} ms); beyond it latency grows for little throughput: try {knob}.")
 
 
-def precision_verdict(rows: list[dict[str, Any]], threshold: float = 0.999) -> str:
-    """Names the dtype to use and why, from the min cosine against fp32."""
+def precision_verdict(rows: list[dict[str, Any]], threshold: float | None = None) -> str:
+    """Names the dtype to use and why, from the min cosine against fp32; the line is the investigation's own
+    (MIN_COSINE), so that ``precision`` never recommends a dtype the investigation would not screen."""
+    if threshold is None:
+        from tuning.experiments.factors import MIN_COSINE
+
+        threshold = MIN_COSINE
     ok = [r for r in rows if r.get("status") == "ok" and _num(r.get("min_cosine")) is not None]
     good = [r for r in ok if r["min_cosine"] >= threshold and r["dtype"] != "fp32"]
     skipped = [r["dtype"] for r in rows if r.get("status") != "ok"]
