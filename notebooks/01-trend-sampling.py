@@ -33,7 +33,7 @@ from tuning import viz
 viz.setup_notebook()
 
 # %% tags=["parameters"]
-DEVICE = os.environ.get("TUNING_DEVICE", "auto")  # "auto": CUDA if present, else the simulated H200; "cpu": the real CPU
+DEVICE = os.environ.get("TUNING_DEVICE", "sim")  # "sim": simulated H200; "auto": CUDA if present, else the CPU; "cpu"
 QUICK = os.environ.get("TUNING_QUICK") == "1"  # small sizes (CI runs the notebooks this way)
 CONCURRENCY = 16  # requests in flight (closed loop, like the team's load test)
 DURATION_S = 4 if QUICK else 30  # measured seconds of load

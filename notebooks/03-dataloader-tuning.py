@@ -33,7 +33,7 @@ from tuning import viz, widgets
 viz.setup_notebook()
 
 # %% tags=["parameters"]
-DEVICE = os.environ.get("TUNING_DEVICE", "auto")  # "auto": CUDA if present, else the simulated H200; "cpu": the real CPU
+DEVICE = os.environ.get("TUNING_DEVICE", "sim")  # "sim": simulated H200; "auto": CUDA if present, else the CPU; "cpu"
 QUICK = os.environ.get("TUNING_QUICK") == "1"  # small sizes (CI runs the notebooks this way)
 LIMIT = 200 if QUICK else 1200  # records replayed per run
 WORKERS = (0, 2, 4)  # num_workers values to compare

@@ -33,7 +33,7 @@ from tuning import viz
 viz.setup_notebook()
 
 # %% tags=["parameters"]
-DEVICE = os.environ.get("TUNING_DEVICE", "auto")  # "auto": CUDA if present, else the simulated H200; "cpu": the real CPU
+DEVICE = os.environ.get("TUNING_DEVICE", "sim")  # "sim": simulated H200; "auto": CUDA if present, else the CPU; "cpu"
 QUICK = os.environ.get("TUNING_QUICK") == "1"  # small sizes (CI runs the notebooks this way)
 LIMIT = 200 if QUICK else 1200  # records per run
 CHECK = 64 if QUICK else 256  # records for the output check (and the compile timing)
@@ -102,7 +102,7 @@ graph_knobs = tuning.preset("tuned", device=device.knob, dtype="bf16")
 captured = {g: tuning.run_batch_sweep(graph_knobs.replace(graph=g), sizes=list(SIZES), length=LENGTH)
             for g in ("eager", "cuda_graph")} if device.knob != "cpu" else {}
 viz.graph_modes_chart(captured) if captured else print("DEVICE='cpu': no capture on a CPU; "
-                                                       "run with DEVICE='auto' for the simulated device")
+                                                       "run with DEVICE='sim' for the simulated device")
 
 # %%
 if captured:

@@ -35,7 +35,7 @@ from tuning import viz
 viz.setup_notebook()
 
 # %% tags=["parameters"]
-DEVICE = os.environ.get("TUNING_DEVICE", "auto")  # "auto": CUDA if present, else the simulated H200; "cpu": the real CPU
+DEVICE = os.environ.get("TUNING_DEVICE", "sim")  # "sim": simulated H200; "auto": CUDA if present, else the CPU; "cpu"
 QUICK = os.environ.get("TUNING_QUICK") == "1"  # small sizes (CI runs the notebooks this way)
 MODEL = os.environ.get("TUNING_MODEL")  # a model folder or "module:factory"; None: a tiny random BERT stand-in
 DATA = os.environ.get("TUNING_DATA")  # your requests (.jsonl, .csv, .parquet, .txt); None: the demo records

@@ -35,8 +35,9 @@ ARTIFACTS = Path(os.environ.get("TUNING_NOTEBOOK_ARTIFACTS", ROOT / "test-artifa
 
 
 def device_for(name: str) -> str:
-    """The ``TUNING_DEVICE`` a notebook runs with: "cpu" for 01-04, the notebooks' own default for 05-07."""
-    return "cpu" if name[:2] in ON_THE_REAL_CPU else os.environ.get("TUNING_DEVICE", "auto")
+    """The ``TUNING_DEVICE`` a notebook runs with: "cpu" for 01-04, the notebooks' own default for 05-07 ("sim":
+    the simulated H200; TUNING_DEVICE=cuda runs them on a GPU)."""
+    return "cpu" if name[:2] in ON_THE_REAL_CPU else os.environ.get("TUNING_DEVICE", "sim")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The seven notebooks run top to bottom in quick mode, once per test session (``tests/notebook_runs.py``):
-01-04 on this machine's real CPU (``TUNING_DEVICE=cpu``), 05-07 on the default device (CUDA where present,
-else the simulated H200). Their own asserts state the invariants; these tests add that no cell failed,
-that each notebook printed its conclusions, and that no NVML warning reached stderr without a GPU."""
+01-04 on this machine's real CPU (``TUNING_DEVICE=cpu``), 05-07 on the notebooks' default device, the
+simulated H200 (``TUNING_DEVICE=cuda`` runs them on a GPU). Their own asserts state the invariants; these
+tests add that no cell failed, that each notebook printed its conclusions, and that no NVML warning reached
+stderr without a GPU."""
 
 import pytest
 

@@ -116,7 +116,7 @@ def test_house_style_skeleton(path):
     assert "viz.setup_notebook()" in _source(code[0]), "the first code cell sets up offline plotly"
     tagged = [c for c in code if "parameters" in c.get("metadata", {}).get("tags", [])]
     assert len(tagged) == 1 and "DEVICE =" in _source(tagged[0]) and "TUNING_QUICK" in _source(tagged[0])
-    assert 'os.environ.get("TUNING_DEVICE", "auto")' in _source(tagged[0])
+    assert 'os.environ.get("TUNING_DEVICE", "sim")' in _source(tagged[0])  # "auto" means the CPU without CUDA
     steps = [int(m) for c in cells if c["cell_type"] == "markdown" for m in re.findall(r"^## Step (\d+)", _source(c), re.M)]
     assert steps == list(range(1, len(steps) + 1)) and len(steps) >= 3
     assert any("assert " in _source(c) for c in code), "cells that state a fact assert it"

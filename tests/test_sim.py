@@ -344,12 +344,15 @@ def test_graph_modes_cost_the_captured_batch():
     assert SimulatedModel(device, "bf16", "eager", captured_batches=(8,)).shape_cost_batch(3) == 3
 
 
-def test_device_for_auto_picks_the_simulated_h200_without_cuda():
-    choice = device_for("auto")
+def test_device_for_auto_is_cuda_else_the_cpu_and_sim_is_said():
+    choice = device_for("auto")  # one meaning of auto everywhere: the device knob's and the CLI's
     assert isinstance(choice, DeviceChoice)
+    assert choice.knob == ("cuda" if torch.cuda.is_available() else "cpu") and not choice.simulated
+    sim = device_for("sim")
+    assert sim.knob == "sim" and sim.simulated and "SIMULATED" in sim.banner
+    assert "h200-sxm-estimate" in sim.label and "estimate" in sim.label
     if not torch.cuda.is_available():
-        assert choice.knob == "sim" and choice.simulated and "SIMULATED" in choice.banner
-        assert "h200-sxm-estimate" in choice.label and "estimate" in choice.label
+        assert device_for("auto", fallback="sim").knob == "sim"
     assert device_for("cpu").knob == "cpu" and not device_for("cpu").simulated
     with pytest.raises(ValueError, match="DEVICE='gpu'"):
         device_for("gpu")

@@ -34,13 +34,14 @@ class DeviceChoice:
 FALLBACKS = ("sim", "cpu")
 
 
-def device_for(choice: Any = "auto", profile: str | None = None, fallback: str = "sim") -> DeviceChoice:
+def device_for(choice: Any = "auto", profile: str | None = None, fallback: str = "cpu") -> DeviceChoice:
     """Resolve a device choice once, for every caller.
 
-    ``"auto"``: CUDA when present, else ``fallback``: ``"sim"`` (the simulated ``profile``: what the
-    notebooks use, so that the investigation's starved accelerator can show on a CPU machine) or ``"cpu"``
-    (the real CPU: what the ladder and ``investigate`` use, since they measure real hardware unless asked for
-    ``sim``). ``"cpu"``, ``"cuda"``, ``"sim"``: that one. A :class:`DeviceChoice` is returned as it is.
+    ``"auto"``: CUDA when present, else the real CPU, as the ``device`` knob and the CLI mean it (one meaning
+    everywhere: a caller that wants the simulated device says ``"sim"``, as the notebooks do, so that the
+    starved accelerator can show on a CPU machine). ``fallback="sim"`` is kept for a caller that wants "CUDA
+    when present, else simulated". ``"cpu"``, ``"cuda"``, ``"sim"``: that one. A :class:`DeviceChoice` is
+    returned as it is.
     """
     import torch
 
@@ -52,7 +53,8 @@ def device_for(choice: Any = "auto", profile: str | None = None, fallback: str =
         raise ValueError(f"fallback={fallback!r} is not allowed; allowed: {' | '.join(FALLBACKS)}")
     profile = profile or DEFAULT_PROFILE
     if choice == "cuda" and not torch.cuda.is_available():
-        raise ValueError("DEVICE='cuda' but no CUDA device is available here; use 'auto' (simulated) or 'cpu'")
+        raise ValueError("DEVICE='cuda' but no CUDA device is available here; use 'sim' (the simulated device) "
+                         "or 'cpu'")
     if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
         name = torch.cuda.get_device_name(0)
         return DeviceChoice("cuda", False, f"cuda ({name}, measured)", f"Running on {name}: every figure is measured.",
