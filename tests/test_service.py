@@ -32,6 +32,7 @@ CUSTOM_ONE = Api("custom", template={"input": "{text}"})
 def test_a_running_service_s_lever_is_texts_per_request_where_its_api_carries_several():
     assert client_space(TEI) == {"client_batch": ["1", "4", "16"]}
     assert client_space(TEI, {"client_batch": ["1", "8"]}) == {"client_batch": ["1", "8"]}
+    assert client_space(Api("tei", client_batch=8)) == {"client_batch": ["8", "1", "4", "16"]}  # today's first
     assert client_space(CUSTOM_ONE) == {}  # one text per request: the target check alone
     assert client_space(Api("custom", template={"input": "{texts}"}), None) == {"client_batch": ["1", "4", "16"]}
 
@@ -195,23 +196,25 @@ def _processes_running(marker: str) -> list[int]:
 
 @pytest.mark.slow
 def test_investigate_cmd_ships_the_faster_server_diagnoses_both_and_leaves_no_process(tmp_path):
+    import os
     import sys
     from pathlib import Path
 
     app = Path(__file__).parent / "apps" / "queue_service.py"
     code, out, err = _cli("investigate", "--cmd", f"{sys.executable} {app} --port {{port}} --service-ms {{ms}}",
-                          "--space", "ms=8,2", "--url", "http://127.0.0.1:{port}/predict", "--body",
+                          "--space", f"ms=8.{os.getpid()},2.{os.getpid()}", "--url", "http://127.0.0.1:{port}/predict", "--body",
                           '{"input": "{text}"}', "--target-p99-ms", "300", "--quick", "--limit", "20",
                           "--out", str(tmp_path), "--json")
     assert code == 0, err
     s = json.loads(out)
-    assert s["service"]["mode"] == "cmd" and s["best"]["ms"] == "2" and "--service-ms 2" in s["ship"]
+    fast = f"2.{os.getpid()}"  # service times no other test's server has: they mark this run's processes
+    assert s["service"]["mode"] == "cmd" and s["best"]["ms"] == fast and f"--service-ms {fast}" in s["ship"]
     assert set(s["diagnosis"]) == {"baseline", "recommended"}
     for role in s["diagnosis"].values():
-        assert role["pid"] is not None and role["stages"]["total_ms"] > 0  # found from its port
+        assert "queue_service.py" in role["command"] and role["stages"]["total_ms"] > 0  # the process it started
         assert role["stages"]["source"] is None  # the queue service exposes no timings: said, not guessed
-    assert (tmp_path / "report.html").is_file() and json.loads((tmp_path / SUMMARY).read_text())["best"]["ms"] == "2"
-    assert _processes_running(str(app)) == []
+    assert (tmp_path / "report.html").is_file() and json.loads((tmp_path / SUMMARY).read_text())["best"]["ms"] == fast
+    assert _processes_running(f".{os.getpid()}") == []
 
 
 @pytest.mark.slow
@@ -290,3 +293,20 @@ def test_a_service_that_never_answers_is_not_watched_and_the_reason_is_kept(tmp_
     s = json.loads((tmp_path / SUMMARY).read_text())
     assert "connection refused" in s["error"] and s["best"] is None and s["diagnosis"] == {}
     assert service.watched == [] and not inv.target_met
+
+
+def test_a_texts_per_request_the_service_refuses_is_that_configuration_s_error_in_its_row(tmp_path):
+    from tuning.experiments.engine import ConfigError
+
+    service = Service()
+
+    def refuses_16(values, **kw):
+        if values.get("client_batch") == "16":
+            raise ConfigError("no ok answer with 16 text(s) per request (first reason: HTTP 400: batch size 16 "
+                              "exceeds the model's max_batch_size 8)")
+        return service.measure(values, **kw)
+
+    inv = investigate_service("http://127.0.0.1:9/embed", lambda api: [b"{}"] * 4, TEI, 300.0, TuneSettings.quick(),
+                              measure=refuses_16, watch_fn=service.watch, diagnose_s=1.0)
+    rows = {r["client_batch"]: r for r in inv.summary()["rows"]}
+    assert "exceeds the model's max_batch_size 8" in rows["16"]["error"] and rows["4"]["error"] is None

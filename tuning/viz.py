@@ -603,9 +603,9 @@ def _capacities(obj: Any) -> dict[str, dict[str, Any]]:
 _CONFIG_COLORS = ("#4c78a8", "#f58518", "#54a24b", "#b279a2", "#72b7b2")
 
 
-def _probe_hover(p: Mapping[str, Any], p99: float, label: str = "") -> str:
+def _probe_hover(p: Mapping[str, Any], p99: float, label: str = "", unit: str = "req/s") -> str:
     """A capacity probe's hover text: its rate, verdict, counts, p50 and p99 with its interval."""
-    return (f"{label + ': ' if label else ''}{_num(p.get('rate')):.1f} req/s: {p.get('verdict')} by {p.get('by')} "
+    return (f"{label + ': ' if label else ''}{_num(p.get('rate')):.1f} {unit}: {p.get('verdict')} by {p.get('by')} "
             f"({_count(p.get('exceed'))} of {p.get('n')} over the target or failed; {p.get('errors')} errors)"
             f"<br>p50 {_ms(p.get('p50_ms'))} ms, p99 " + (f"{p99:.0f}" if math.isfinite(p99) else "unbounded (over 1% failed)")
             + f" [{_ms(p.get('p99_low_ms'))}-{_ms(p.get('p99_high_ms'), 'unbounded')}] ms")
@@ -620,6 +620,7 @@ def capacity_chart(capacity: Any, device: Any = None, target_p99_ms: float | Non
     label -> either (``{"baseline": ..., "recommended": ...}``) to draw several on one chart. A probe whose
     p99 is unbounded (more than 1% of its outcomes failed) is drawn at the top edge as a triangle."""
     caps = _capacities(capacity)
+    unit = next((c["unit"] for c in caps.values() if c.get("unit")), "req/s")  # texts/s where a request carries several
     target = target_p99_ms
     if target is None:
         target = next((_num(c.get("target_p99_ms")) for c in caps.values() if c.get("target_p99_ms") is not None),
@@ -640,7 +641,7 @@ def capacity_chart(capacity: Any, device: Any = None, target_p99_ms: float | Non
             # an upper end the outcomes cannot bound (too few of them): the bar runs off the chart's top edge
             high = [p.get("p99_high_ms") if p.get("p99_high_ms") is not None else top * 3 for p in part]
             bars = _error_bars(p99, [p.get("p99_low_ms") for p in part], high)
-            hover = [_probe_hover(p, v, label) for p, v in zip(part, p99)]
+            hover = [_probe_hover(p, v, label, unit) for p, v in zip(part, p99)]
             what = "pass" if passed else "fail"
             fig.add_trace(go.Scatter(
                 x=[_num(p.get("rate")) for p in part], y=y, mode="markers",
@@ -651,7 +652,7 @@ def capacity_chart(capacity: Any, device: Any = None, target_p99_ms: float | Non
                 error_y=bars, hovertext=hover, hoverinfo="text"))
         if cap.get("capacity") is not None:
             fig.add_vline(x=_num(cap["capacity"]), line=dict(color=color, dash="dot"),
-                          annotation_text=f"{label + ' ' if label else ''}capacity {_num(cap['capacity']):.1f} req/s",
+                          annotation_text=f"{label + ' ' if label else ''}capacity {_num(cap['capacity']):.1f} {unit}",
                           annotation_position="top left" if i % 2 else "top right")
     if target is not None:
         fig.add_hline(y=target, line=dict(color="black", dash="dash"), annotation_text=f"p99 target {target:.0f} ms",
@@ -659,10 +660,10 @@ def capacity_chart(capacity: Any, device: Any = None, target_p99_ms: float | Non
     if not any(c.get("probes") for c in caps.values()):
         fig.add_annotation(text="no capacity probe was run", xref="paper", yref="paper", x=0.5, y=0.5,
                            showarrow=False, font=dict(size=14))
-    fig.update_xaxes(title_text="offered Poisson rate (req/s)", rangemode="tozero")
+    fig.update_xaxes(title_text=f"offered Poisson rate ({unit})", rangemode="tozero")
     fig.update_yaxes(title_text="p99 latency from the scheduled arrival (ms)", range=[0, top * 1.02])
     fig.update_layout(showlegend=True)
-    met = [f"{k + ' ' if k else ''}{_num(c['capacity']):.1f} req/s" for k, c in caps.items()
+    met = [f"{k + ' ' if k else ''}{_num(c['capacity']):.1f} {unit}" for k, c in caps.items()
            if c.get("capacity") is not None]
     what = f"capacity {', '.join(met)}" if met else "no rate met the target"
     return _finish(fig, _title(f"Capacity at the p99 target: each probe's p99 and its interval ({what})", None,

@@ -60,10 +60,10 @@ class Probe:
                 "share_high": rounded(self.share_high), "lag_p99_ms": rounded(self.lag_p99_ms),
                 "fastest_ms": rounded(self.fastest_ms)}
 
-    def sentence(self) -> str:
+    def sentence(self, unit: str = "req/s") -> str:
         share = (f"{100 * self.share:.2f}% over [{100 * (self.share_low or 0):.2f}-{100 * (self.share_high or 0):.2f}%]"
                  if self.share is not None else f"{self.exceed} of {self.n} over")
-        return (f"{self.rate:.1f} req/s: {self.verdict} by {self.by} ({share} the target or failed; "
+        return (f"{self.rate:.1f} {unit}: {self.verdict} by {self.by} ({share} the target or failed; "
                 f"p99 {_ms(self.p99_ms)} ms)")
 
 
@@ -80,6 +80,7 @@ class Capacity:
     probes: list[Probe]
     note: str = ""
     throughput: float | None = None
+    unit: str = "req/s"  # what its rates count (texts/s where a request carries several)
 
     @property
     def met(self) -> bool:
@@ -115,7 +116,7 @@ class Capacity:
                 "p99_ms": rounded(best.p99_ms) if best else None,
                 "p99_interval_ms": [rounded(best.p99_low_ms), rounded(best.p99_high_ms)] if best else None,
                 "p50_ms": rounded(best.p50_ms) if best else None, "decided": self.decided, "trials": self.trials,
-                "note": self.note, "probes": [p.row() for p in self.probes]}
+                "note": self.note, "unit": self.unit, "probes": [p.row() for p in self.probes]}
 
     @classmethod
     def from_summary(cls, s: dict[str, Any]) -> "Capacity":
@@ -130,18 +131,19 @@ class Capacity:
             probes.append(Probe(**kw))
         low, high = (s.get("bracket") or [None, None])
         return cls(float(s["target_p99_ms"]), float(s["error_budget"]), s.get("capacity"), low, high, probes,
-                   s.get("note") or "", s.get("throughput"))
+                   s.get("note") or "", s.get("throughput"), s.get("unit") or "req/s")
 
     def sentence(self) -> str:
         if self.capacity is None:
             best = self.best
-            closest = f"; closest: {best.sentence()}" if best else ""
+            closest = f"; closest: {best.sentence(self.unit)}" if best else ""
             return f"no rate met the {self.target_p99_ms:.0f} ms p99 target{closest}{'; ' + self.note if self.note else ''}"
         above = self.at(self.high) if self.high is not None else None
         nxt = (f"next rate up {above.rate:.1f}: {above.verdict}, p99 {_ms(above.p99_ms)} ms" if above is not None
                else "the highest fraction tried")
         best = self.best
-        return (f"{self.capacity:.1f} req/s at p99 <= {self.target_p99_ms:.0f} ms (p99 there {_ms(best.p99_ms) if best else '?'} "
+        there = _ms(best.p99_ms) if best else "?"
+        return (f"{self.capacity:.1f} {self.unit} at p99 <= {self.target_p99_ms:.0f} ms (p99 there {there} "
                 f"ms; {nxt}; {len(self.probes)} windows)")
 
 
@@ -155,6 +157,15 @@ def _pooled(trials: list[Trial]) -> np.ndarray | None:
     return np.concatenate([np.asarray(t.latencies_ms, dtype=float) for t in trials]) if trials else np.zeros(0)
 
 
+def _offered(trials: list[Trial], window: float) -> float:
+    """Arrivals scheduled per second: the trials' own offered rates (in the measure's unit: texts/s where a
+    request carries several), else their submitted requests over the window."""
+    own = [(t.offered_rate, t.window_s) for t in trials if math.isfinite(t.offered_rate) and math.isfinite(t.window_s)]
+    if own and window > 0:
+        return sum(rate * w for rate, w in own) / sum(w for _, w in own)
+    return sum(t.submitted for t in trials) / window if window > 0 else math.nan
+
+
 def pooled_figures(trials: list[Trial], target_p99_ms: float) -> dict[str, Any]:
     """n, exceedances, errors, p50, p99 and its interval over trials' pooled outcomes (a summary-only trial
     contributes its counts and the median of its percentiles)."""
@@ -165,7 +176,7 @@ def pooled_figures(trials: list[Trial], target_p99_ms: float) -> dict[str, Any]:
     out = {"n": sum(t.submitted for t in trials), "errors": errors,
            "late": sum(late_sends(t, target_p99_ms) for t in trials),
            "achieved_rate": done / window if window > 0 else known_median([t.qps for t in trials]),
-           "offered_rate": sum(t.submitted for t in trials) / window if window > 0 else math.nan}
+           "offered_rate": _offered(trials, window)}
     if lat is not None and lat.size:
         lo, hi = quantile_interval(lat, 0.99)
         finite = lat[np.isfinite(lat)]
@@ -214,7 +225,7 @@ def _summary_verdict(w: Any, target_p99_ms: float) -> TargetVerdict:
 
 def check_target(run_window: Callable[[float, int], Any], throughput: float, target_p99_ms: float,
                  fractions: tuple[float, ...], error_budget: float = DEFAULT_ERROR_BUDGET, seed: int = 0,
-                 stop: Callable[[Probe], bool] | None = None) -> Capacity:
+                 stop: Callable[[Probe], bool] | None = None, unit: str = "req/s") -> Capacity:
     """Windows at each fraction of ``throughput``, highest first, until one passes (``docs/deciding.md``,
     stage 3). ``run_window(rate, seed) -> Window`` measures one (the engine's runner); ``stop(probe)``
     returning True ends the descent early (Ctrl-C's caller, a test)."""
@@ -222,7 +233,7 @@ def check_target(run_window: Callable[[float, int], Any], throughput: float, tar
     note = ""
     if not (throughput > 0 and math.isfinite(throughput)):
         return Capacity(target_p99_ms, error_budget, None, None, None, [], "no sustained throughput to start from",
-                        throughput)
+                        throughput, unit)
     for i, f in enumerate(fractions):
         rate = f * throughput
         w = run_window(rate, seed + TARGET_SALT + i)
@@ -232,8 +243,8 @@ def check_target(run_window: Callable[[float, int], Any], throughput: float, tar
         probes.append(p)
         if p.passed:
             high = probes[-2].rate if len(probes) > 1 else None
-            return Capacity(target_p99_ms, error_budget, rate, rate, high, probes, note, throughput)
+            return Capacity(target_p99_ms, error_budget, rate, rate, high, probes, note, throughput, unit)
         if stop is not None and stop(p):
             break
     return Capacity(target_p99_ms, error_budget, None, None, probes[-1].rate if probes else None, probes, note,
-                    throughput)
+                    throughput, unit)

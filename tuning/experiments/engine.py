@@ -53,6 +53,7 @@ class EngineSettings:
     candidates: int = 2  # winners checked at the target, in rank order, before the baseline alone
     error_budget: float = 0.001
     seed: int = 0
+    unit: str = "req/s"  # what a rate counts: requests, or texts where configurations send several per request
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -361,9 +362,9 @@ def decide(runner: Runner, baseline: Any, explore: Callable[[Runner], Explored],
     target = runner.target_ms
 
     def check(config: Any, qps: float, name: str) -> Any:
-        runner.status(f"target check of {name} from {qps:.1f} req/s")
+        runner.status(f"target check of {name} from {qps:.1f} {settings.unit}")
         cap = check_target(lambda rate, seed: runner.run("target", config, rate, seed), qps, target,
-                           settings.fractions, settings.error_budget, settings.seed)
+                           settings.fractions, settings.error_budget, settings.seed, unit=settings.unit)
         d.checks.append((name, cap))
         return cap
 
@@ -402,7 +403,8 @@ def decide(runner: Runner, baseline: Any, explore: Callable[[Runner], Explored],
         (top, a), (second, b) = met[:2]
         gap = top / second - 1
         if gap < settings.min_effect:
-            said = (f"{a} ({top:.1f} req/s) and {b} ({second:.1f} req/s) are within {100 * gap:.1f}% of each other "
+            u = settings.unit
+            said = (f"{a} ({top:.1f} {u}) and {b} ({second:.1f} {u}) are within {100 * gap:.1f}% of each other "
                     f"at the target, under the {100 * settings.min_effect:.0f}% minimum effect: which of the two "
                     "holds more is not known")
             d.indeterminate = f"{d.indeterminate}; {said}" if d.indeterminate else said

@@ -45,8 +45,8 @@ class ServiceError(ValueError):
 
 def client_space(api: Any, given: dict[str, list[str]] | None = None) -> dict[str, list[str]]:
     """The levers a client controls on a running service: ``--space client_batch=...`` when given (the only
-    name allowed), else :data:`CLIENT_BATCHES` for an API that carries several texts, else none (the target
-    check alone)."""
+    name allowed), else, for an API that carries several texts, the client's texts per request today
+    (``--client-batch``, the baseline) and then :data:`CLIENT_BATCHES`; else none (the target check alone)."""
     given = dict(given or {})
     unknown = [name for name in given if name != "client_batch"]
     if unknown:
@@ -61,7 +61,10 @@ def client_space(api: Any, given: dict[str, list[str]] | None = None) -> dict[st
             raise ServiceError(f"--space client_batch: --api {api.name} sends one text per request; use --api tei, "
                                "openai, kserve or a --body with \"{texts}\"")
         return {"client_batch": values}
-    return {"client_batch": list(CLIENT_BATCHES)} if batchable(api) else {}
+    if not batchable(api):
+        return {}
+    today = str(api.client_batch)
+    return {"client_batch": [today, *(v for v in CLIENT_BATCHES if v != today)]}
 
 
 def batchable(api: Any) -> bool:
@@ -168,7 +171,7 @@ class ServiceInvestigation:
         best = self.tune.best
         return {**s, "command": "investigate",
                 "service": {"mode": self.mode, "server": self.server, "metrics_url": self.metrics_url,
-                            "texts_per_s": self.mode == "url" and "client_batch" in self.tune.space},
+                            "texts_per_s": self.tune.settings.engine.unit == "texts/s"},
                 "wall_s": rounded(self.wall_s, 2), "out": str(self.out) if self.out else None,
                 "ship": _ship(self, best), "diagnosis": self.diagnosed}
 
@@ -202,6 +205,8 @@ def investigate_service(url: str, encode: Callable[[Any], list[Any]], api: Any, 
     mode = "cmd" if cmd else "url"
     if mode == "url":
         space = client_space(api, space)
+        if "client_batch" in space:  # configurations compare on work done: every rate counts texts
+            settings = dataclasses.replace(settings, engine=dataclasses.replace(settings.engine, unit="texts/s"))
         measure = measure or ClientMeasure(api.url(url), encode, api, settings, metrics_url)
     else:
         if not space:
@@ -255,7 +260,7 @@ def diagnose_roles(inv: ServiceInvestigation, measure: Any, plain: tuple[str, Ca
         say(f"diagnosing the {role} ({label(values) or 'as it runs'}) under load for {duration_s:.0f} s")
         try:
             endpoint, bodies, role_api, metrics = _endpoint(measure, values, plain)
-            watched = watch_fn(pid if inv.mode == "url" else None, endpoint, bodies, concurrency=settings.concurrency,
+            watched = watch_fn(_process_of(measure, values, pid), endpoint, bodies, concurrency=settings.concurrency,
                                duration_s=duration_s, api=role_api, metrics_url=metrics)
         except (ConfigError, ValueError, OSError) as exc:
             inv.diagnosed[role] = {"configuration": values, "error": str(exc)}
@@ -266,6 +271,16 @@ def diagnose_roles(inv: ServiceInvestigation, measure: Any, plain: tuple[str, Ca
                                "stages": stage_split(watched.load, watched.server_metrics)
                                if watched.load is not None else None}
         saved(inv)
+
+
+def _process_of(measure: Any, values: dict[str, str], pid: int | None) -> int | None:
+    """The process to sample: the one this run started (``--cmd``: the leader of its process group, with every
+    process it forked, since the process listening on the port may be a child that is not the model's, as
+    PyTriton's tritonserver is), else ``--pid``, else None (found from the listening port)."""
+    if isinstance(measure, SwitchingMeasure):
+        group, _ = measure.running_server(values)
+        return group.proc.pid
+    return pid
 
 
 def _endpoint(measure: Any, values: dict[str, str], plain: tuple[str, Callable, Any, str | None]) -> tuple[str, list, Any, Any]:

@@ -561,6 +561,9 @@ def _refresh_rows(result: TuneResult, switching: SwitchingMeasure | None) -> Non
         row.windows = len(ws)
         row.qps = float(sum(ws) / len(ws)) if ws else math.nan
         row.server = server_means([w for w in result.windows_log if label(w.config) == key and w.kind == "throughput"])
+        failed = [w.error for w in result.windows_log if label(w.config) == key and w.error]
+        if failed and not row.error:  # a measure that starts no server (a running service) says it only here
+            row.error = failed[-1]
         c = ranked.get(key)
         if c is not None:
             row.ratio = rounded(math.exp(c.log_ratio))

@@ -478,8 +478,9 @@ def tune_probes_sentence(s: dict[str, Any]) -> str:
     windows = sum(len(c.get("probes") or []) for c in checks)
     t = s.get("target_p99_ms")
     best = s.get("best")
+    unit = next((c["unit"] for c in checks if c.get("unit")), "req/s")
     tail = (f" The shipped configuration held p99 {fixed(best.get('p99_ms'), '.0f')} ms at "
-            f"{fixed(best.get('capacity'), '.1f')} req/s." if best else
+            f"{fixed(best.get('capacity'), '.1f')} {unit}." if best else
             f" No configuration checked kept p99 within {fixed(t, '.0f')} ms at any rate tried.")
     return (f"{windows} target windows over {len(checks)} configurations, at descending fractions of each one's "
             f"sustained throughput: each rate against its open-loop p99 (from the scheduled arrival, every outcome), "
@@ -514,7 +515,7 @@ def render_tune(result: Any, resume_dir: Any = None, title: str = "tune: the ser
     space = list(s.get("space") or {})
     target = s.get("target_p99_ms")
     charts = _Charts()
-    unit = "texts/s" if (s.get("service") or {}).get("texts_per_s") else "req/s"
+    unit = (s.get("windows") or {}).get("engine", {}).get("unit") or "req/s"
     rows = tune_rows(s.get("rows") or [], space, unit)
     columns = [(k, k) for k in (list(rows[0]) if rows else space)]
     errors = [r for r in s.get("rows") or [] if r.get("error")]

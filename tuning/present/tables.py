@@ -330,8 +330,7 @@ def format_service(inv: Any) -> str:
     """``investigate --url`` / ``--cmd``'s ending: the engine's table and decision (as ``tune``), each watched
     configuration's diagnosis and latency stages, and what to ship."""
     s = inv.summary()
-    unit = "texts/s" if s["service"]["texts_per_s"] else "req/s"
-    lines = [format_tune(inv.tune, unit, "investigate")]
+    lines = [format_tune(inv.tune, inv.tune.settings.engine.unit, "investigate")]
     for role, d in (s.get("diagnosis") or {}).items():
         if d.get("error"):
             lines.append(f"{role}: could not be watched: {d['error']}")
