@@ -98,3 +98,26 @@ def test_an_unreachable_metrics_url_is_a_reason_not_an_error():
     assert probe() is None and probe() is None
     m = probe.result()
     assert m.exporter is None and m.reason and "127.0.0.1:9" in m.reason
+
+
+def test_a_background_probe_never_scrapes_on_the_load_loop_s_thread(monkeypatch):
+    """The engine's windows scrape the server's metrics as they open and close; a slow or dead endpoint must
+    not hold the requests in flight, so each scrape runs on a thread of its own and the figures come after."""
+    import threading
+
+    from tuning.load import scrape as scrape_mod
+
+    seen = []
+    text = "nv_inference_request_success 10\nnv_inference_queue_duration_us 2000\n"
+
+    def fake(url, timeout_s=5.0):
+        seen.append(threading.current_thread().name)
+        n = len(seen)
+        return scrape_mod.parse(text.replace("10", str(10 * n)).replace("2000", str(2000 * n))), None
+
+    monkeypatch.setattr(scrape_mod, "scrape", fake)
+    probe = scrape_mod.MetricsProbe("http://127.0.0.1:1/metrics", background=True)
+    assert probe() is None and probe() is None
+    result = probe.result()
+    assert seen == ["metrics-scrape", "metrics-scrape"]
+    assert result.exporter == "triton" and result.values["queue_ms"] == 0.2  # 2000 us over 10 requests

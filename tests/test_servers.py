@@ -95,7 +95,7 @@ def test_each_recipe_speaks_a_valid_api(name):
 def test_triton_speaks_kserve_to_the_minilm_model():
     api = recipe("triton").make_api()
     assert api.name == "kserve" and api.output_name == "embedding"
-    assert recipe("triton").url.endswith(api.default_route())  # /v2/models/minilm/infer
+    assert api.url(recipe("triton").url.replace("{port}", "8000")) == "http://127.0.0.1:8000/v2/models/minilm/infer"
     assert recipe("litserve").make_api().body(["hi"]) == b'{"input": "hi", "model": "minilm"}'
 
 
@@ -109,3 +109,15 @@ def test_the_litserve_example_parses_its_flags():
     bad = subprocess.run([sys.executable, str(ROOT / "examples" / "litserve_server.py"), "--max-batch-size", "0"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "give an integer >= 1" in bad.stderr
+
+
+def test_a_flag_the_user_s_command_already_sets_is_named_instead_of_sent_twice():
+    tei = recipe("tei")
+    with pytest.raises(ValueError, match="--cmd already sets --port, which --server tei sets per configuration"):
+        tei.command_line("text-embeddings-router --model-id m --port 8080", ["max_batch_tokens"])
+    with pytest.raises(ValueError, match="already sets --max-batch-tokens"):
+        tei.command_line("text-embeddings-router --model-id m --max-batch-tokens=4096", ["max_batch_tokens"])
+    placed = tei.command_line("text-embeddings-router --model-id m --port {port}", ["max_batch_tokens"])
+    assert placed.count("--port") == 1
+    # the tuning recipe's knobs share one flag name (--set): several of them are not a repeat
+    assert recipe("tuning").command_line(None, ["batch_size", "max_wait_ms"]).count("--set") == 2

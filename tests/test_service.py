@@ -310,3 +310,17 @@ def test_a_texts_per_request_the_service_refuses_is_that_configuration_s_error_i
                               measure=refuses_16, watch_fn=service.watch, diagnose_s=1.0)
     rows = {r["client_batch"]: r for r in inv.summary()["rows"]}
     assert "exceeds the model's max_batch_size 8" in rows["16"]["error"] and rows["4"]["error"] is None
+
+
+def test_the_triton_recipe_follows_the_model_name_the_user_gives():
+    import argparse
+
+    from tuning.cli.commands import build_parser, started_service
+
+    args = build_parser().parse_args(["investigate", "--server", "triton", "--cmd", "python serve_bert.py",
+                                      "--model-name", "bert", "--space", "max_batch_size=1,8"])
+    assert isinstance(args, argparse.Namespace)
+    service = started_service(args, "investigate")
+    assert service["api"].url(service["url"].replace("{port}", "8000")) == "http://127.0.0.1:8000/v2/models/bert/infer"
+    assert service["ready_url"] == "http://127.0.0.1:{port}/v2/models/bert/ready"
+    assert service["cmd"] == "python serve_bert.py --port {port} --metrics-port {metrics_port} --max-batch-size {max_batch_size}"

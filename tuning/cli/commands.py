@@ -779,8 +779,9 @@ def started_service(args: argparse.Namespace, command: str) -> dict[str, Any]:
         raise UsageError(f"{command} --cmd: give --url with {{port}}, e.g. --url http://127.0.0.1:{{port}}/embed")
     api = api_from_args(args, recipe)
     api.url(url.replace("{port}", "1"))  # a bad URL is named now, not per configuration
+    ready = args.ready_url or (recipe.ready_url if recipe else None)
     return {"cmd": cmd, "space": space, "url": url, "api": api,
-            "ready_url": args.ready_url or (recipe.ready_url if recipe else None),
+            "ready_url": ready.replace("{model_name}", api.model_name or "") if ready else None,
             "metrics_url": args.metrics_url or (recipe.metrics_url if recipe else None)}
 
 

@@ -376,7 +376,7 @@ class HttpMeasure:
 
         s = self.settings
         self.runs += 1
-        probe = MetricsProbe(self.metrics_url) if self.metrics_url else None
+        probe = MetricsProbe(self.metrics_url, background=True) if self.metrics_url else None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             result = run_load(self.url, self.bodies, concurrency=s.concurrency if rate is None else 256,

@@ -163,12 +163,26 @@ class MetricsProbe:
     busy seconds (None for other exporters); :meth:`result` reads the window between the first and the last
     scrape."""
 
-    def __init__(self, url: str, timeout_s: float = 5.0):
-        self.url, self.timeout_s = url, timeout_s
+    def __init__(self, url: str, timeout_s: float = 5.0, background: bool = False):
+        self.url, self.timeout_s, self.background = url, timeout_s, background
         self.scrapes: list[tuple[float, Samples | None]] = []
         self.reason: str | None = None
+        self._threads: list[Any] = []
 
     def __call__(self) -> float | None:
+        """One scrape now; ``background``: on a thread of its own, returning None at once (the load loop calls
+        this as its window opens and closes, and a slow or dead metrics endpoint must not stall the requests in
+        flight: the server's busy share then comes from :meth:`result`)."""
+        if not self.background:
+            return self._scrape()
+        import threading
+
+        thread = threading.Thread(target=self._scrape, name="metrics-scrape", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+        return None
+
+    def _scrape(self) -> float | None:
         import time
 
         samples, reason = scrape(self.url, self.timeout_s)
@@ -178,7 +192,9 @@ class MetricsProbe:
         return samples.get("tuning_model_busy_seconds") if samples else None
 
     def result(self) -> ServerMetrics:
-        ok = [(t, s) for t, s in self.scrapes if s is not None]
+        for thread in self._threads:
+            thread.join(self.timeout_s + 1.0)
+        ok = sorted(((t, s) for t, s in self.scrapes if s is not None), key=lambda ts: ts[0])
         if len(ok) < 2:
             return ServerMetrics(self.url, reason=self.reason or "fewer than two scrapes (the window never opened)")
         (t0, before), (t1, after) = ok[0], ok[-1]

@@ -71,6 +71,7 @@ class Recipe:
         knob in ``names`` (its value the placeholder ``{name}``) appended, each unless ``base`` already
         holds that placeholder: a user who placed it knows where the server takes it."""
         line = self._base(base)
+        self._refuse_set_twice(line, names)
         extra = []
         if "{port}" not in line:
             extra.append(self.port_flag)
@@ -86,6 +87,20 @@ class Recipe:
                                  "in --cmd where the server takes it")
             extra.append(self.knob(name).flag.replace("{}", placeholder))
         return " ".join([line, *extra])
+
+    def _refuse_set_twice(self, line: str, names: Sequence[str]) -> None:
+        """A flag the recipe appends that ``--cmd`` already sets would reach the server twice (TEI's parser,
+        and most others, refuse a repeated flag, so every configuration would fail to start)."""
+        import shlex
+
+        tokens = {t.split("=", 1)[0] for t in shlex.split(line)}
+        appended = [(self.port_flag, "{port}"), (self.metrics_flag, "{metrics_port}")]
+        appended += [(self.knob(n).flag, "{" + n + "}") for n in names if n in {k.name for k in self.knobs}]
+        for flag, placeholder in appended:
+            name = flag.split()[0].split("=", 1)[0] if flag else None
+            if name and name.startswith("--") and name in tokens and placeholder not in line:
+                raise ValueError(f"--cmd already sets {name}, which --server {self.name} sets per configuration: "
+                                 f"drop it from --cmd, or write {name} {placeholder} there")
 
     def _base(self, base: str | None) -> str:
         line = (base if base is not None else self.command or "").strip()
@@ -185,7 +200,7 @@ LITSERVE = Recipe(
 TRITON = Recipe(
     name="triton", api="kserve", command="python examples/pytriton_server.py",
     port_flag="--port {port}", metrics_flag="--metrics-port {metrics_port}",
-    url=LOCAL + "/v2/models/minilm/infer", ready_url=LOCAL + "/v2/models/minilm/ready",
+    url=LOCAL, ready_url=LOCAL + "/v2/models/{model_name}/ready",  # the route follows --model-name
     metrics_url="http://127.0.0.1:{metrics_port}/metrics",
     api_options={"model_name": "minilm", "output_name": "embedding"},
     knobs=(
