@@ -120,9 +120,26 @@ def running_triton(python: Path, out: Path) -> dict:
                    "metrics": (w.get("server_metrics") or {}).get("values"),
                    "qps": (w.get("load") or {}).get("qps"), "p99_ms": (w.get("load") or {}).get("p99_ms")}
     finally:
-        proc.terminate()
-        proc.wait(60)
-    return {"investigate_url": by_url, "watch_url": watched}
+        stop_group(proc, home)
+    return {"investigate_url": by_url, "watch_url": watched, "left_running": left_running([str(home), str(SERVER)])}
+
+
+def stop_group(proc: subprocess.Popen, home: Path) -> None:
+    """SIGTERM to the server's whole process group, SIGKILL if it outlives a minute, its PyTriton home removed."""
+    import shutil
+    import signal
+
+    for sig, wait in ((signal.SIGTERM, 60), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    shutil.rmtree(home, ignore_errors=True)
 
 
 def ready(url: str, timeout_s: float = 300) -> None:

@@ -324,3 +324,37 @@ def test_the_triton_recipe_follows_the_model_name_the_user_gives():
     assert service["api"].url(service["url"].replace("{port}", "8000")) == "http://127.0.0.1:8000/v2/models/bert/infer"
     assert service["ready_url"] == "http://127.0.0.1:{port}/v2/models/bert/ready"
     assert service["cmd"] == "python serve_bert.py --port {port} --metrics-port {metrics_port} --max-batch-size {max_batch_size}"
+
+
+def test_a_command_that_cannot_start_is_named_with_the_fix_and_nothing_is_decided(tmp_path):
+    code, out, err = _cli("investigate", "--cmd", "no-such-server-xyz --port {port} --b {b}", "--space", "b=1,2",
+                          "--url", "http://127.0.0.1:{port}/predict", "--body", '{"input": "{text}"}', "--quick",
+                          "--limit", "5", "--out", str(tmp_path), "--json")
+    s = json.loads(out)
+    assert code == 1 and s["best"] is None and s["diagnosis"] == {}
+    assert "--cmd could not start (No such file or directory: no-such-server-xyz)" in s["error"]
+    assert "check the program and its path" in s["error"]
+
+
+def test_stopping_a_server_finishes_before_a_signal_is_taken():
+    import signal
+
+    from tuning.experiments.tune import signals_deferred
+
+    stopped = []
+    with pytest.raises(KeyboardInterrupt):
+        with signals_deferred():
+            signal.raise_signal(signal.SIGTERM)  # arrives mid-stop
+            stopped.append("the whole group")
+    assert stopped == ["the whole group"]
+    assert signal.getsignal(signal.SIGTERM) is not None  # the previous handler is back
+
+
+def test_triton_s_request_duration_is_the_server_s_whole_part_and_a_wait_for_the_model_is_queue():
+    load = _load([_ok(1), _ok(2)], [(0.0, 0.0, 0.010), (1.0, 1.0, 1.010)])
+    metrics = SimpleNamespace(values={"queue_ms": 2.0, "inference_ms": 4.0, "request_ms": 7.5}, exporter="triton")
+    split = stage_split(load, metrics)
+    assert split["server_ms"] == pytest.approx(7.5) and split["network_ms"] == pytest.approx(2.5)
+    answers = _load([_ok(1, queue_wait=1.0, wait_for_model=2.0, inference=3.0)], [(0.0, 0.0, 0.010)])
+    split = stage_split(answers)
+    assert split["server_queue_ms"] == pytest.approx(3.0) and split["server_compute_ms"] == pytest.approx(3.0)

@@ -123,26 +123,28 @@ def stage_split(load: Any, server_metrics: Any = None) -> dict[str, Any]:
         return {"total_ms": None, "client_ms": None, "network_ms": None, "server_ms": None, "source": None}
     total = sum((t[2] - t[0]) * 1000 if t else r.latency_ms for r, t in ok) / len(ok)
     client = sum((t[1] - t[0]) * 1000 for _, t in ok if t) / len(ok)
-    queue, compute, source = _server_parts(ok, server_metrics)
-    server = None if queue is None and compute is None else (queue or 0.0) + (compute or 0.0)
+    queue, compute, whole, source = _server_parts(ok, server_metrics)
+    server = whole if whole is not None else None if queue is None and compute is None else (queue or 0) + (compute or 0)
     network = total - client - (server or 0.0)
     return {"total_ms": rounded(total), "client_ms": rounded(client), "network_ms": rounded(max(network, 0.0)),
             "server_ms": rounded(server), "server_queue_ms": rounded(queue), "server_compute_ms": rounded(compute),
             "source": source}
 
 
-def _server_parts(ok: Sequence[Any], metrics: Any) -> tuple[float | None, float | None, str | None]:
-    """(queue, compute, source): the answers' own timings when they carry them (TEI headers, this package's
-    server), else the server's metrics over the window."""
-    queue = [r.queue_wait_ms for r, _ in ok]
-    work = [sum(getattr(r, f"{s}_ms") for s in ("read", "preprocess", "wait_for_model", "copy", "inference",
-                                                 "postprocess")) for r, _ in ok]
+def _server_parts(ok: Sequence[Any], metrics: Any) -> tuple[float | None, float | None, float | None, str | None]:
+    """(queue, compute, the server's whole time where it reports one, source): the answers' own timings when
+    they carry them (TEI headers, this package's server: a ready batch's wait for the model is a queue too),
+    else the server's metrics over the window (Triton's request duration holds its input and output copies
+    beside its queue and compute)."""
+    queue = [r.queue_wait_ms + r.wait_for_model_ms for r, _ in ok]
+    work = [sum(getattr(r, f"{s}_ms") for s in ("read", "preprocess", "copy", "inference", "postprocess"))
+            for r, _ in ok]
     if any(q > 0 for q in queue) or any(w > 0 for w in work):
-        return sum(queue) / len(queue), sum(work) / len(work), "answers"
+        return sum(queue) / len(queue), sum(work) / len(work), None, "answers"
     values = getattr(metrics, "values", None) or {}
     if "queue_ms" in values or "inference_ms" in values:
-        return values.get("queue_ms"), values.get("inference_ms"), f"metrics ({metrics.exporter})"
-    return None, None, None
+        return values.get("queue_ms"), values.get("inference_ms"), values.get("request_ms"), f"metrics ({metrics.exporter})"
+    return None, None, None, None
 
 
 @dataclass

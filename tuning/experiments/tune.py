@@ -89,7 +89,8 @@ def parse_space(items: Sequence[str]) -> dict[str, list[str]]:
             raise ValueError(f"--space {name} given twice; put every value in one: --space {name}=a,b,c")
         space[name] = vals
     if not space:
-        raise ValueError("tune needs at least one --space name=v1,v2")
+        raise ValueError("give at least one --space NAME=V1,V2 (a knob of the service and its values, the first "
+                         "being today's), or --server NAME for a recipe's")
     return space
 
 
@@ -103,14 +104,41 @@ def fill(template: str, values: dict[str, str], port: int, metrics_port: int | N
     return out
 
 
+@contextlib.contextmanager
+def signals_deferred() -> Any:
+    """Ctrl-C and SIGTERM wait until the block ends (then raise KeyboardInterrupt): stopping a server's process
+    group must finish, or its processes outlive the run. Outside the main thread signals are not this
+    thread's to take, and the block runs as is."""
+    got: list[int] = []
+    try:
+        previous = {sig: signal.signal(sig, lambda signum, frame: got.append(signum))
+                    for sig in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if got:
+            raise KeyboardInterrupt
+
+
 class ServiceGroup:
     """A command in its own process group: started, watched for memory, stopped with every process it forked."""
 
     def __init__(self, command: str):
         self.command = command
         self.log = tempfile.NamedTemporaryFile(prefix="tuning-tune-", suffix=".log", delete=False)
-        self.proc = subprocess.Popen(shlex.split(command), stdout=self.log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            self.proc = subprocess.Popen(shlex.split(command), stdout=self.log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        except (OSError, ValueError) as exc:  # no such program, not executable, an unbalanced quote
+            self.log.close()
+            os.unlink(self.log.name)
+            what = f"{exc.strerror}: {exc.filename}" if isinstance(exc, OSError) and exc.filename else str(exc)
+            raise ConfigError(f"--cmd could not start ({what}); check the program and its path in {command!r}") from None
         self.peak_rss = 0
         self._stop = threading.Event()
         self._sampler = threading.Thread(target=self._sample, name="tune-memory", daemon=True)
@@ -473,7 +501,7 @@ class SwitchingMeasure:
         return trial
 
     def _stop(self, key: str) -> None:
-        entry = self.running.pop(key, None)
+        entry = self.running.get(key)
         if entry is None:
             return
         group = entry[0]
@@ -481,7 +509,9 @@ class SwitchingMeasure:
         if row is not None and group.peak_rss:
             row.peak_memory_mb = max(row.peak_memory_mb if math.isfinite(row.peak_memory_mb) else 0.0,
                                      group.peak_rss / 2**20)
-        group.stop()
+        with signals_deferred():  # a Ctrl-C or SIGTERM now would abandon a group half stopped
+            group.stop()
+        self.running.pop(key, None)
 
     def close(self) -> None:
         for key in list(self.running):
@@ -597,7 +627,9 @@ def _wait_ready(group: ServiceGroup, measure: HttpMeasure, ready_url: str | None
                 poll_s: float = 1.0) -> str | None:
     """None once the service answers (``ready_url`` with a 2xx, or a first ok request), else the error. An
     answer that says the server is still loading (:data:`STILL_LOADING`), a timeout or a refused connection is
-    waited through; any other answer that is not ok is the error at once (a wrong body or route)."""
+    waited through; any other answer that is not ok is the error at once (a wrong body). A 404 is waited
+    through too, since Triton says 404 for a model not loaded yet: without ``ready_url`` a wrong route waits
+    out the timeout and the error then names that last answer."""
     import urllib.request
 
     deadline = time.monotonic() + timeout_s

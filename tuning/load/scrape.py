@@ -36,6 +36,7 @@ SIGNALS = {
     "tei": {"queue_depth": "te_queue_size", "mean_batch": "te_batch_next_size",
             "queue_ms": "te_request_queue_duration", "inference_ms": "te_request_inference_duration"},
     "triton": {"queue_ms": "nv_inference_queue_duration_us", "inference_ms": "nv_inference_compute_infer_duration_us",
+               "request_ms": "nv_inference_request_duration_us",
                "mean_batch": "nv_inference_count / nv_inference_exec_count", "gpu_util": "nv_gpu_utilization"},
 }
 _PREFIX = {"tuning": "tuning_", "tei": "te_", "triton": "nv_"}
@@ -144,6 +145,8 @@ def derive(before: Samples, after: Samples, window_s: float, url: str = "") -> S
         compute = _delta(before, after, "nv_inference_compute_infer_duration_us")
         got["queue_ms"] = queue / requests / 1000.0 if queue is not None and requests else None
         got["inference_ms"] = compute / requests / 1000.0 if compute is not None and requests else None
+        whole = _delta(before, after, "nv_inference_request_duration_us")  # queue, input, compute, output
+        got["request_ms"] = whole / requests / 1000.0 if whole is not None and requests else None
         inferences, executions = _delta(before, after, "nv_inference_count"), _delta(before, after, "nv_inference_exec_count")
         got["mean_batch"] = inferences / executions if inferences is not None and executions else None
         gpu = [v for k, v in after.items() if k == "nv_gpu_utilization"]
