@@ -276,3 +276,14 @@ def test_serve_json_prints_one_summary_at_shutdown():
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
     assert set(summary["outcomes"]) >= {"ok", "error"} and summary["requests"] == 0
+
+
+def test_a_run_whose_records_mostly_failed_says_so_in_its_verdict():
+    """3 of 4 records malformed: the verdict leads with it, instead of a throughput over the one that worked."""
+    from tuning.present.verdicts import run_verdict
+
+    s = {"ok": 1, "requests": 4, "errors": 3, "qps": 41.8, "model_busy": 0.44, "knobs": {"batch_size": 8}}
+    verdict = run_verdict(s)
+    assert verdict.startswith("verdict: 3 of 4 records failed (75%): see the errors above")
+    assert "41.8 ok answers/s" in verdict
+    assert "failed" not in run_verdict({**s, "errors": 0, "ok": 4})

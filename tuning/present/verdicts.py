@@ -37,7 +37,10 @@ def run_verdict(s: dict[str, Any]) -> str:
                 "window): try dtype=bf16 or a faster device")
     else:
         step = f"the model is busy only {busy:.0%} of the window: look at the stage ledger's largest share"
-    return f"verdict: {s.get('qps') or 0:.1f} ok answers/s; {step}."
+    failed = int(s.get("errors") or 0)
+    total = int(s.get("requests") or 0)
+    lead = f"{failed} of {total} records failed ({failed / total:.0%}): see the errors above; " if failed and total else ""
+    return f"verdict: {lead}{s.get('qps') or 0:.1f} ok answers/s; {step}."
 
 
 def load_verdict(s: dict[str, Any]) -> str:
