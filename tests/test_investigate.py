@@ -113,6 +113,9 @@ def test_ctrl_c_writes_the_partial_report_and_resume_finishes_it(monkeypatch, tm
     assert code == 130
     summary = json.loads((out / "summary.json").read_text())
     assert summary["interrupted"] is True and summary["partial"] is True and "--resume" in summary["headline"]
+    page = (out / "report.html").read_text()
+    head = page.split("</h1>", 1)[1].split("<section", 1)[0]
+    assert "Ship:" not in head and "TARGET NOT MET" not in head  # nothing decided: nothing to ship, nothing missed
     logged = summary["state"]["log"]
     assert len(logged) == 7  # the baseline under the recorder, then seven windows
     assert (out / "experiments.csv").read_text().count("\n") == len(logged) + 1

@@ -438,11 +438,12 @@ def render_report(inv: Any) -> str:
                              + _table(data_rows, [("what", ""), ("value", "")])))
 
     banner_cls = "banner sim" if dev.get("simulated") else "banner"
+    decided = not (inv.partial or inv.interrupted)  # a run still going, or cut short, has nothing to ship yet
     alerts = ""
     if inv.interrupted:
         alerts += (f'<div class="banner miss">INTERRUPTED: the investigation was cut short; this report holds what '
                    f"was measured. Go on with <code>--resume {_esc(inv.out)}</code>.</div>")
-    if not ladder.target_met:
+    if decided and not ladder.target_met:
         alerts += (f'<div class="banner miss">TARGET NOT MET: no configuration kept p99 ≤ {target:.0f} ms '
                    f"(errors within {100 * settings.error_budget:.1f}%) at any rate tried. The recommendation below is "
                    "the closest measured, not one that meets the target.</div>")
@@ -456,8 +457,9 @@ def render_report(inv: Any) -> str:
                if inv.environment.get("machine") else "")
             + (f'<p class="note">Note: {_esc(inv.environment["contended"])}.</p>' if inv.environment.get("contended")
                else "")
-            + f'<p class="headline">{_headline(inv)} Ship: <code>{_esc(rec["set_line"])}</code></p>'
-            + f'<p class="muted">{_esc(headline(inv))}</p>')
+            + (f'<p class="headline">{_headline(inv)} Ship: <code>{_esc(rec["set_line"])}</code></p>'
+               f'<p class="muted">{_esc(headline(inv))}</p>' if decided
+               else f'<p class="headline">{_esc(headline(inv))}</p>'))
     return _page("tuning investigate report", head + "".join(sections))
 
 
