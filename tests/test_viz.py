@@ -207,6 +207,7 @@ def test_capacity_chart_draws_each_probe_with_its_interval_and_the_target():
     assert passes.y[1] + passes.error_y.array[1] >= top * 0.99  # an unbounded upper end runs to the top edge
     assert list(fails.x) == [40.0] and fails.error_y.array[0] == pytest.approx(300.0)
     assert fails.marker.symbol[0] != passes.marker.symbol[0]  # pass and fail marked apart
+    assert list(fails.text) == [f"fail: {cap.probes[1].by}"] and passes.text is None  # why, on the chart itself
     assert 800.0 in _hlines(fig) and 28.3 in _vlines(fig)  # the target and the capacity
     assert "req/s" in fig.layout.xaxis.title.text and "ms" in fig.layout.yaxis.title.text
     assert "simulated" in _title(fig) and "28.3 req/s" in _title(fig)

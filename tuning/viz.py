@@ -603,6 +603,12 @@ def _capacities(obj: Any) -> dict[str, dict[str, Any]]:
 _CONFIG_COLORS = ("#4c78a8", "#f58518", "#54a24b", "#b279a2", "#72b7b2")
 
 
+def _why_not(p: Mapping[str, Any]) -> str:
+    """What a probe that did not pass says on the chart itself: its verdict and the rule that decided it (a
+    failed probe's p99 can sit under the target line when errors or the over-target share decided it)."""
+    return f"{p.get('verdict')}: {p.get('by')}" if p.get("verdict") != "fail" else f"fail: {p.get('by')}"
+
+
 def _probe_hover(p: Mapping[str, Any], p99: float, label: str = "", unit: str = "req/s") -> str:
     """A capacity probe's hover text: its rate, verdict, counts, p50 and p99 with its interval."""
     return (f"{label + ': ' if label else ''}{_num(p.get('rate')):.1f} {unit}: {p.get('verdict')} by {p.get('by')} "
@@ -644,7 +650,9 @@ def capacity_chart(capacity: Any, device: Any = None, target_p99_ms: float | Non
             hover = [_probe_hover(p, v, label, unit) for p, v in zip(part, p99)]
             what = "pass" if passed else "fail"
             fig.add_trace(go.Scatter(
-                x=[_num(p.get("rate")) for p in part], y=y, mode="markers",
+                x=[_num(p.get("rate")) for p in part], y=y, mode="markers" if passed else "markers+text",
+                text=None if passed else [_why_not(p) for p in part], textposition="top center",
+                textfont=dict(size=10, color="#e45756"),
                 name=f"{label}: {what}" if label else what, legendgroup=label,
                 marker=dict(size=12, color=color if passed else "#e45756",
                             symbol=["circle" if passed else "x" if math.isfinite(v) else "triangle-up" for v in p99],
