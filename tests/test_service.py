@@ -208,7 +208,8 @@ def test_investigate_cmd_ships_the_faster_server_diagnoses_both_and_leaves_no_pr
     assert code == 0, err
     s = json.loads(out)
     fast = f"2.{os.getpid()}"  # service times no other test's server has: they mark this run's processes
-    assert s["service"]["mode"] == "cmd" and s["best"]["ms"] == fast and f"--service-ms {fast}" in s["ship"]
+    assert s["service"]["mode"] == "cmd" and s["best"]["ms"] == fast
+    assert s["ship"] == f"{sys.executable} {app} --port {{port}} --service-ms {fast}"  # your ports stay yours
     assert set(s["diagnosis"]) == {"baseline", "recommended"}
     for role in s["diagnosis"].values():
         assert "queue_service.py" in role["command"] and role["stages"]["total_ms"] > 0  # the process it started

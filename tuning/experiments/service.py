@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 from tuning.base.format import rounded
 from tuning.experiments.engine import ConfigError
 from tuning.experiments.trial import Trial
-from tuning.experiments.tune import HttpMeasure, SwitchingMeasure, TuneResult, TuneSettings, label, run_tune
+from tuning.experiments.tune import HttpMeasure, SwitchingMeasure, TuneResult, TuneSettings, fill, label, run_tune
 
 SUMMARY = "summary.json"
 REPORT = "report.html"
@@ -181,8 +181,8 @@ class ServiceInvestigation:
 def _ship(inv: ServiceInvestigation, best: Any) -> str | None:
     if best is None:
         return None
-    if inv.mode == "cmd":
-        return best.command
+    if inv.mode == "cmd" and inv.tune.cmd:  # the winner's values in your command line; the ports stay yours
+        return fill(inv.tune.cmd, best.values, "{port}", "{metrics_port}")
     return " ".join(f"{k}={v}" for k, v in best.values.items()) or "the service as it runs"
 
 

@@ -94,7 +94,7 @@ def parse_space(items: Sequence[str]) -> dict[str, list[str]]:
     return space
 
 
-def fill(template: str, values: dict[str, str], port: int, metrics_port: int | None = None) -> str:
+def fill(template: str, values: dict[str, str], port: int | str, metrics_port: int | str | None = None) -> str:
     """``template`` with ``{port}``, ``{metrics_port}`` and each ``{name}`` replaced."""
     out = template.replace("{port}", str(port))
     if metrics_port is not None:
