@@ -22,36 +22,45 @@ import ipywidgets as w
 import plotly.graph_objects as go
 
 from tuning import viz
-from tuning.knobs import Knobs
+from tuning.knobs import Knobs, knob_specs, knobs_for
 
-OFFLINE_CONTROLS = ("batch_size", "num_workers", "prefetch_factor", "tokenizer", "padding", "dtype", "graph")
-ONLINE_CONTROLS = ("batch_size", "max_wait_ms", "concurrency", "num_workers", "tokenizer", "padding", "dtype", "graph")
-_CHOICES = {"tokenizer": ("naive", "fast"), "padding": ("dynamic", "fixed", "bucket"),
-            "dtype": ("fp32", "bf16", "fp16"), "graph": ("eager", "compile", "cuda_graph")}
-_STEPS = {"batch_size": (1, 2, 4, 8, 16, 32, 64), "concurrency": (1, 2, 4, 8, 16, 32, 64),
-          "max_wait_ms": (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0)}
+# the panel's controls: the declared knobs with ``panel=True`` that apply in each mode (tuning.knobs)
+OFFLINE_CONTROLS = knobs_for("offline", panel=True)
+ONLINE_CONTROLS = knobs_for("served", panel=True)
+_NULL = 0  # a slider cannot hold None: a nullable knob's None sits at 0, which its declared steps never hold
 _STYLE = {"description_width": "110px"}
 
 
+def _with_controls() -> list[str]:
+    return [s.name for s in knob_specs().values() if s.kind in ("choice", "bool") or s.steps]
+
+
 def make_control(name: str, value: Any) -> w.ValueWidget:
-    """The widget for one knob, set to ``value`` (sliders do not update while dragging)."""
-    layout = w.Layout(width="420px")
-    if name in _CHOICES:
-        return w.ToggleButtons(options=list(_CHOICES[name]), value=value, description=name, style=_STYLE)
-    if name in _STEPS:
-        options = sorted(set(_STEPS[name]) | {value})
-        return w.SelectionSlider(options=options, value=value, description=name, continuous_update=False,
-                                 style=_STYLE, layout=layout)
-    if name == "num_workers":
-        return w.IntSlider(value=value, min=0, max=max(4, value), description=name, continuous_update=False,
-                           style=_STYLE, layout=layout)
-    if name == "prefetch_factor":  # None (torch's default) shows as 0: a slider cannot hold None
-        options = [("torch default", 0)] + [(str(v), v) for v in sorted({1, 2, 4, 8} | ({value} - {None}))]
-        return w.SelectionSlider(options=options, value=value or 0, description=name, continuous_update=False,
-                                 style=_STYLE, layout=layout)
-    if name == "pin_memory":
-        return w.ToggleButton(value=value, description="pin_memory")
-    raise ValueError(f"no control for knob {name!r}; choose from {', '.join(OFFLINE_CONTROLS + ONLINE_CONTROLS)}")
+    """The widget for one knob, set to ``value``, from its declaration: toggle buttons for its choices, a
+    slider over its steps (no update while dragging), a toggle for a bool."""
+    spec = knob_specs().get(name)
+    if spec is None or name not in _with_controls():
+        raise ValueError(f"no control for knob {name!r}; choose from {', '.join(_with_controls())}")
+    if spec.kind == "choice":
+        return w.ToggleButtons(options=list(spec.choices), value=value, description=name, style=_STYLE)
+    if spec.kind == "bool":
+        return w.ToggleButton(value=value, description=name)
+    options: list[Any] = sorted(set(spec.steps) | ({value} - {None}))
+    if spec.nullable:
+        options = [(spec.null_label or "none", _NULL)] + [(str(v), v) for v in options]
+    return w.SelectionSlider(options=options, value=_shown(name, value), description=name, continuous_update=False,
+                             style=_STYLE, layout=w.Layout(width="420px"))
+
+
+def _shown(name: str, value: Any) -> Any:
+    """The control's value for a knob's value (None: the slider's null position)."""
+    return _NULL if value is None and knob_specs()[name].nullable else value
+
+
+def _knob_value(name: str, shown: Any) -> Any:
+    """The knob's value for a control's value."""
+    spec = knob_specs()[name]
+    return None if spec.nullable and spec.steps and shown == _NULL else shown
 
 
 def _label(changes: dict[str, Any]) -> str:
@@ -62,7 +71,7 @@ class KnobPanel(w.VBox):
     """Controls, a status line and a ``FigureWidget``; ``result`` is the last measurement,
     ``history`` one row per run (what changed, throughput, seconds it took)."""
 
-    def __init__(self, knobs: Knobs, measure: Callable[[Knobs], Any], controls: Sequence[str] = OFFLINE_CONTROLS,
+    def __init__(self, knobs: Knobs, measure: Callable[[Knobs], Any], controls: Sequence[str] | None = None,
                  chart: Callable[..., go.Figure] = viz.panel_chart, run: bool = True, device: Any = None):
         self.knobs = knobs
         self.measure = measure
@@ -71,6 +80,7 @@ class KnobPanel(w.VBox):
         self.result: Any = None
         self.history: list[dict[str, Any]] = []
         self.error: str | None = None
+        controls = knobs_for("offline", panel=True) if controls is None else controls
         self.controls = {name: make_control(name, getattr(knobs, name)) for name in controls}
         self.status = w.HTML()
         self.figure = go.FigureWidget()
@@ -83,15 +93,14 @@ class KnobPanel(w.VBox):
 
     def _on_change(self, name: str) -> Callable[[dict], None]:
         def handler(change: dict) -> None:
-            value = change["new"]
-            self.apply(**{name: None if name == "prefetch_factor" and value == 0 else value})
+            self.apply(**{name: _knob_value(name, change["new"])})
         return handler
 
     def set(self, **changes: Any) -> Any:
         """Move controls from Python, as a user would; returns the new result."""
         for name, value in changes.items():
             if name in self.controls:
-                widget_value = 0 if name == "prefetch_factor" and value is None else value
+                widget_value = _shown(name, value)
                 if self.controls[name].value == widget_value:
                     self.apply(**{name: value})
                 else:
@@ -188,5 +197,5 @@ def knob_panel(knobs: Knobs, mode: str = "offline", controls: Sequence[str] | No
     if measure is None:
         measure = (offline_measure(data, limit, model) if mode == "offline"
                    else online_measure(inputs, duration_s, model=model))
-    controls = controls or (OFFLINE_CONTROLS if mode == "offline" else ONLINE_CONTROLS)
+    controls = controls or knobs_for("offline" if mode == "offline" else "served", panel=True)
     return KnobPanel(knobs, measure, controls, run=run, device=device)
