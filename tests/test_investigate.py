@@ -189,6 +189,7 @@ def test_report_is_offline_with_a_chart_per_section(run):
     assert page.count("<script") >= 2 and "chart unavailable" not in page
     assert len(re.findall(r"Plotly\.newPlot", page)) >= 5
     sections = dict(re.findall(r'<section id="([\w-]+)" data-section="[\w-]+">(.*?)</section>', page, re.S))
+    assert list(sections)[:2] == ["ship", "decision"]  # top-down: what to ship, then why
     for key in ("trends", "ledger", "decision", "sweep", "what-if"):
         assert key in sections, key
         charts = sections[key].count('<figure class="chart">')

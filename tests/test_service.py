@@ -142,6 +142,8 @@ def test_investigate_url_ships_more_texts_per_request_diagnoses_both_and_writes_
     page = (tmp_path / "report.html").read_text()
     assert "investigate: a running service (--url)" in page and "capacity texts/s" in page
     assert "Diagnosis of the baseline" in page and "server compute ms" in page
+    order = [page.index(f'data-section="{k}"') for k in ("ship", "target", "configurations", "diagnosis")]
+    assert order == sorted(order)  # top-down: what to ship, the evidence, what was tried, the diagnosis
 
 
 def test_a_resumed_investigation_replays_every_window_and_measures_none_again(tmp_path):

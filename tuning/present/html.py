@@ -14,7 +14,8 @@ from __future__ import annotations
 import datetime as _dt
 import html
 import math
-from typing import Any, Callable
+import re
+from typing import Any, Callable, Sequence
 
 import pandas as pd
 
@@ -291,6 +292,20 @@ def _step_rows(ladder: Any) -> list[dict[str, Any]]:
              "why": x.reason, "kept": x.status in ("shipped", "moved", "confirmed", "met")} for x in ladder.steps]
 
 
+# the report reads top-down: what to ship, why (the engine's evidence), what was tried, then where the time went
+REPORT_ORDER = ("ship", "decision", "sweep", "trends", "ledger", "what-if", "environment")
+SERVICE_ORDER = ("ship", "target", "configurations", "throughput", "diagnosis")
+
+
+def top_down(sections: list[str], order: Sequence[str]) -> list[str]:
+    """``sections`` in ``order`` of their keys (a key not named keeps its place after those that are)."""
+    def key(html: str) -> int:
+        found = re.search(r'data-section="([\w-]+)"', html)
+        name = found.group(1) if found else ""
+        return order.index(name) if name in order else len(order)
+    return sorted(sections, key=key)
+
+
 def render_report(inv: Any) -> str:
     """The whole report for an :class:`~tuning.experiments.investigate.Investigation` as one HTML string."""
     from tuning import viz
@@ -384,6 +399,11 @@ def render_report(inv: Any) -> str:
         body.append(f"<p>Planned buckets: <code>{_esc(','.join(map(str, b['buckets'])))}</code> ({b['k']} shapes, "
                     f"padding waste {100 * b['waste']:.0f}%, target {100 * b['waste_target']:.0f}%); token lengths "
                     f"p50 {b['lengths']['p50']:.0f}, p90 {b['lengths']['p90']:.0f}, max {b['lengths']['max']}.</p>")
+    if ladder.sweep is not None and ladder.recommended is not None:
+        shipped = ladder.recommended.batch_size
+        body.append("<p>The sweep times the model call alone, at one fixed shape, outside any load; whether a larger "
+                    "batch pays end to end (the host stages, the queue it builds, real lengths padded) is what the "
+                    f"decision above measured. Shipped: <code>batch_size={_esc(shipped)}</code>.</p>")
     sections.append(_section("sweep", "Batch sweep and its knee", "".join(body)))
 
     # what-if
@@ -460,7 +480,7 @@ def render_report(inv: Any) -> str:
             + (f'<p class="headline">{_headline(inv)} Ship: <code>{_esc(rec["set_line"])}</code></p>'
                f'<p class="muted">{_esc(headline(inv))}</p>' if decided
                else f'<p class="headline">{_esc(headline(inv))}</p>'))
-    return _page("tuning investigate report", head + "".join(sections))
+    return _page("tuning investigate report", head + "".join(top_down(sections, REPORT_ORDER)))
 
 
 def _page(title: str, body: str) -> str:
@@ -562,7 +582,7 @@ def render_tune(result: Any, resume_dir: Any = None, title: str = "tune: the ser
             + (f'<p class="headline">Ship: {_esc(" ".join(f"{k}={best.get(k)}" for k in space))} at '
                f'{best["capacity"]:.1f} {unit}.</p>' if best else ""))
     return _page("tuning tune report", head.replace("<h1>tune: the service's own knobs</h1>", f"<h1>{_esc(title)}</h1>")
-                 + "".join(sections) + extra)
+                 + "".join(top_down(sections + ([extra] if extra else []), SERVICE_ORDER)))
 
 
 def _knob(v: Any) -> Any:
