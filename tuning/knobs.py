@@ -48,7 +48,8 @@ class Knobs:
     """The configuration of one run: loading, preprocessing, model and serving knobs."""
 
     # offline loading (torch DataLoader)
-    num_workers: int = _knob(2, "DataLoader worker processes preparing batches (0: in the main process)", "both",
+    num_workers: int = _knob(2, "offline: DataLoader worker processes preparing batches (0: in the main process); "
+                                "served: the server's preprocessing threads (at least 1)", "both",
                              minimum=0, steps=(0, 1, 2, 3, 4), panel=True)
     prefetch_factor: int | None = _knob(None, "batches each worker prepares ahead (needs num_workers > 0; "
                                               "None: torch's default of 2)", "offline",

@@ -1014,19 +1014,21 @@ def _share(text: str) -> float:
 
 
 def cmd_knobs(args: argparse.Namespace) -> int:
-    from dataclasses import fields
+    from tuning.knobs import Knobs, knob_specs
 
-    from tuning.knobs import Knobs
-
-    rows = [{"knob": f.name, "default": Knobs().as_dict()[f.name],
-             **{f"preset {name}": preset(name).as_dict()[f.name] for name in PRESETS}, "help": f.metadata["help"]}
-            for f in fields(Knobs)]
+    where = {"offline": "the offline replay only", "served": "the served path only (server, batcher, load)",
+             "both": "the offline replay and the served path"}
+    values = {"default": Knobs().as_dict(), **{f"preset {name}": preset(name).as_dict() for name in PRESETS}}
+    rows = [{"knob": s.name, "role": s.role, "allowed": s.describe(),
+             **{column: v.get(s.name, s.default) for column, v in values.items()}, "help": s.help}
+            for s in knob_specs().values()]
     if args.json:
         _print_json(rows, result=False)
         return Exit.OK
     for r in rows:
         presets = ", ".join(f"{name} {_short(r[f'preset {name}'])}" for name in PRESETS)
-        print(f"{r['knob']} = {_short(r['default'])}   ({presets})\n    {r['help']}")
+        print(f"{r['knob']} = {_short(r['default'])}   ({presets})\n    applies: {r['role']} ({where[r['role']]}); "
+              f"allowed: {r['allowed']}\n    {r['help']}")
     print("\nchange one with --set KNOB=VALUE (repeatable), start from --preset NAME")
     return Exit.OK
 

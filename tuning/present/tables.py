@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from typing import TYPE_CHECKING, Any
 
 from tuning.base.format import fixed, number
+from tuning.knobs import settings
 from tuning.present.verdicts import load_verdict, run_verdict
 
 if TYPE_CHECKING:
@@ -32,14 +34,28 @@ def device_line(device: dict[str, Any] | None) -> str:
     return "device: unknown"
 
 
+def _set_form(value: Any) -> str:
+    """A knob's value as ``--set`` reads it back (tuples comma-joined, none, true/false)."""
+    if isinstance(value, (tuple, list)):
+        return ",".join(str(v) for v in value)
+    return str(value).lower() if value is None or isinstance(value, bool) else str(value)
+
+
+def knob_line(knobs: Any, mode: str = "offline") -> str:
+    """The ``knobs:`` line of a run: every declared knob that matters in ``mode``, in declaration order, in
+    ``--set`` form, so that a knob added to :mod:`tuning.knobs` shows here without an edit."""
+    parts = [f"{name}={_set_form(v)}" for name, v in settings(knobs, mode).items()]
+    return textwrap.fill("knobs: " + " ".join(parts), width=120, subsequent_indent="    ", break_long_words=False,
+                         break_on_hyphens=False)
+
+
 def format_run(result) -> str:
     """The offline run as a readable block: headline figures, stage ledger, waits, errors."""
     s = result.summary()
     k = result.knobs
     lines = [
         device_line(s.get("device")),
-        f"knobs: batch_size={k.batch_size} num_workers={k.num_workers} tokenizer={k.tokenizer} padding={k.padding} "
-        f"dtype={k.dtype} graph={k.graph} device={k.device}",
+        knob_line(k),
         f"requests {s['requests']}  ok {s['ok']}  errors {s['errors']}  truncated {s['truncated']}  batches {s['batches']}",
         f"QPS {s['qps']:.1f} (ok answers/s)   model busy {100 * s['model_busy']:.0f}%   "
         + (f"device busy {100 * s['device_busy']:.0f}%   " if s.get("device_busy") is not None else "")
