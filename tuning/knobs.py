@@ -338,6 +338,16 @@ def check_value(spec: KnobSpec, value: Any) -> None:
     _CHECKS[spec.kind](spec, value)
 
 
+def declared(name: str, *values: Any) -> Any:
+    """``values`` (one: that value), each checked against knob ``name``'s declaration, for code that names a
+    level of a knob (the screen's factors): a choice renamed or dropped here fails at import, naming what is
+    allowed, not in the middle of a run."""
+    if name not in knob_names():
+        raise ValueError(f"unknown knob {name!r}; known knobs: {', '.join(knob_names())}")
+    for value in values:
+        check_value(knob_specs()[name], value)
+    return values[0] if len(values) == 1 else values
+
 PRESETS: dict[str, Knobs] = {
     # The investigation's starting point: one request per model call, two loader workers,
     # per-record Python tokenization, dynamic shapes, fp32, eager.

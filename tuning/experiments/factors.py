@@ -12,7 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from tuning.knobs import declared
+
 MIN_COSINE = 0.999  # worst-case cosine of half-precision vs fp32 embeddings under which a dtype is not screened
+# the high levels the factors name, checked against the knobs' declarations (tuning.knobs) when imported
+FAST = declared("tokenizer", "fast")
+BUCKET = declared("padding", "bucket")
+HALF = {"cuda": declared("dtype", "fp16", "bf16"), "other": (declared("dtype", "bf16"),)}  # tried in this order
+CAPTURE, COMPILE = declared("graph", "cuda_graph", "compile")
+ACCELERATED = declared("device", "cuda", "sim")  # where pinned copies and graph capture pay
 
 
 @dataclass
@@ -57,7 +65,7 @@ def _workers(c: Context) -> dict[str, Any] | NotApplicable:
                              "served path's preprocess workers are threads of one process, and torch's intra-op "
                              "threads already use every core")
     changes: dict[str, Any] = {"num_workers": c.workers}
-    if c.device in ("cuda", "sim"):
+    if c.device in ACCELERATED:
         changes["pin_memory"] = True
     return changes
 
@@ -74,20 +82,19 @@ def _batch(c: Context) -> dict[str, Any] | NotApplicable:
 
 @factor("tokenizer", "batched Rust tokenizer")
 def _tokenizer(c: Context) -> dict[str, Any] | NotApplicable:
-    return {"tokenizer": "fast"}
+    return {"tokenizer": FAST}
 
 
 @factor("buckets", "planned length buckets")
 def _buckets(c: Context) -> dict[str, Any] | NotApplicable:
     if not c.plan:
         return NotApplicable("no token lengths to plan buckets from")
-    return {"padding": "bucket", "buckets": tuple(c.plan["buckets"])}
+    return {"padding": BUCKET, "buckets": tuple(c.plan["buckets"])}
 
 
 @factor("precision", "half precision")
 def _precision(c: Context) -> dict[str, Any] | NotApplicable:
-    wanted = ("fp16", "bf16") if c.device == "cuda" else ("bf16",)
-    for dtype in wanted:
+    for dtype in HALF["cuda" if c.device == "cuda" else "other"]:
         cos = c.cosines.get(dtype)
         if isinstance(cos, float) and cos >= MIN_COSINE:
             return {"dtype": dtype}
@@ -98,14 +105,14 @@ def _precision(c: Context) -> dict[str, Any] | NotApplicable:
 
 @factor("graph", "graph capture")
 def _graph(c: Context) -> dict[str, Any] | NotApplicable:
-    if c.device in ("cuda", "sim"):
+    if c.device in ACCELERATED:
         if not c.plan:  # capture needs fixed shapes
             return NotApplicable("capture needs fixed shapes and there are no token lengths to plan buckets from")
-        return {"graph": "cuda_graph", "padding": "bucket", "buckets": tuple(c.plan["buckets"])}
+        return {"graph": CAPTURE, "padding": BUCKET, "buckets": tuple(c.plan["buckets"])}
     if not c.compile_on_cpu:
         return NotApplicable("torch.compile costs tens of seconds per shape on a CPU: screened only when asked "
                              "(LadderSettings(compile_on_cpu=True))")
-    return {"graph": "compile"}
+    return {"graph": COMPILE}
 
 
 def screened(context: Context, names: tuple[str, ...] | None = None) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
