@@ -116,3 +116,22 @@ def test_real_offline_and_online_measurements_with_a_tiny_model():
     assert online.error is None and s["submitted"] == s["ok"] > 0
     online.set(max_wait_ms=5.0)
     assert online.result.knobs.max_wait_ms == 5.0
+
+
+def test_the_controls_offer_exactly_the_declared_choices_and_steps():
+    """The panel is built from the knob declarations (tuning.knobs): no list of its own to drift."""
+    from tuning.knobs import knob_specs, knobs_for
+
+    assert widgets.OFFLINE_CONTROLS == knobs_for("offline", panel=True)
+    assert widgets.ONLINE_CONTROLS == knobs_for("served", panel=True)
+    assert "prefetch_factor" in widgets.OFFLINE_CONTROLS and "prefetch_factor" not in widgets.ONLINE_CONTROLS
+    assert {"max_wait_ms", "concurrency"} <= set(widgets.ONLINE_CONTROLS) - set(widgets.OFFLINE_CONTROLS)
+    for spec in knob_specs().values():
+        if not spec.panel:
+            continue
+        control = widgets.make_control(spec.name, spec.default)
+        if spec.kind == "choice":
+            assert list(control.options) == list(spec.choices), spec.name
+        else:
+            values = [v for _, v in control._options_full] if spec.nullable else list(control.options)
+            assert [v for v in values if v != 0 or not spec.nullable] == list(spec.steps), spec.name

@@ -241,7 +241,8 @@ _KINDS = {"int": "int", "float": "number", "bool": "bool", "str": "text", "tuple
 
 
 def _spec(f: dataclasses.Field) -> KnobSpec:
-    annotation = str(f.type)
+    # a string under ``from __future__ import annotations``, else the type itself
+    annotation = f.type.__name__ if type(f.type) is type else str(f.type)
     base = annotation.replace(" | None", "")
     if base not in _KINDS:
         raise TypeError(f"knob {f.name} is declared as {annotation}; declare it as one of {', '.join(_KINDS)} "
