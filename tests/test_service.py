@@ -315,7 +315,7 @@ def test_a_texts_per_request_the_service_refuses_is_that_configuration_s_error_i
     assert "exceeds the model's max_batch_size 8" in rows["16"]["error"] and rows["4"]["error"] is None
 
 
-def test_the_triton_recipe_follows_the_model_name_the_user_gives():
+def test_the_triton_recipe_follows_the_model_name_the_user_gives(monkeypatch):
     import argparse
 
     from tuning.cli.commands import build_parser, started_service
@@ -325,7 +325,24 @@ def test_the_triton_recipe_follows_the_model_name_the_user_gives():
     assert isinstance(args, argparse.Namespace)
     service = started_service(args, "investigate")
     assert service["api"].url(service["url"].replace("{port}", "8000")) == "http://127.0.0.1:8000/v2/models/bert/infer"
-    assert service["ready_url"] == "http://127.0.0.1:{port}/v2/models/bert/ready"
+    assert service["ready_url"] == "http://127.0.0.1:{port}/v2/models/{model_name}/ready"  # filled per start
+    from tuning.experiments import tune
+
+    waited = []
+
+    class NoServer:  # the start without a process: what the ready wait is pointed at is the point here
+        def __init__(self, command):
+            self.command, self.peak_rss = command, 0
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(tune, "ServiceGroup", NoServer)
+    monkeypatch.setattr(tune, "_wait_ready", lambda group, measure, ready, timeout: waited.append(ready))
+    switching = tune.SwitchingMeasure(service["cmd"], service["url"], [b"{}"], service["api"], tune.TuneSettings(),
+                                      service["ready_url"], lambda line: None)
+    switching._start({"max_batch_size": "1"})
+    assert len(waited) == 1 and waited[0].endswith("/v2/models/bert/ready") and "{" not in waited[0]
     assert service["cmd"] == "python serve_bert.py --port {port} --metrics-port {metrics_port} --max-batch-size {max_batch_size}"
 
 

@@ -781,7 +781,7 @@ def started_service(args: argparse.Namespace, command: str) -> dict[str, Any]:
     api.url(url.replace("{port}", "1"))  # a bad URL is named now, not per configuration
     ready = args.ready_url or (recipe.ready_url if recipe else None)
     return {"cmd": cmd, "space": space, "url": url, "api": api,
-            "ready_url": ready.replace("{model_name}", api.model_name or "") if ready else None,
+            "ready_url": ready,
             "metrics_url": args.metrics_url or (recipe.metrics_url if recipe else None)}
 
 

@@ -465,7 +465,9 @@ class SwitchingMeasure:
         self.starts += 1
         row.starts += 1
         self.running[key] = (group, measure)
-        error = _wait_ready(group, measure, fill(self.ready_url, values, port, metrics_port) if self.ready_url else None,
+        ready = fill(self.ready_url, values, port, metrics_port).replace("{model_name}", self.api.model_name or "") \
+            if self.ready_url else None
+        error = _wait_ready(group, measure, ready,
                             self.settings.startup_timeout_s)
         row.startup_s = time.perf_counter() - t0
         if error:
