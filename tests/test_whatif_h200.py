@@ -129,8 +129,8 @@ def test_calibrate_stays_within_the_datasheet(runs, name):
     assert profile.mem_bandwidth * profile.bandwidth_efficiency <= DATASHEET.mem_bandwidth * (1 + 1e-9)
     # the sweeps are bf16: fp32 is not copied from bf16 and called fitted
     assert profile.peak_flops["fp32"] != profile.peak_flops["bf16"]
-    assert profile.sources["peak_flops"].count(UNKNOWN) or "fp32" in profile.sources["peak_flops"]
-    assert "fp32" not in profile.sources["peak_flops"].split("measured")[0] or UNKNOWN in profile.sources["peak_flops"]
+    source = profile.sources["peak_flops"]
+    assert "fitted: achieved FLOP/s of bf16" in source and f"fp32: {UNKNOWN}: not measured by these sweeps" in source
 
 
 def test_gpu_check_judges_a_run_with_a_profile_not_fitted_on_it():
@@ -196,11 +196,16 @@ def test_device_busy_on_a_real_gpu_is_the_kernel_sum_and_nvml_keeps_its_own_name
     from tuning.profile.ops import OpStats
     from tuning.profile.recorder import window_signals
 
-    # NVML says a kernel ran in 100% of each period; the profiler says kernels ran 0.2 of a 1.0 ms call
+    # NVML says a kernel ran in 100% of each period; the profiler says a call runs 0.2 ms of kernels, and the
+    # window holds 10 calls in 10 s
     ops = OpStats(device="cuda", batches=5, batch_shape=(8, 64), ops_per_batch=100.0, kernels_per_batch=82.0,
                   busy_ms_per_batch=0.2, launch_cost_us=10.0, short_threshold_us=10.0, wall_ms_per_batch=1.0)
     s = window_signals(_GpuWorkload(), HostSeries(), _nvml_series(100.0), 0.0, 10.0, ops)
-    assert s.device_busy == pytest.approx(0.8 * 0.2)  # model busy x the kernels' share of a call
+    assert s.device_busy == pytest.approx(10 * 0.2e-3 / 10.0)  # kernel sum per call x calls / window
     assert s.gpu_util == pytest.approx(100.0)
     without_profiler = window_signals(_GpuWorkload(), HostSeries(), _nvml_series(100.0), 0.0, 10.0, None)
     assert math.isnan(without_profiler.device_busy) and without_profiler.gpu_util == pytest.approx(100.0)
+    from tuning.profile.busy import device_busy_figures
+
+    figures = device_busy_figures(without_profiler.device_busy, without_profiler.gpu_util)
+    assert figures["device_busy_source"] == "nvml util.gpu (not a kernel sum)" and figures["nvml_util_gpu"] == 1.0

@@ -20,7 +20,7 @@ import pandas as pd
 
 from tuning.base import clock as _clock
 from tuning.knobs import Knobs
-from tuning.profile.busy import BusySeries, busy_series
+from tuning.profile.busy import BusySeries, busy_series, device_busy_figures
 from tuning.profile.diagnose import Diagnosis, Signals, diagnose
 from tuning.profile.gpu import GpuSampler, GpuSeries
 from tuning.profile.host import HostSampler, HostSeries
@@ -92,6 +92,8 @@ class Profile:
             # the contract's figures, the workload's own (tuning.base.contract)
             **{key: work.get(key) for key in ("qps", "p50_ms", "p99_ms", "model_busy", "device_busy", "device")},
             "stages": work.get("stages"),
+            # device busy under its one meaning (a kernel sum), NVML's util.gpu beside it under its own name
+            "device_busy_figures": device_busy_figures(self.signals.device_busy, gpu.get("sm_util_mean")),
             "busy_over_time": {"window_s": self.busy.window_s, "min": _nan_none(self.busy.busy, np.min),
                                "max": _nan_none(self.busy.busy, np.max)},
             "ops": self.ops.summary() if self.ops else None,
@@ -186,7 +188,8 @@ def window_signals(workload: Workload, host: HostSeries, gpu: GpuSeries, t0: flo
     model_busy = float(workload.model_busy)
     device_busy = float(getattr(workload, "device_busy", math.nan))
     if not math.isfinite(device_busy):
-        device_busy = kernel_busy(model_busy, ops)
+        calls = sum(1 for a, b in spans if b <= t1 + 1e-9)
+        device_busy = kernel_busy(calls, window, model_busy, ops)
     launch_share = ops.launch_share if ops else math.nan
     timeline = getattr(workload, "device_timeline", None)
     if getattr(workload, "device", {}).get("kind") == "simulated" and timeline is not None:
@@ -210,14 +213,15 @@ def window_signals(workload: Workload, host: HostSeries, gpu: GpuSeries, t0: flo
     )
 
 
-def kernel_busy(model_busy: float, ops: OpStats | None) -> float:
+def kernel_busy(calls: int, window_s: float, model_busy: float, ops: OpStats | None) -> float:
     """Device busy as one definition everywhere (:data:`tuning.profile.busy.DEVICE_BUSY_IS`): the share of wall
-    time with a kernel running, here the model's busy share times the share of a call the profiler saw kernels
-    run (kernel sum over the call's wall time). NaN without a CUDA profile: NVML's ``util.gpu`` is not it (one
-    tiny kernel in a period reads 100%), and it stays beside it as ``gpu_util`` under its own name."""
-    if ops is None or ops.kernels_per_batch <= 0 or not (ops.wall_ms_per_batch > 0):
+    time with a kernel running, here the profiler's kernel sum per call times the calls in the window over the
+    window (a call stretched by a contended host runs no more kernel time), at most the model's busy share. NaN
+    without a CUDA profile: NVML's ``util.gpu`` is not it (one tiny kernel in a period reads 100%), and it stays
+    beside it as ``gpu_util`` under its own name."""
+    if ops is None or ops.kernels_per_batch <= 0 or not window_s > 0:
         return math.nan
-    return model_busy * min(ops.busy_ms_per_batch / ops.wall_ms_per_batch, 1.0)
+    return min(calls * ops.busy_ms_per_batch / 1000 / window_s, model_busy)
 
 
 def _simulated_series(workload: Any, t0: float, t1: float, interval: float) -> GpuSeries:
