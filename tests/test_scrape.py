@@ -84,7 +84,7 @@ def test_the_probe_reads_this_packages_server(monkeypatch):
         "tuning_model_busy_seconds_total 13.0\ntuning_batch_size_sum 440\ntuning_batch_size_count 60\n",
     ])
     clock = iter([100.0, 104.0])
-    monkeypatch.setattr(scrape_module, "scrape", lambda url, timeout_s=5.0: (parse(next(texts)), None))
+    monkeypatch.setattr(scrape_module, "scrape", lambda url, timeout_s=5.0, model=None: (parse(next(texts), model), None))
     monkeypatch.setattr("time.monotonic", lambda: next(clock))
     probe = MetricsProbe("http://x/metrics")
     assert probe() == 10.0 and probe() == 13.0  # the busy total run_load reads at the window's edges
@@ -110,7 +110,7 @@ def test_a_background_probe_never_scrapes_on_the_load_loop_s_thread(monkeypatch)
     seen = []
     text = "nv_inference_request_success 10\nnv_inference_queue_duration_us 2000\n"
 
-    def fake(url, timeout_s=5.0):
+    def fake(url, timeout_s=5.0, model=None):
         seen.append(threading.current_thread().name)
         n = len(seen)
         return scrape_mod.parse(text.replace("10", str(10 * n)).replace("2000", str(2000 * n))), None
@@ -121,3 +121,20 @@ def test_a_background_probe_never_scrapes_on_the_load_loop_s_thread(monkeypatch)
     result = probe.result()
     assert seen == ["metrics-scrape", "metrics-scrape"]
     assert result.exporter == "triton" and result.values["queue_ms"] == 0.2  # 2000 us over 10 requests
+
+
+def test_an_ensemble_s_other_models_are_not_summed_into_the_model_under_test():
+    """Triton labels every sample with its model: an embedding ensemble (a tokenizer model, then the encoder)
+    counts each request once per step, so the model under test's queue and compute come from its own samples."""
+    from tuning.load.scrape import derive, parse
+
+    def exposition(n):
+        return "".join(f'nv_inference_request_success{{model="{m}",version="1"}} {10 * n}\n'
+                       f'nv_inference_queue_duration_us{{model="{m}",version="1"}} {q * n}\n'
+                       f'nv_inference_compute_infer_duration_us{{model="{m}",version="1"}} {c * n}\n'
+                       for m, q, c in (("tokenizer", 100, 1000), ("minilm", 5000, 80000)))
+
+    whole = derive(parse(exposition(1)), parse(exposition(2)), 1.0)
+    mine = derive(parse(exposition(1), "minilm"), parse(exposition(2), "minilm"), 1.0)
+    assert mine.values["inference_ms"] == 8.0 and mine.values["queue_ms"] == 0.5  # 80000 us / 10 requests
+    assert whole.values["inference_ms"] == 4.05  # both models summed over twice the requests: about half

@@ -241,3 +241,15 @@ def test_watch_reads_the_gpu_series_and_the_processs_own_share_through_nvml():
     assert result.signals.gpu_util_mean == 10 and result.signals.process_gpu_mb == 1024.0
     assert result.diagnosis.kind in ("idle", "blocked", "starved", "contended")
     assert not any("own share of the GPU" in c for c in result.diagnosis.cannot_see)
+
+
+@pytest.mark.parametrize("forwarder", ["docker-proxy", "kubectl", "ssh", "socat"])
+def test_a_port_forwarder_is_not_watched_as_the_service(monkeypatch, forwarder):
+    """``kubectl port-forward``, ``ssh -L`` or ``socat`` listening on the port: their threads are not the
+    service's, so no process is sampled and the reason names the forwarder."""
+    from tuning.experiments import watch as watch_mod
+
+    monkeypatch.setattr(watch_mod, "listening_pid", lambda url: 4242)
+    monkeypatch.setattr(watch_mod, "_visible_command", lambda pid: f"{forwarder}: {forwarder} -L 8080:svc:80")
+    subject = watch_subject(None, "http://127.0.0.1:8080/embed")
+    assert subject.pid is None and f"forwarded by {forwarder} (pid 4242)" in subject.process_reason

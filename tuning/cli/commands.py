@@ -435,7 +435,7 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         from tuning.load.procs import run_load_procs
         from tuning.load.scrape import MetricsProbe, metrics_url
 
-        probe = MetricsProbe(metrics_url(url, args.metrics_url))
+        probe = MetricsProbe(metrics_url(url, args.metrics_url), model=api.model_name)
         try:
             result, notes = run_load_procs(url, _api_inputs(args, api, inputs), args.client_procs, busy_probe=probe,
                                            api=api, **load)

@@ -404,7 +404,8 @@ class HttpMeasure:
 
         s = self.settings
         self.runs += 1
-        probe = MetricsProbe(self.metrics_url, background=True) if self.metrics_url else None
+        probe = (MetricsProbe(self.metrics_url, background=True, model=getattr(self.api, "model_name", None))
+                 if self.metrics_url else None)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             result = run_load(self.url, self.bodies, concurrency=s.concurrency if rate is None else 256,

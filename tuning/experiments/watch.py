@@ -36,7 +36,7 @@ from tuning.profile.outside import NO_PROCESS, OutsideDiagnosis, OutsideSignals,
 MAX_TREND_ROWS = 20
 NO_PID = -1  # the GPU sampler's pid when no process is watched: NVML's per-process figures then match none
 # processes that listen on a port only to forward it into a container: watching them is not watching the service
-PORT_FORWARDERS = ("docker-proxy", "rootlessport", "slirp4netns", "pasta", "conmon")
+PORT_FORWARDERS = ("docker-proxy", "rootlessport", "slirp4netns", "pasta", "conmon", "kubectl", "ssh", "socat")
 
 
 def url_target(url: str, api: Any = None) -> Callable[[Any], Any]:
@@ -172,8 +172,8 @@ def watch_subject(pid: int | None, url: str | None) -> Subject:
                   "give --pid when it is local, or watch as its owner")
         return Subject(None, "no local process", process_reason=reason)
     if command.split(":", 1)[0] in PORT_FORWARDERS:
-        reason = (f"port {port} is forwarded by {command.split(':', 1)[0]} (pid {found}) into a container; "
-                  "give --pid of the service's process as this host sees it")
+        reason = (f"port {port} is forwarded by {command.split(':', 1)[0]} (pid {found}) to the service behind it "
+                  "(a container, a pod, another host); give --pid of the service's process where it is local")
         return Subject(None, "no local process", process_reason=reason)
     return Subject(found, command, pid_from=f"listening port {port}")
 
@@ -355,7 +355,8 @@ def watch(pid: int | None = None, url: str | None = None, inputs: Sequence[Any] 
             own0 = sum(me.cpu_times()[:2])
             t_start = _clock.now()
             if url is not None:
-                probe = MetricsProbe(_metrics_url(url, metrics_url)) if busy_probe is None else None
+                probe = (MetricsProbe(_metrics_url(url, metrics_url), model=getattr(api, "model_name", None))
+                         if busy_probe is None else None)
                 load = run_load(url_target(url, api), list(inputs), concurrency=concurrency, duration_s=duration_s,
                                 warmup_requests=warmup_requests, busy_probe=busy_probe or probe, api=api)
             else:

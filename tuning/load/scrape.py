@@ -50,9 +50,11 @@ def metrics_url(url: str, given: str | None = None) -> str:
     return f"{parts.scheme}://{parts.netloc}/metrics"
 
 
-def parse(text: str) -> Samples:
+def parse(text: str, model: str | None = None) -> Samples:
     """Prometheus text exposition as sample name -> value summed over label sets (``_total`` stripped, so a
-    counter reads the same whether or not its exporter declared its type)."""
+    counter reads the same whether or not its exporter declared its type). ``model``: only the samples of that
+    model where a sample names one (Triton labels each with ``model=``: an ensemble's steps, or the other models
+    of the server, would otherwise be summed into the one under test)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out: Samples = {}
@@ -60,21 +62,24 @@ def parse(text: str) -> Samples:
         for s in family.samples:
             if s.name.endswith("_bucket") or s.name.endswith("_created"):
                 continue
+            if model is not None and s.labels.get("model", model) != model:
+                continue
             name = s.name[:-6] if s.name.endswith("_total") else s.name
             if isinstance(s.value, (int, float)) and math.isfinite(s.value):
                 out[name] = out.get(name, 0.0) + float(s.value)
     return out
 
 
-def scrape(url: str, timeout_s: float = 5.0) -> tuple[Samples | None, str | None]:
-    """One scrape: the samples, or None and why not (unreachable, not Prometheus text)."""
+def scrape(url: str, timeout_s: float = 5.0, model: str | None = None) -> tuple[Samples | None, str | None]:
+    """One scrape: the samples (of ``model`` only, where samples name theirs), or None and why not
+    (unreachable, not Prometheus text)."""
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as resp:
             text = resp.read().decode(errors="replace")
     except (OSError, ValueError) as e:
         return None, f"{url}: {e}"
     try:
-        return parse(text), None
+        return parse(text, model), None
     except (ValueError, TypeError, IndexError) as e:
         return None, f"{url}: not Prometheus text ({e})"
 
@@ -166,8 +171,8 @@ class MetricsProbe:
     busy seconds (None for other exporters); :meth:`result` reads the window between the first and the last
     scrape."""
 
-    def __init__(self, url: str, timeout_s: float = 5.0, background: bool = False):
-        self.url, self.timeout_s, self.background = url, timeout_s, background
+    def __init__(self, url: str, timeout_s: float = 5.0, background: bool = False, model: str | None = None):
+        self.url, self.timeout_s, self.background, self.model = url, timeout_s, background, model
         self.scrapes: list[tuple[float, Samples | None]] = []
         self.reason: str | None = None
         self._threads: list[Any] = []
@@ -188,7 +193,7 @@ class MetricsProbe:
     def _scrape(self) -> float | None:
         import time
 
-        samples, reason = scrape(self.url, self.timeout_s)
+        samples, reason = scrape(self.url, self.timeout_s, self.model)
         self.scrapes.append((time.monotonic(), samples))
         if reason:
             self.reason = reason
