@@ -582,19 +582,23 @@ def _refresh_rows(result: TuneResult, switching: SwitchingMeasure | None) -> Non
     ranked = {c.label: c for c in (d.explored.candidates if d is not None and d.explored is not None else [])}
     checks = {lab: cap for lab, cap in (d.checks if d is not None else [])}
     seen: dict[str, TuneRow] = {}
+    logged: dict[str, list[Window]] = {}  # each configuration's windows, in order
     for w in result.windows_log:
         key = label(w.config)
         row = seen.get(key) or (switching.row(w.config) if switching is not None else TuneRow(dict(w.config)))
         seen[key] = row
+        logged.setdefault(key, []).append(w)
     if switching is not None:
         for key, row in switching.rows.items():
             seen.setdefault(key, row)
     for key, row in seen.items():
-        ws = [w.qps for w in result.windows_log if label(w.config) == key and w.kind == "throughput" and w.qps > 0]
+        windows = logged.get(key, [])
+        throughput = [w for w in windows if w.kind == "throughput"]
+        ws = [w.qps for w in throughput if w.qps > 0]
         row.windows = len(ws)
         row.qps = float(sum(ws) / len(ws)) if ws else math.nan
-        row.server = server_means([w for w in result.windows_log if label(w.config) == key and w.kind == "throughput"])
-        failed = [w.error for w in result.windows_log if label(w.config) == key and w.error]
+        row.server = server_means(throughput)
+        failed = [w.error for w in windows if w.error]
         if failed and not row.error:  # a measure that starts no server (a running service) says it only here
             row.error = failed[-1]
         c = ranked.get(key)
