@@ -261,9 +261,9 @@ def diagnose_roles(inv: ServiceInvestigation, measure: Any, plain: tuple[str, Ca
     for role, values in roles(inv.tune):
         say(f"diagnosing the {role} ({label(values) or 'as it runs'}) under load for {duration_s:.0f} s")
         try:
-            endpoint, bodies, role_api, metrics = _endpoint(measure, values, plain)
-            watched = watch_fn(_process_of(measure, values, pid), endpoint, bodies, concurrency=settings.concurrency,
-                               duration_s=duration_s, api=role_api, metrics_url=metrics)
+            process, endpoint, bodies, role_api, metrics = _watched(measure, values, plain, pid)
+            watched = watch_fn(process, endpoint, bodies, concurrency=settings.concurrency, duration_s=duration_s,
+                               api=role_api, metrics_url=metrics)
         except (ConfigError, ValueError, OSError) as exc:
             inv.diagnosed[role] = {"configuration": values, "error": str(exc)}
             continue
@@ -275,27 +275,20 @@ def diagnose_roles(inv: ServiceInvestigation, measure: Any, plain: tuple[str, Ca
         saved(inv)
 
 
-def _process_of(measure: Any, values: dict[str, str], pid: int | None) -> int | None:
-    """The process to sample: the one this run started (``--cmd``: the leader of its process group, with every
-    process it forked, since the process listening on the port may be a child that is not the model's, as
-    PyTriton's tritonserver is), else ``--pid``, else None (found from the listening port)."""
+def _watched(measure: Any, values: dict[str, str], plain: tuple[str, Callable, Any, str | None],
+             pid: int | None) -> tuple[int | None, str, list, Any, Any]:
+    """(process, URL, bodies, API, metrics URL) of one configuration. ``--cmd``: its running server (started if
+    need be), sampled as the leader of its process group with every process it forked, since the process
+    listening on the port may be a child that is not the model's, as PyTriton's tritonserver is. ``--url``: the
+    running service with that many texts per request, and ``pid`` (None: found from the listening port). Else
+    ``plain``'s URL with that configuration's texts per request (a test's measure)."""
     if isinstance(measure, SwitchingMeasure):
-        group, _ = measure.running_server(values)
-        return group.proc.pid
-    return pid
-
-
-def _endpoint(measure: Any, values: dict[str, str], plain: tuple[str, Callable, Any, str | None]) -> tuple[str, list, Any, Any]:
-    """(URL, bodies, API, metrics URL) of one configuration: its running server's (``--cmd``, started if need
-    be), the running service's with that many texts per request (``--url``), else ``plain``'s URL with that
-    configuration's texts per request (a test's measure)."""
-    if isinstance(measure, SwitchingMeasure):
-        _, http = measure.running_server(values)
-        return http.url, http.bodies, http.api, http.metrics_url
+        group, http = measure.running_server(values)
+        return group.proc.pid, http.url, http.bodies, http.api, http.metrics_url
     if isinstance(measure, ClientMeasure):
         http = measure.http(values)
-        return http.url, http.bodies, http.api, http.metrics_url
+        return pid, http.url, http.bodies, http.api, http.metrics_url
     url, encode, api, metrics_url = plain
     if "client_batch" in values:
         api = dataclasses.replace(api, client_batch=int(values["client_batch"]))
-    return url, encode(api), api, metrics_url
+    return pid, url, encode(api), api, metrics_url
