@@ -26,23 +26,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import write
+from common import write  # puts the repository on sys.path
+
+from tests.helpers import running_with
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 SERVER = ROOT / "examples" / "pytriton_server.py"
 LIMIT = "200"
-
-
-def left_running(markers: list[str]) -> list[str]:
-    import psutil
-
-    found = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if p.info["status"] != psutil.STATUS_ZOMBIE and any(m in cmd for m in markers):
-            found.append(cmd[:160])
-    return found
 
 
 def cli(*argv: str, env: dict | None = None, timeout: float = 1800) -> tuple[int, dict, float, str]:
@@ -81,13 +72,13 @@ def investigate_triton(python: Path, out: Path) -> dict:
     home = Path(tempfile.mkdtemp(prefix="pyt-"))
     code, s, seconds, err = cli("investigate", "--server", "triton", "--cmd", f"{python} {SERVER}", "--quick",
                                 "--limit", LIMIT, "--out", str(out), env=triton_env(home))
-    return {"exit": code, "seconds": seconds, **brief(s), "left_running": left_running([str(home), str(SERVER)]),
+    return {"exit": code, "seconds": seconds, **brief(s), "left_running": running_with([str(home), str(SERVER)]),
             "workspaces_left": len(list(home.iterdir())), "stderr_tail": err if code not in (0, 3) else None}
 
 
 def investigate_litserve(out: Path) -> dict:
     code, s, seconds, err = cli("investigate", "--server", "litserve", "--quick", "--limit", LIMIT, "--out", str(out))
-    return {"exit": code, "seconds": seconds, **brief(s), "left_running": left_running(["litserve_server.py"]),
+    return {"exit": code, "seconds": seconds, **brief(s), "left_running": running_with(["litserve_server.py"]),
             "stderr_tail": err if code not in (0, 3) else None}
 
 
@@ -121,7 +112,7 @@ def running_triton(python: Path, out: Path) -> dict:
                    "qps": (w.get("load") or {}).get("qps"), "p99_ms": (w.get("load") or {}).get("p99_ms")}
     finally:
         stop_group(proc, home)
-    return {"investigate_url": by_url, "watch_url": watched, "left_running": left_running([str(home), str(SERVER)])}
+    return {"investigate_url": by_url, "watch_url": watched, "left_running": running_with([str(home), str(SERVER)])}
 
 
 def stop_group(proc: subprocess.Popen, home: Path) -> None:

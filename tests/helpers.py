@@ -22,3 +22,17 @@ class TinyModel(torch.nn.Module):
         if self.delay_s:
             time.sleep(self.delay_s)
         return torch.nn.functional.normalize(self.proj(mask.float().sum(1, keepdim=True)), dim=1)
+
+
+def running_with(markers: list[str]) -> list[str]:
+    """The command lines (cut to 160 characters) of live processes whose command line holds one of ``markers``:
+    what a test or bench that started servers checks was left behind (a zombie is dead: it only waits to be
+    reaped, so it does not count)."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if p.info["status"] != psutil.STATUS_ZOMBIE and any(m in cmd for m in markers):
+            found.append(cmd[:160])
+    return found

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.helpers import running_with
 from tests.worlds import World
 from tuning.experiments.service import (
     SUMMARY,
@@ -186,16 +187,6 @@ def _cli(*argv):
     return code, stdout.getvalue(), stderr.getvalue()
 
 
-def _processes_running(marker: str) -> list[int]:
-    import psutil
-
-    found = []
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        if marker in " ".join(p.info["cmdline"] or []):
-            found.append(p.info["pid"])
-    return found
-
-
 @pytest.mark.slow
 def test_investigate_cmd_ships_the_faster_server_diagnoses_both_and_leaves_no_process(tmp_path):
     import os
@@ -217,7 +208,7 @@ def test_investigate_cmd_ships_the_faster_server_diagnoses_both_and_leaves_no_pr
         assert "queue_service.py" in role["command"] and role["stages"]["total_ms"] > 0  # the process it started
         assert role["stages"]["source"] is None  # the queue service exposes no timings: said, not guessed
     assert (tmp_path / "report.html").is_file() and json.loads((tmp_path / SUMMARY).read_text())["best"]["ms"] == fast
-    assert _processes_running(f".{os.getpid()}") == []
+    assert running_with([f".{os.getpid()}"]) == []
 
 
 @pytest.mark.slow
@@ -275,12 +266,12 @@ def test_sigterm_stops_investigate_cmd_s_servers_and_keeps_what_it_measured(tmp_
         if summary.is_file() and json.loads(summary.read_text())["state"]["log"]:
             break
         time.sleep(0.2)
-    assert _processes_running(marker), "the server under test never started"
+    assert running_with([marker]), "the server under test never started"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 130
     s = json.loads(summary.read_text())
     assert s["interrupted"] and s["state"]["log"]
-    assert _processes_running(marker) == []
+    assert running_with([marker]) == []
 
 
 def test_a_service_that_never_answers_is_not_watched_and_the_reason_is_kept(tmp_path):

@@ -10,9 +10,9 @@ import os
 import tempfile
 from pathlib import Path
 
-import psutil
 import pytest
 
+from tests.helpers import running_with
 from tests.triton_env import pytriton_python  # noqa: F401  (the session fixture, used by name below)
 from tuning.experiments.engine import EngineSettings
 from tuning.experiments.service import SUMMARY, investigate_service
@@ -27,17 +27,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SERVER = ROOT / "examples" / "pytriton_server.py"
 SHORT = TuneSettings(engine=EngineSettings.quick(window_s=1.0, target_outcomes=400, target_max_s=3.0, max_pairs=4),
                      concurrency=8, warmup_s=0.3, startup_timeout_s=240.0, quick_mode=True)
-
-
-def _left_running(markers: list[str]) -> list[str]:
-    """Processes of this run still alive: a server started with one of its ports, or a Triton whose workspace
-    lies in its PyTriton home (another test's servers do not count)."""
-    found = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if p.info["status"] != psutil.STATUS_ZOMBIE and any(m in cmd for m in markers):
-            found.append(cmd[:120])
-    return found
 
 
 def test_investigate_cmd_over_tritons_batcher_reports_and_leaves_nothing_running(pytriton_python, tmp_path,  # noqa: F811
@@ -68,6 +57,7 @@ def test_investigate_cmd_over_tritons_batcher_reports_and_leaves_nothing_running
     assert "pytriton_server.py" in baseline["command"], baseline["command"]
     assert (tmp_path / "inv" / "report.html").is_file()
     ports = [r["command"].split(" --port ")[1].split()[0] for r in s["rows"]]
-    assert _left_running([str(home)] + [f"--port {p} " for p in ports]) == []  # every server stopped
+    # every server stopped: one started with this run's ports, or a Triton whose workspace lies in its home
+    assert running_with([str(home)] + [f"--port {p} " for p in ports]) == []
     assert list(home.iterdir()) == []  # every workspace removed
     assert os.environ["PYTRITON_HOME"] == str(home)
