@@ -36,7 +36,7 @@ SUMMARY = "summary.json"
 REPORT = "report.html"
 CLIENT_BATCHES = ("1", "4", "16")  # texts per request tried on a running service, after the client's own (the baseline)
 DIAGNOSE_S = 5.0  # measured seconds of load under the watch, per configuration diagnosed
-BATCHABLE = ("tei", "openai", "kserve", "triton")  # APIs whose requests carry a list of texts
+BATCHABLE = ("tei", "openai", "kserve")  # APIs whose requests carry a list of texts (Api names triton kserve)
 
 
 class ServiceError(ValueError):
