@@ -1,7 +1,7 @@
 """The what-if fitted on some H200 cards and judged on the others (issue 52, deliver 1; ``docs/what-if-validation.md``).
 
     python bench/whatif_holdout.py                    # judge, write bench/results/whatif_holdout.json
-    python bench/whatif_holdout.py --write-profile    # and write the refit tuning/sim/devices/h200-sxm-estimate.json
+    python bench/whatif_holdout.py --write-profile    # and write the refit chip fit, tuning/sim/devices/chips/gh100.json
 
 The committed ``bench/results/gpu_check_h200*`` runs are grouped by the card each recorded (NVML UUID); the split
 (the card with the most runs fits, the others judge) is printed before anything is fitted. On the fit side
@@ -31,7 +31,6 @@ from tuning.sim import holdout, load_profile
 from tuning.sim.profiles import DeviceProfile
 
 ROOT = Path(__file__).resolve().parents[1]
-PROFILE = ROOT / "tuning" / "sim" / "devices" / "h200-sxm-estimate.json"
 DONE_GRAPH_MEDIAN = (0.85, 1.15)  # issue 52's done-when, graph mode on the held-out cards
 DONE_GRAPH_BAND = (0.67, 1.5)
 
@@ -46,18 +45,10 @@ def sides(profile: DeviceProfile, split: holdout.Split, dispatch_s: float) -> tu
     return summary, rows
 
 
-def profile_json(profile: DeviceProfile) -> str:
-    """The profile as the shipped file lays it out (its keys in the file's order, new ones at the end)."""
-    old = json.loads(PROFILE.read_text())
-    data = profile.as_dict()
-    ordered = {k: data[k] for k in old if k in data}
-    ordered.update({k: v for k, v in data.items() if k not in ordered})
-    return json.dumps(ordered, indent=2) + "\n"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write-profile", action="store_true", help="write the refit h200-sxm-estimate profile")
+    parser.add_argument("--write-profile", action="store_true",
+                        help="write the refit chip fit (tuning/sim/devices/chips/<chip>.json) every card of it shares")
     parser.add_argument("--before", default=None, help="the profile judged as 'before' (default: the shipped one "
                         "as committed before the refit, from git, else the current file)")
     args = parser.parse_args()
@@ -116,8 +107,12 @@ def main() -> None:
     }
     write("whatif_holdout", payload)
     if args.write_profile:
-        PROFILE.write_text(profile_json(after))
-        print(f"wrote {PROFILE}")
+        from tuning.sim.profiles import chip_path
+
+        chip = load_profile("h200-sxm-estimate").chip  # the card fitted on; every card of its chip shares the fit
+        path = chip_path(chip)
+        path.write_text(json.dumps(holdout.chip_fit(after, chip), indent=2) + "\n")
+        print(f"wrote {path}")
 
 
 def _before_profile() -> DeviceProfile:

@@ -327,8 +327,9 @@ def calibrate(points: Sequence[Point], model: ModelProfile, device_kind: str, na
             peak[d] = datasheet.flops_for(d) * eff
         else:  # no datasheet: a measured dtype's rate stands in, marked unknown
             peak[d] = float(next(params[f"flops_{m}"] for m in measured if f"flops_{m}" in params))
-    if "flops_tf32" in params:
-        peak["tf32"] = float(params["flops_tf32"])
+    tf32, tf32_source = _tf32_rate(params, datasheet, synchronous)
+    if tf32 is not None:
+        peak["tf32"] = tf32
     graph_points = any(g in ("cuda_graph", "compile_graph") for g in graphs)
     hidden = (f"{UNIDENTIFIED}: eager points on an asynchronous device hide device time behind launches; "
               "add sweeps with --set graph=cuda_graph")
@@ -340,7 +341,7 @@ def calibrate(points: Sequence[Point], model: ModelProfile, device_kind: str, na
     whole = "" if base_profile.host_dispatch_separate else (
         f", a whole host cost there, less this host's dispatch ({dispatch * 1e6:.2f} us): {kept_replay * 1e6:g} us")
     sources = {
-        "peak_flops": _peak_source(measured, not_measured, datasheet, limits),
+        "peak_flops": _peak_source(measured, not_measured, datasheet, limits) + f"; {tf32_source}",
         "mem_bandwidth": "fitted: achieved bandwidth of operators without FLOPs" if synchronous or graph_points else hidden,
         "launch_s": (f"fitted: host time per launched operator, {params['launch_s'] * 1e6:.2f} us, less the calibrating "
                      f"host's dispatch ({dispatch * 1e6:.2f} us, clamped at 0): the driver's part"),
@@ -371,13 +372,35 @@ def calibrate(points: Sequence[Point], model: ModelProfile, device_kind: str, na
         # the fit's rates are flat (one per dtype, one floor): the shape model of the base profile stays off so that
         # the profile predicts what was fitted
         sm_count=0, gemm_efficiency={}, bandwidth_half_bytes=0.0, graph_min_kernel_s=None,
-        attention_extra_kernels=extra)
+        attention_extra_kernels=extra, chip="")
     if extra:
         profile.sources["attention_extra_kernels"] = (f"from {base_profile.name} ({extra} a call; a sweep's wall "
                                                       "times cannot count kernels), modelled in the fit")
     for key in ("sm_count", "gemm_efficiency", "gemm_k_half", "bandwidth_half_bytes", "graph_min_kernel_s"):
         profile.sources.pop(key, None)
     return profile, worst
+
+
+def _tf32_rate(params: dict[str, float], datasheet: DeviceProfile | None,
+               synchronous: bool) -> tuple[float | None, str]:
+    """TF32's rate and where it comes from: measured (sweeps with tf32 on); else the bf16 fit times the datasheet's
+    TF32/bf16 peak ratio (both run on the tensor cores, TF32 at a fixed fraction of bf16's rate); else the datasheet
+    peak times its estimated efficiency; none on a CPU (torch runs fp32 there) or a card without a datasheet."""
+    if "flops_tf32" in params:
+        return float(params["flops_tf32"]), "tf32: fitted from sweeps with tf32 on"
+    if synchronous:
+        return None, "tf32: none (a CPU runs TF32 requests as fp32)"
+    if datasheet is None or "tf32" not in datasheet.peak_flops:
+        return None, (f"tf32: {UNKNOWN}: not measured and no datasheet TF32 rate of this card; a what-if in tf32 "
+                      "needs one (peak_flops['tf32'])")
+    if "flops_bf16" in params:
+        ratio = datasheet.flops_for("tf32") / datasheet.flops_for("bf16")
+        return (float(params["flops_bf16"]) * ratio,
+                f"tf32: bf16's fitted rate x the datasheet's TF32/bf16 ratio ({ratio:.3f}, {datasheet.name}), not measured")
+    eff = datasheet.gemm_efficiency.get("tf32", datasheet.flops_efficiency)
+    return (datasheet.flops_for("tf32") * eff,
+            f"tf32: {UNKNOWN}: not measured by these sweeps; {datasheet.name}'s datasheet peak x its estimated "
+            "efficiency, not fitted")
 
 
 def _peak_source(measured: Sequence[str], not_measured: Sequence[str], datasheet: DeviceProfile | None,

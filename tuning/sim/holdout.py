@@ -238,17 +238,30 @@ def refit_profile(base: DeviceProfile, fitted: dict[str, Any]) -> DeviceProfile:
                                      "forward at batch 1 equals the profiler's")
     sources["gemm_efficiency"] = (
         f"bf16 {fitted['gemm_efficiency_bf16']:.3f} {where}: bounded least squares (0, 1] of the replayed forwards' "
-        "wall times; fp16 taken as bf16's (the same tensor-core rate on the datasheet), not measured; fp32 0.80 and "
-        "tf32 0.55 are estimates (fp32: PyTorch fp32 BERT-base on an A100 reached 0.75 of the fp32 peak "
-        "whole-model, issue 25), not fitted on Hopper")
+        "wall times; fp16 taken as bf16's (the same tensor-core rate on the datasheet), not measured; tf32 taken as "
+        "bf16's efficiency, so TF32 runs at the bf16 fit times the datasheet's TF32/bf16 peak ratio (no TF32 forward "
+        "measured on Hopper); fp32 0.80 an estimate (PyTorch fp32 BERT-base on an A100 reached 0.75 of the fp32 "
+        "peak whole-model, issue 25), not fitted on Hopper")
     bf16 = round(fitted["gemm_efficiency_bf16"], 4)
     return base.replace(
-        description=("NVIDIA H200 SXM 141 GB: datasheet peaks and bandwidth; per-kernel floors, the attention "
-                     "backend's kernels and the bf16 GEMM efficiency fitted on one card's runs and judged on two "
-                     "others (bench/results/whatif_holdout.json); host costs from sandboxed hosts"),
         attention_extra_kernels=int(fitted["attention_extra_kernels"]),
         min_kernel_s=round(fitted["min_kernel_s"], 10), graph_min_kernel_s=round(fitted["graph_min_kernel_s"], 10),
-        gemm_efficiency={**base.gemm_efficiency, "bf16": bf16, "fp16": bf16}, sources=sources)
+        gemm_efficiency={**base.gemm_efficiency, "bf16": bf16, "fp16": bf16, "tf32": bf16}, sources=sources)
+
+
+def chip_fit(profile: DeviceProfile, chip: str) -> dict[str, Any]:
+    """The chip's fit file (``tuning/sim/devices/chips/<chip>.json``) from a profile fitted on one of its cards:
+    :data:`~tuning.sim.profiles.CHIP_FIELDS` and their sources, shared by every card of the chip."""
+    from tuning.sim.profiles import CHIP_FIELDS
+
+    data = profile.as_dict()
+    return {"name": chip,
+            "description": (f"The {chip.upper()} chip's fit, shared by every card built on it: efficiencies, per-kernel "
+                            "floors and the attention backend's kernels. A card's own file gives what its datasheet "
+                            "gives (peaks at its clocks, bandwidth, memory, power)"),
+            **{k: data[k] for k in CHIP_FIELDS},
+            "sources": {k: profile.sources[k].removesuffix(f" [the {chip} chip's fit]")
+                        for k in CHIP_FIELDS if k in profile.sources}}
 
 
 # -- the judgement ------------------------------------------------------------------------------------------------

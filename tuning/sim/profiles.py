@@ -4,6 +4,11 @@ Shipped profiles (in ``tuning/sim/devices/``) are datasheet estimates and say so
 name (``h200-sxm-estimate``); ``python -m tuning calibrate`` fits a measured one from a batch
 sweep on a real device. Any output made with a profile carries its name and source.
 
+A card built on a chip another card shares (the H100 SXM and the H200 are both GH100) names it in ``chip``: the
+chip's fit (:data:`CHIP_FIELDS`: efficiencies, per-kernel floors, the attention backend's kernels) lives once, in
+``tuning/sim/devices/chips/<chip>.json``, and the card's own file gives only what its datasheet gives (peaks at its
+clocks, bandwidth, memory, power), so one fit on one card moves every card of that chip together.
+
 Each file says its ``format_version`` (:data:`FORMAT_VERSION`; a file without one is version 1), and
 :func:`migrate` brings an older file's fields to the current format, one version at a time, before the profile is
 built, so that a profile written by an earlier release predicts what it predicted then.
@@ -17,10 +22,14 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from tuning.base.assets import device_profile_path, shipped_profiles
+from tuning.base.assets import DEVICE_PROFILES, device_profile_path, shipped_profiles
 from tuning.base.contract import device_object
 
 DEFAULT_PROFILE = "h200-sxm-estimate"
+# what a chip's fit gives every card built on it (tuning/sim/devices/chips/<chip>.json); a card differs from another of
+# its chip in its datasheet figures only
+CHIP_FIELDS = ("sm_count", "gemm_efficiency", "gemm_k_half", "min_kernel_s", "graph_min_kernel_s",
+               "attention_extra_kernels", "flops_efficiency", "bandwidth_efficiency")
 
 
 HOST_DISPATCH_KINDS = ("model", "tiny op")  # DeviceProfile.host_dispatch
@@ -107,6 +116,7 @@ class DeviceProfile:
     # dispatch: a version-1 file without the key, or a fit beside a model that cannot be rebuilt small)
     host_dispatch: str = "model"
     format_version: int = FORMAT_VERSION  # the file format this profile is written in (see migrate)
+    chip: str = ""  # the chip whose fit (CHIP_FIELDS) this card shares with others of it; "": its own figures
 
     def __post_init__(self) -> None:
         if self.format_version != FORMAT_VERSION:
@@ -157,9 +167,14 @@ class DeviceProfile:
         return f"measured: {self.description}"
 
     def flops_for(self, dtype: str) -> float:
-        """Dense peak FLOP/s for a dtype; ``tf32`` falls back to fp32 where the profile has no TF32 rate."""
-        if dtype == "tf32":
-            return self.peak_flops.get("tf32", self.peak_flops["fp32"])
+        """Dense peak FLOP/s for a dtype. ``tf32`` on a synchronous device (a CPU, which has no TF32 units: torch
+        runs fp32) is fp32's; an accelerator's profile without a TF32 rate cannot say it (ValueError), since its
+        fp32 rate (no tensor cores) is several times below any TF32 rate."""
+        if dtype == "tf32" and "tf32" not in self.peak_flops:
+            if self.synchronous:
+                return self.peak_flops["fp32"]
+            raise ValueError(f"device profile {self.name!r} has no peak_flops['tf32']: give the card's TF32 rate (its "
+                             "datasheet's dense TF32 tensor FLOP/s), or calibrate from sweeps with tf32 on")
         return self.peak_flops[dtype]
 
     def label(self) -> str:
@@ -211,6 +226,30 @@ def profile_for_card(card: str | None) -> DeviceProfile | None:
     return None
 
 
+def chip_path(chip: str) -> Path:
+    return DEVICE_PROFILES / "chips" / f"{chip}.json"
+
+
+def with_chip(raw: dict[str, Any]) -> dict[str, Any]:
+    """A profile dict with its chip's fit (:data:`CHIP_FIELDS` and their sources) filled in where the file does not
+    give them itself (a calibrated profile keeps what it fitted). A copy; ValueError for a chip with no fit file."""
+    chip = raw.get("chip")
+    if not chip:
+        return raw
+    path = chip_path(str(chip))
+    try:
+        fit = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"chip={chip!r}: cannot read its fit {path}: {exc}; name a chip in "
+                         f"{DEVICE_PROFILES / 'chips'} or drop 'chip' and give {', '.join(CHIP_FIELDS)}") from None
+    out = dict(raw)
+    taken = [k for k in CHIP_FIELDS if k not in out and k in fit]
+    out.update({k: fit[k] for k in taken})
+    chip_sources = {k: f"{v} [the {chip} chip's fit]" for k, v in fit.get("sources", {}).items() if k in taken}
+    out["sources"] = {**chip_sources, **out.get("sources", {})}
+    return out
+
+
 def load_profile(name_or_path: str | Path | DeviceProfile = DEFAULT_PROFILE) -> DeviceProfile:
     """A shipped profile by name, or a profile JSON file by path; a clear error naming both otherwise."""
     if isinstance(name_or_path, DeviceProfile):
@@ -225,7 +264,7 @@ def load_profile(name_or_path: str | Path | DeviceProfile = DEFAULT_PROFILE) -> 
     if not isinstance(raw, dict):
         raise ValueError(f"sim_profile={text!r}: {path} holds {type(raw).__name__}, not a profile object")
     try:
-        raw = migrate(raw)
+        raw = with_chip(migrate(raw))
     except ValueError as exc:
         raise ValueError(f"sim_profile={text!r}: {exc}") from None
     unknown = sorted(set(raw) - known)
