@@ -1,7 +1,9 @@
 """Small stand-ins shared by the serving tests."""
 
+import os
 import time
 
+import pytest
 import torch
 
 
@@ -36,3 +38,22 @@ def running_with(markers: list[str]) -> list[str]:
         if p.info["status"] != psutil.STATUS_ZOMBIE and any(m in cmd for m in markers):
             found.append(cmd[:160])
     return found
+
+
+def in_ci() -> bool:
+    """Whether this run is CI's (``CI`` set, as .ci/run sets it): there, what the test extra installs is present."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def installed_by_test_extra(module: str):
+    """``module`` imported, for a package that ``pip install -e '.[test]'`` installs (tests/test_helpers.py checks
+    each name passed here against the extra's requirements). Missing, it skips the test on a machine set up by
+    hand, and fails it in CI, where a skip would hide that the extra no longer installs it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        if in_ci():
+            pytest.fail(f"{module} is missing in CI ({exc}); pip install -e '.[test]' installs it", pytrace=False)
+        pytest.skip(f"{module} is not installed ({exc}): pip install -e '.[test]'", allow_module_level=True)

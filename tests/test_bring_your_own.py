@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.cli_run import run_cli
+from tests.helpers import installed_by_test_extra
 from tuning import preset
 from tuning.base.assets import tokenizer_files
 from tuning.offline.pipeline import Pipeline
@@ -23,7 +24,7 @@ TEXTS = ["a red kettle that whistles", "refund for order 1234, please", "café c
 
 @pytest.fixture(scope="module")
 def tiny_bert(tmp_path_factory) -> Path:
-    transformers = pytest.importorskip("transformers")
+    transformers = installed_by_test_extra("transformers")
     folder = tmp_path_factory.mktemp("tiny-bert")
     torch.manual_seed(0)
     config = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
@@ -194,7 +195,7 @@ def test_the_tiny_stand_in_is_a_model_folder_transformers_reads_alike(tmp_path):
     from tuning.runtime.custom import save_tiny_bert
 
     folder = save_tiny_bert(tmp_path / "tiny")
-    pytest.importorskip("transformers")
+    installed_by_test_extra("transformers")
     knobs = preset("tuned", dtype="fp32")
     model, tokenizer, _ = resolve_model(str(folder), knobs)
     result = Pipeline(knobs, model=model, tokenizer=tokenizer).run(TEXTS)

@@ -15,6 +15,7 @@ import threading
 
 import pytest
 
+from tests.helpers import installed_by_test_extra
 from tuning.base.net import free_port
 from tuning.load import http1
 from tuning.load.apis import Api
@@ -287,7 +288,7 @@ def test_the_blocking_target_shares_one_pool_across_threads(server):
 
 
 def test_the_event_loop_is_uvloop_when_installed_unless_told(monkeypatch):
-    pytest.importorskip("uvloop")
+    installed_by_test_extra("uvloop")
     loop = http1.new_event_loop()
     assert http1.loop_name(loop) == "uvloop"
     loop.close()

@@ -166,7 +166,7 @@ def test_summary_agrees_with_experiments_csv(run):
         assert float(row["qps"]) == pytest.approx(w["qps"], rel=1e-9)
         assert int(row["n"]) == w["n"] and int(row["errors"]) == w["errors"]
     stages = [w["stage"] for w in log]
-    assert stages[0] == "screen" and "confirm" in stages or "target" in stages
+    assert stages[0] == "screen" and ("confirm" in stages or "target" in stages)
 
 
 @pytest.mark.slow
@@ -174,9 +174,13 @@ def test_malformed_lines_go_through_as_errors(run):
     _, stdout, _ = run
     summary = json.loads(stdout)
     assert summary["data"]["lines"] == 20 and summary["data"]["invalid"] == len(MALFORMED)
-    first = summary["state"]["log"][0]
-    assert first["errors"] > 0 and first["qps"] > 0  # bad lines are error outcomes, the rest goes on
-    assert summary["before"]["errors"] > 0
+    # What one short window holds depends on the machine's pace; what the whole run went through does not: it
+    # passes over the 20 lines many times, so its bad lines are among its outcomes, as errors, beside good ones.
+    windows = summary["state"]["log"]
+    outcomes = sum(w["n"] for w in windows) + summary["before"]["submitted"]
+    errors = sum(w["errors"] for w in windows) + summary["before"]["errors"]
+    assert outcomes >= 2 * summary["data"]["lines"], outcomes
+    assert 0 < errors < outcomes  # bad lines are error outcomes, the rest goes on
 
 
 @pytest.mark.slow

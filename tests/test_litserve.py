@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import installed_by_test_extra
 from tuning.base.net import free_port
 
-pytest.importorskip("litserve")
+installed_by_test_extra("litserve")
 pytestmark = [pytest.mark.slow, pytest.mark.thirdparty]
 
 APP = Path(__file__).parent / "apps" / "litserve_minilm.py"

@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from tests.helpers import installed_by_test_extra
 from tuning.base.assets import embedded_model_dir, tokenizer_files
 from tuning.inputs.readers import load_texts
 from tuning.inputs.tokenize import FastTokenizer
@@ -16,7 +17,7 @@ def texts():
 
 @pytest.mark.thirdparty
 def test_matches_sentence_transformers_fp32(texts):
-    st = pytest.importorskip("sentence_transformers")
+    st = installed_by_test_extra("sentence_transformers")
     reference = st.SentenceTransformer(str(embedded_model_dir()), device="cpu").encode(
         texts, batch_size=8, convert_to_tensor=True)
     tok = FastTokenizer(tokenizer_files()[1])

@@ -1,4 +1,5 @@
 import re
+import shlex
 from pathlib import Path
 
 import tomllib
@@ -27,7 +28,20 @@ def test_readme_starts_with_two_commands_and_ci_runs_the_test_one():
     first = [line for line in blocks[0].splitlines() if line.strip() and not line.startswith("#")]
     assert len(first) == 2, first
     test_command = first[1].split("&&")[-1].strip()
-    assert test_command in (ROOT / ".ci" / "run").read_text()
+    assert _runs(test_command, (ROOT / ".ci" / "run").read_text()), test_command
+
+
+def _runs(command: str, script: str) -> bool:
+    """Whether a line of the shell ``script`` is ``command`` (with its words as the shell splits them), not a
+    comment that mentions it."""
+    wanted = shlex.split(command)
+    return any(shlex.split(line, comments=True) == wanted for line in script.splitlines())
+
+
+def test_a_commented_out_command_is_not_run():
+    assert _runs("python -m pytest -q", "set -e\n  python -m pytest -q  # the README's\n")
+    assert not _runs("python -m pytest -q", "# python -m pytest -q\necho skipped\n")
+    assert not _runs("python -m pytest -q", "echo 'python -m pytest -q'\n")
 
 
 def test_package_imports_without_plotly_or_widgets():

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import installed_by_test_extra
 from tuning.knobs import preset
 from tuning.load.apis import API_ALIASES, API_NAMES, Api
 from tuning.load.servers import RECIPES, ServerKnob, recipe
@@ -100,7 +101,7 @@ def test_triton_speaks_kserve_to_the_minilm_model():
 
 
 def test_the_litserve_example_parses_its_flags():
-    pytest.importorskip("litserve")
+    installed_by_test_extra("litserve")
     done = subprocess.run([sys.executable, str(ROOT / "examples" / "litserve_server.py"), "--help"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

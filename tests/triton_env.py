@@ -2,9 +2,12 @@
 
 PyTriton (``nvidia-pytriton``, which ships a Triton Inference Server) pins ``numpy<2``; this project runs on
 numpy 2 (pandas 3 needs it), so PyTriton cannot live in the test interpreter. The environment here is
-``python -m venv --system-site-packages`` plus ``pip install nvidia-pytriton 'numpy<2'``: torch, tokenizers,
-safetensors and this package come from the interpreter's own site (torch built against numpy 2 imports and
-converts arrays with numpy 1.x), so nothing heavy is downloaded again.
+a ``python -m venv`` whose site names the test interpreter's own site-packages (:func:`link_site`), plus
+``pip install nvidia-pytriton 'numpy<2'``: torch, tokenizers, safetensors and this package come from the
+interpreter that runs the tests (torch built against numpy 2 imports and converts arrays with numpy 1.x), so
+nothing heavy is downloaded again. ``--system-site-packages`` would not do: from an interpreter that is itself
+a venv (as the README's commands are usually run) it gives the *base* interpreter's site, without the venv's
+packages.
 
 It is cached under ``$TUNING_TEST_CACHE`` (default ``~/.cache/tuning-tests``) in a folder named by a hash of
 the requirements and the interpreter, so changing either builds a new one. A build ends by writing a marker;
@@ -21,6 +24,7 @@ import hashlib
 import json
 import os
 import shutil
+import site
 import subprocess
 import sys
 import time
@@ -28,10 +32,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import in_ci
+
 REQUIREMENTS = ("nvidia-pytriton==0.7.0", "numpy<2")  # 0.7.0 ships Triton 2.51 (the version #50 was tried on)
 BUILD_TIMEOUT_S = 900  # pip's download of PyTriton's wheel (about 55 MB) on a slow link, and the venv's own pip
 CHECK_TIMEOUT_S = 120  # importing torch on a busy 2-core machine
 MARKER = "built.json"
+SITE_LINK = "tuning-test-interpreter.pth"
 
 # What the server script needs from the venv, with numpy 1.x: PyTriton itself, and the system site's torch,
 # tokenizers and safetensors working beside that numpy (an array handed to torch and back).
@@ -52,12 +59,47 @@ def cache_root() -> Path:
 
 def env_dir() -> Path:
     """The folder for these requirements on this interpreter: another interpreter or pin gets its own."""
-    key = json.dumps({"requirements": REQUIREMENTS, "python": sys.version, "base": sys.base_prefix})
+    key = json.dumps({"requirements": REQUIREMENTS, "python": sys.version, "base": sys.base_prefix,
+                      "site": interpreter_site_dirs()})
     return cache_root() / f"pytriton-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
 def python_in(folder: Path) -> Path:
     return folder / "bin" / "python"
+
+
+def interpreter_site_dirs() -> list[str]:
+    """The site-packages folders of the interpreter running the tests, whatever it is (system, venv, user site)."""
+    dirs = list(site.getsitepackages())
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    return [d for d in dict.fromkeys(dirs) if Path(d).is_dir()]
+
+
+def make_venv(folder: Path, site_dirs: list[str]) -> None:
+    """A venv at ``folder`` (with pip) that also sees ``site_dirs``, after its own site-packages."""
+    _step([sys.executable, "-m", "venv", str(folder)], "python -m venv")
+    link_site(folder, site_dirs)
+
+
+def link_site(folder: Path, site_dirs: list[str]) -> Path:
+    """Write a ``.pth`` file into the venv at ``folder`` that adds ``site_dirs`` as site folders.
+
+    ``site.addsitedir`` (not a bare path line) so that their own ``.pth`` files run too: an editable install
+    of this package is one. They are appended after the venv's own site-packages, so what the venv installs
+    (numpy<2) wins over the same package in the test interpreter's site (numpy 2)."""
+    own = _own_site_packages(folder)
+    lines = [f"import site; site.addsitedir({d!r})" for d in site_dirs]
+    link = own / SITE_LINK
+    link.write_text("\n".join(lines) + "\n")
+    return link
+
+
+def _own_site_packages(folder: Path) -> Path:
+    found = sorted((folder / "lib").glob("python*/site-packages"))
+    if len(found) != 1:
+        raise TritonEnvUnavailable(f"the venv {folder} has {len(found)} site-packages folders, expected one")
+    return found[0]
 
 
 def ensure_env() -> Path:
@@ -93,7 +135,7 @@ def _usable(folder: Path) -> bool:
 
 def _build(folder: Path) -> None:
     started = time.perf_counter()
-    _step([sys.executable, "-m", "venv", "--system-site-packages", str(folder)], "python -m venv")
+    make_venv(folder, interpreter_site_dirs())
     _step([str(python_in(folder)), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *REQUIREMENTS],
           "pip install " + " ".join(REQUIREMENTS))
     problem = _run_check(folder, FULL_CHECK)
@@ -125,10 +167,6 @@ def _run_check(folder: Path, code: str) -> str | None:
     if done.returncode != 0:
         return (done.stderr.strip().splitlines() or ["no output"])[-1]
     return None
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
 def unavailable(reason: str) -> None:

@@ -36,8 +36,10 @@ from typing import Any, Callable
 
 import torch
 
-# CPython's hashlib releases the GIL while hashing more than this many bytes (HASHLIB_GIL_MINSIZE is 2048)
+# CPython's hashlib releases the GIL while hashing this many bytes or more (``len >= HASHLIB_GIL_MINSIZE``), and
+# keeps it for fewer: tests/test_gil_rule.py measures both on the running interpreter with a spinning thread
 GIL_FREE_BYTES = 2048
+HELD_BYTES = GIL_FREE_BYTES - 1  # the largest update hashed with the GIL held
 _CHUNK = 1 << 16  # the largest update of one burn: well under a millisecond of CPU, so a long burn checks its CPU time often
 _BUFFER = memoryview(bytes(_CHUNK))
 _OPERANDS = (torch.ones(1), torch.ones(1), torch.empty(1))
@@ -60,7 +62,7 @@ CLOCKED_S = 1e-3
 _DISPATCH_S: float | None = None
 _BURN_BPS: float | None = None
 _UPDATE_S: float | None = None
-_HELD_BPS: float | None = None  # bytes per second of CPU hashed in GIL-held updates of GIL_FREE_BYTES, calls included
+_HELD_BPS: float | None = None  # bytes per second of CPU hashed in GIL-held updates of HELD_BYTES, calls included
 _PAIR_S: float | None = None  # what one op followed by one update costs beyond the two apart (the switch between them)
 # one measurement at a time (two threads measuring at once would slow each other), and every try on this
 # thread's CPU clock: waiting for the GIL or a core is not CPU, so a busy Python thread beside the first
@@ -147,19 +149,19 @@ def _measure_burn() -> tuple[float, float]:
 
 
 def held_rate_bps(refresh: bool = False) -> float:
-    """Bytes per second of this thread's CPU hashed in updates of :data:`GIL_FREE_BYTES` (which keep the GIL), the
+    """Bytes per second of this thread's CPU hashed in updates of :data:`HELD_BYTES` (which keep the GIL), the
     Python calls included: the fastest of 7 tries of 64 updates on a fresh hash object, once per process."""
     global _HELD_BPS
     with _MEASURE:
         if _HELD_BPS is None or refresh:
-            small = _BUFFER[:GIL_FREE_BYTES]
+            small = _BUFFER[:HELD_BYTES]
 
             def held() -> None:
                 update = hashlib.sha256().update
                 for _ in range(64):
                     update(small)
             held()
-            _HELD_BPS = GIL_FREE_BYTES / max(_fastest(held, tries=7, per=64), 1e-9)
+            _HELD_BPS = HELD_BYTES / max(_fastest(held, tries=7, per=64), 1e-9)
     return _HELD_BPS
 
 
@@ -239,7 +241,7 @@ class HostPart:
     so a part shorter than ``segment_s`` releases once every few calls and a longer one about once per
     ``segment_s``. A call with ``k`` segments splits its launches into ``k`` even groups; each group's last launch
     runs one real tiny op (:func:`tiny_op`, whose binding releases the GIL briefly, as torch's do), the group's
-    other launches' dispatch is hashed with the GIL held (updates of at most :data:`GIL_FREE_BYTES`, which hashlib
+    other launches' dispatch is hashed with the GIL held (updates of at most :data:`HELD_BYTES`, which hashlib
     runs without releasing it), and the group ends in one GIL-free SHA-256 update of ``released_s / k``. A call
     without segments hashes all of it with the GIL held. No segment is shorter than :func:`min_released_s` (a
     group without a launch has no tiny op). ``real_ops="launch"``: one real tiny op per launch instead (the stand-in before
@@ -348,7 +350,7 @@ class HostPart:
         a, b, c = _OPERANDS
         add = torch.add
         held = hashlib.sha256().update  # its own object: one that has released the GIL once releases it always
-        small = _BUFFER[:GIL_FREE_BYTES]
+        small = _BUFFER[:HELD_BYTES]
         free = hashlib.sha256().update if k else None
         view = self._free.get(k)
         clocked = self._clocked
@@ -356,10 +358,10 @@ class HostPart:
             end, per = time.thread_time() + self._target_s, _UPDATE_S or 0.0
         groups = self._groups[k]
         for j, (real, nbytes) in enumerate(groups):
-            for _ in range(nbytes // GIL_FREE_BYTES):
+            for _ in range(nbytes // HELD_BYTES):
                 held(small)
-            if nbytes % GIL_FREE_BYTES:
-                held(_BUFFER[:nbytes % GIL_FREE_BYTES])
+            if nbytes % HELD_BYTES:
+                held(_BUFFER[:nbytes % HELD_BYTES])
             for _ in range(real):
                 add(a, b, out=c)
             if free is None:
