@@ -48,6 +48,7 @@ DEFAULT_OUT = "investigation"
 FED_DEVICE_BUSY = 0.70  # the what-if calls a device "fed" at or above this busy share (diagnose.SATURATED_BUSY)
 WORK_STAGES = ("read", "preprocess", "postprocess")  # host stages that do work (queue waits are their symptom)
 CHECKPOINT_REPORT_S = 30.0  # a partial report.html is rewritten at most this often (summary.json every window)
+RUNNING, CUT_SHORT, MET, MISSED = "running", "interrupted before a verdict", "target met", "target not met"
 
 
 @dataclass
@@ -73,6 +74,17 @@ class Investigation:
     def target_met(self) -> bool:
         return bool(self.ladder is not None and self.ladder.target_met)
 
+    @property
+    def outcome(self) -> str:
+        """Where the run stands, the one thing its report and headline open with: :data:`RUNNING` (the files
+        of a run still going), :data:`CUT_SHORT` (interrupted before the engine reached a verdict: nothing was
+        decided, nothing missed), :data:`MET` or :data:`MISSED` (the target checked and met, or not). A run
+        interrupted after its verdict (in the profile or the what-if) keeps that verdict."""
+        d = self.ladder.decision if self.ladder is not None else None
+        if d is None or d.stage != "done":
+            return CUT_SHORT if self.interrupted else RUNNING
+        return MET if self.target_met else MISSED
+
     def summary(self) -> dict[str, Any]:
         ladder = self.ladder.summary()
         ladder.pop("data", None)  # self.data says the same, with the path
@@ -83,7 +95,8 @@ class Investigation:
             "environment": {k: v for k, v in self.environment.items() if k != "machine"},
             "machine": self.environment.get("machine"),
             "target_p99_ms": ladder.pop("target_p99_ms"),
-            "headline": headline(self), "interrupted": self.interrupted, "partial": self.partial,
+            "headline": headline(self), "outcome": self.outcome, "interrupted": self.interrupted,
+            "partial": self.partial,
             "diagnosis": _diagnosis(self.before),
             "before": _trial_summary(self.before), "after": _trial_summary(self.after),
             "recorder_rate": rounded(self.recorder_rate),
@@ -230,11 +243,11 @@ def _write_files(inv: "Investigation", env: dict[str, Any], render: Callable[["I
     out = inv.out
     names = (("report.html",) if render else ()) + ("experiments.csv", "summary.json", "environment.json")
     inv.files = {name: str(out / name) for name in names}
+    inv.partial = partial  # before anything is rendered: the report's head says where the run stands
     inv.ladder.experiments_frame().to_csv(out / "experiments.csv", index=False)
     (out / "environment.json").write_text(json.dumps(with_schema(env), indent=2, default=str))
     if render is not None:
         (out / "report.html").write_text(render(inv), encoding="utf-8")
-    inv.partial = partial
     summary = inv.summary()
     tmp = out / "summary.json.tmp"
     tmp.write_text(json.dumps(with_schema(summary), indent=2, default=str))
@@ -414,16 +427,25 @@ def _profile_and_what_if(inv: Investigation, measure: Any, base: Any, ladder: La
 
 
 def headline(inv: Investigation) -> str:
-    """The last line: capacity at the target before and after, or that no configuration met the target, or
-    that the run is still going or was cut short."""
+    """The last line, from :attr:`Investigation.outcome`: capacity at the target before and after, or that no
+    configuration met the target after its check, or that the run is still going or was cut short before a
+    verdict (then nothing is claimed: no verdict, no ship line)."""
     lad = inv.ladder
-    t = lad.target_p99_ms
-    if inv.partial and not inv.interrupted:
+    outcome = inv.outcome
+    if outcome == RUNNING:
         stage = lad.decision.stage if lad.decision is not None else "explore"
         return f"IN PROGRESS ({stage}, {len(lad.windows)} windows so far): nothing decided yet"
-    if inv.interrupted:
-        return (f"INTERRUPTED after {len(lad.windows)} windows: the files hold what was measured; go on with "
+    if outcome == CUT_SHORT:
+        return (f"INTERRUPTED before a verdict, after {len(lad.windows)} windows: nothing decided; go on with "
                 f"--resume {inv.out}")
+    text = _verdict_line(lad)
+    if inv.interrupted:  # the verdict stands; what came after it (the profile, the what-if) is missing
+        text += f" (interrupted after the verdict: --resume {inv.out} adds the profile)"
+    return text
+
+
+def _verdict_line(lad: LadderResult) -> str:
+    t = lad.target_p99_ms
     if lad.objective == "target":
         b, r = lad.baseline_capacity, lad.capacity
         if r is None or not r.met:

@@ -309,7 +309,7 @@ def top_down(sections: list[str], order: Sequence[str]) -> list[str]:
 def render_report(inv: Any) -> str:
     """The whole report for an :class:`~tuning.experiments.investigate.Investigation` as one HTML string."""
     from tuning import viz
-    from tuning.experiments.investigate import headline
+    from tuning.experiments.investigate import MET, MISSED, headline
 
     charts = _Charts()
     ladder = inv.ladder
@@ -438,16 +438,22 @@ def render_report(inv: Any) -> str:
     rec = s["recommended"]
     change_rows = [{"knob": k, "baseline": _knob(getattr(ladder.baseline, k, None)), "recommended": _knob(v)}
                    for k, v in rec["changes"].items()]
+    outcome = inv.outcome
+    decided = outcome in (MET, MISSED)  # a run still going, or cut short before its verdict, ships nothing
     body = []
-    if not ladder.target_met:
+    if outcome == MISSED:
         body.append(f'<p class="note">TARGET NOT MET: no configuration measured met p99 ≤ {target:.0f} ms. What '
                     "follows is the closest configuration, not one that meets the target.</p>")
-    body += [f"<p>Measured on {_esc(dev['label'])}. Serve it:</p>",
-             f"<pre>python -m tuning serve {_esc(rec['set_line'])}</pre>",
-             "<p>or from Python:</p>",
-             f"<pre>import tuning\nknobs = {_esc(rec['python_call'])}</pre>",
-             _table(change_rows, [("knob", "knob"), ("baseline", "baseline"), ("recommended", "recommended")])
-             if change_rows else "<p>No change was confirmed: keep the baseline.</p>"]
+    if decided:
+        body += [f"<p>Measured on {_esc(dev['label'])}. Serve it:</p>",
+                 f"<pre>python -m tuning serve {_esc(rec['set_line'])}</pre>",
+                 "<p>or from Python:</p>",
+                 f"<pre>import tuning\nknobs = {_esc(rec['python_call'])}</pre>",
+                 _table(change_rows, [("knob", "knob"), ("baseline", "baseline"), ("recommended", "recommended")])
+                 if change_rows else "<p>No change was confirmed: keep the baseline.</p>"]
+    else:
+        body.append(f"<p>Nothing to ship yet: the run is {_esc(outcome)} (the engine decides after its target "
+                    "check). The tables below hold what was measured.</p>")
     sections.append(_section("ship", "What to ship", "".join(body)))
 
     # environment
@@ -458,12 +464,11 @@ def render_report(inv: Any) -> str:
                              + _table(data_rows, [("what", ""), ("value", "")])))
 
     banner_cls = "banner sim" if dev.get("simulated") else "banner"
-    decided = not (inv.partial or inv.interrupted)  # a run still going, or cut short, has nothing to ship yet
     alerts = ""
-    if inv.interrupted:
-        alerts += (f'<div class="banner miss">INTERRUPTED: the investigation was cut short; this report holds what '
-                   f"was measured. Go on with <code>--resume {_esc(inv.out)}</code>.</div>")
-    if decided and not ladder.target_met:
+    if inv.interrupted and decided:  # cut short before its verdict, the headline says so itself
+        alerts += ('<div class="banner miss">INTERRUPTED after the verdict: the profile of the recommended '
+                   f"configuration is missing. <code>--resume {_esc(inv.out)}</code> adds it.</div>")
+    if outcome == MISSED:
         alerts += (f'<div class="banner miss">TARGET NOT MET: no configuration kept p99 ≤ {target:.0f} ms '
                    f"(errors within {100 * settings.error_budget:.1f}%) at any rate tried. The recommendation below is "
                    "the closest measured, not one that meets the target.</div>")

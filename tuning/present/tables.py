@@ -239,21 +239,22 @@ def ladder_method(ladder: Any) -> str:
 
 
 def format_investigation(inv: Investigation) -> str:
-    """The terminal ending: a TARGET NOT MET banner when it was missed, the ladder table (each step's paired
-    ratio with its interval), the best configurations, the ship line, where the files are, and the headline."""
-    from tuning.experiments.investigate import headline
+    """The terminal ending, from the run's outcome: a TARGET NOT MET banner only after a target check missed,
+    the ladder table (each step's paired ratio with its interval), the best configurations, the ship line
+    (none before a verdict), where the files are, and the headline."""
+    from tuning.experiments.investigate import CUT_SHORT, MISSED, RUNNING, headline
 
     ladder = inv.ladder
     t = ladder.target_p99_ms
+    decided = inv.outcome not in (RUNNING, CUT_SHORT)
     lines = []
-    if inv.interrupted:
-        lines.append(f"INTERRUPTED: the run was cut short; the files hold what was measured (--resume {inv.out})")
-    if not inv.target_met:
+    if inv.outcome == MISSED:
         lines.append(f"TARGET NOT MET: no configuration kept p99 <= {t:.0f} ms (errors within "
                      f"{100 * ladder.settings.error_budget:.1f}%) at any rate tried; the ship line is the closest, "
                      "not one that meets the target")
     how = ladder_method(ladder)
-    lines += [f"decided on {inv.device.get('label', '?')} ({how})",
+    lines += [f"decided on {inv.device.get('label', '?')} ({how})" if decided
+              else f"measured so far on {inv.device.get('label', '?')} ({how})",
               table([_step_row(s) for s in ladder.steps], ["step", "change", "status", "ratio [low-high]", "why"])]
     top = ladder.top()
     if len(top):
@@ -262,8 +263,9 @@ def format_investigation(inv: Investigation) -> str:
     d = ladder.decision
     if d is not None and d.indeterminate:
         lines.append(f"note: {d.indeterminate}")
-    closest = "" if inv.target_met else "   (the closest; TARGET NOT MET)"
-    lines += ["", f"ship: python -m tuning serve {ladder.set_line()}{closest}", f"      {ladder.python_call()}"]
+    if decided:
+        closest = "   (the closest; TARGET NOT MET)" if inv.outcome == MISSED else ""
+        lines += ["", f"ship: python -m tuning serve {ladder.set_line()}{closest}", f"      {ladder.python_call()}"]
     for v in inv.what_if.get("verdicts", []):
         lines.append(f"what-if: {v}")
     for c in (inv.what_if.get("host_cores") or {}).values():
