@@ -13,7 +13,8 @@ Everything on the host runs for real; only the forward is replaced. Each call
    GIL pattern (released inside each op) and the slowdown under contention a CPU model's forward has,
 2. sleeps for the rest of the predicted call without holding the GIL (the host is free
    while the device computes, as with a real GPU),
-3. records the device's busy time on a binned timeline (what NVML's utilization would read), and
+3. records the device's busy time (the kernel sum: device busy) on a binned timeline, from which NVML's util.gpu
+   is computed apart, the way NVML samples (:mod:`tuning.sim.timeline`), and
 4. returns deterministic, L2-normalised embeddings of the right shape, computed cheaply, so
    every downstream stage, count and outcome runs unchanged. They are marked simulated and
    are never compared with real embeddings.

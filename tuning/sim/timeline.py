@@ -5,6 +5,11 @@ and a list of spans would grow by about 2 GB an hour and make every sampling pas
 call's predicted device compute, predicted call time and launch count are spread evenly over its
 wall span across the bins it overlaps (10 ms by default: far finer than any sampling interval);
 memory is the peak per bin. Queries over a window take the covered bins, edge bins pro rata.
+
+Two utilizations come from it, never one for the other: device busy (:meth:`DeviceTimeline.busy_share`), the kernel
+sum over the wall time, and NVML's ``util.gpu`` (:meth:`DeviceTimeline.active_share`), the share of sample periods
+in which any kernel ran, each bin standing for one period: a device that runs short kernels spread over its calls
+reads a low kernel sum and a high util.gpu, as a real one does under NVML.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ FIELDS = ("busy", "call", "calls")  # device compute s, predicted call s, number
 class Totals:
     """What the device did inside a window (seconds, except ``calls``)."""
 
-    busy: float  # device compute: what NVML's utilization would count
+    busy: float  # device compute: the kernel sum (device busy), not NVML's util.gpu (see active_share)
     call: float  # predicted wall time of the calls (launches or replay + kernels)
     calls: float
 
@@ -96,6 +101,20 @@ class DeviceTimeline:
             out._data = self._data[:, :max(self._used, 1)].copy()
         return out
 
+    def active_share(self, t0: float, t1: float) -> float:
+        """NVML's util.gpu over [t0, t1] (0-1): the share of its sample periods (the bins) in which any kernel ran,
+        a period counted whole however little of it a kernel took (edge bins by their overlap); NaN for an empty
+        window."""
+        if not t1 > t0:
+            return float("nan")
+        with self._lock:
+            if self.origin is None:
+                return 0.0
+            w = self._weights(t0, t1)
+            active = self._data[0, :self._used] > 0
+            periods = float(w[active].sum())
+        return min(periods * self.bin_s / (t1 - t0), 1.0)
+
     def busy_share(self, t0: float, t1: float) -> float:
-        """Share of [t0, t1] the device computed."""
+        """Device busy over [t0, t1]: the share the device computed (the kernel sum over the wall time)."""
         return min(self.totals(t0, t1).busy / (t1 - t0), 1.0) if t1 > t0 else float("nan")
