@@ -536,7 +536,7 @@ def render_tune(result: Any, resume_dir: Any = None, title: str = "tune: the ser
     command line to run. ``result``: a ``TuneResult`` or its summary (tune.json, loaded); ``resume_dir``: where
     ``--resume`` would go on from (named in the banner of a run cut short)."""
     from tuning import viz
-    from tuning.present.tables import tune_rows
+    from tuning.present.tables import run_it, tune_rows
 
     s = dict(result) if isinstance(result, dict) else result.summary()
     space = list(s.get("space") or {})
@@ -561,8 +561,11 @@ def render_tune(result: Any, resume_dir: Any = None, title: str = "tune: the ser
                 _section("target", "Target checks",
                          charts.block(lambda: viz.target_check_chart(s), lambda: tune_probes_sentence(s)))]
     if best:
-        ship = [f"<p>{best['capacity']:.1f} {unit} at p99 ≤ {fixed(target, '.0f')} ms. Run it:</p>",
-                f"<pre>{_esc(best.get('command'))}</pre>"]
+        how, what = run_it(s)
+        ship = ([f"<p>{best['capacity']:.1f} {unit} at p99 ≤ {fixed(target, '.0f')} ms. Run it ({{port}}: "
+                 "your port):</p>", f"<pre>{_esc(what)}</pre>"] if how == "run it" else
+                [f"<p>{best['capacity']:.1f} {unit} at p99 ≤ {fixed(target, '.0f')} ms. Your client: "
+                 f"{_esc(what)}.</p>"])
         if s.get("indeterminate"):
             ship.append(f'<p class="note">{_esc(s["indeterminate"])}.</p>')
         sections.append(_section("ship", "What to run", "".join(ship)))
@@ -637,6 +640,6 @@ def _diagnosis_sections(diagnosed: dict[str, Any]) -> str:
             body.append("<p class=\"muted\">Not visible from outside: " + _esc("; ".join(diag["cannot_see"])) + "</p>")
         threads = d.get("threads") or []
         if threads:
-            body.append(_table([{k: t.get(k) for k in ("name", "cpu_percent")} for t in threads],
-                               [("name", "thread"), ("cpu_percent", "CPU %")]))
+            body.append(_table([{k: t.get(k) for k in ("name", "cpu_mean")} for t in threads],
+                               [("name", "thread"), ("cpu_mean", "CPU %")]))
     return _section("diagnosis", "Diagnosis of the baseline and the recommended configuration", "".join(body))

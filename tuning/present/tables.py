@@ -339,9 +339,27 @@ def format_tune(result: Any, unit: str = "req/s", command: str = "tune") -> str:
     else:
         lines.append(f"ship: {best.capacity.capacity:.1f} {unit} at p99 <= {result.target_p99_ms:.0f} ms with "
                      f"{' '.join(f'{k}={v}' for k, v in best.values.items()) or 'the service as it runs'}")
-        if best.command:
-            lines.append(f"run it: {best.command}")
+        how, what = run_it(s)
+        lines.append(f"{how}: {what}")
     return "\n".join(lines)
+
+
+def run_it(s: dict[str, Any]) -> tuple[str, str]:
+    """How to ship the best configuration of a tune or ``investigate --url/--cmd`` summary, runnable as
+    printed: ``("run it", your command line)`` with the winner's values and your own ``{port}`` and
+    ``{metrics_port}`` placeholders (the run's ports were throwaway ones), or, for a running service whose
+    only levers are the client's, ``("client", the setting to use)``."""
+    best = s["best"]
+    values = {k: str(best[k]) for k in s.get("space") or {}}
+    if s.get("cmd"):
+        from tuning.experiments.tune import fill
+
+        return "run it", fill(s["cmd"], values, "{port}", "{metrics_port}")
+    if "client_batch" in values:
+        n = values["client_batch"]
+        return "client", (f"send {n} texts per request (client_batch={n}: the batch size of your client's "
+                          f"calls; --client-batch {n} here)")
+    return "client", "nothing to change: the service and its client as they run"
 
 
 def format_service(inv: Any) -> str:
