@@ -44,6 +44,7 @@ from tuning.base.net import free_port
 from tuning.experiments.engine import ConfigError, Decision, EngineSettings, Runner, Window, decide
 from tuning.experiments.search import SEARCHES, combos, strategy_for
 from tuning.experiments.trial import Trial
+from tuning.load.proctree import ServiceTree, StopGrace
 from tuning.load.scrape import MetricsProbe
 
 CHECKPOINT = "tune.json"  # what ``--out DIR`` writes after every window and ``--resume DIR`` reads
@@ -126,7 +127,8 @@ def signals_deferred() -> Any:
 
 
 class ServiceGroup:
-    """A command in its own process group: started, watched for memory, stopped with every process it forked."""
+    """A command in a session of its own: started, watched for memory over every process it made (its
+    :class:`~tuning.load.proctree.ServiceTree`), stopped leader first and then whatever it left."""
 
     def __init__(self, command: str):
         self.command = command
@@ -139,21 +141,16 @@ class ServiceGroup:
             os.unlink(self.log.name)
             what = f"{exc.strerror}: {exc.filename}" if isinstance(exc, OSError) and exc.filename else str(exc)
             raise ConfigError(f"--cmd could not start ({what}); check the program and its path in {command!r}") from None
+        self.tree = ServiceTree(self.proc.pid)
         self.peak_rss = 0
+        self.stopped_by: list[str] = []  # the signals its stop had to send, in order
         self._stop = threading.Event()
         self._sampler = threading.Thread(target=self._sample, name="tune-memory", daemon=True)
         self._sampler.start()
 
     def _sample(self) -> None:
-        import psutil
-
         while not self._stop.wait(0.5):
-            total = 0
-            for p in psutil.process_iter(["pid"]):
-                with contextlib.suppress(psutil.Error, ProcessLookupError):  # gone between the listing and here
-                    if os.getpgid(p.info["pid"]) == self.proc.pid:
-                        total += p.memory_info().rss
-            self.peak_rss = max(self.peak_rss, total)
+            self.peak_rss = max(self.peak_rss, self.tree.rss_bytes())
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -165,29 +162,11 @@ class ServiceGroup:
         return "\n".join(text.strip().splitlines()[-lines:])
 
     def gone(self) -> bool:
-        try:
-            os.killpg(self.proc.pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
-        return False
+        return self.tree.gone()
 
-    def stop(self) -> None:
+    def stop(self, grace: StopGrace | None = None) -> None:
         self._stop.set()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(15)
-        for _ in range(50):
-            if self.gone():
-                break
-            time.sleep(0.1)
-        else:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(10)
+        self.stopped_by = self.tree.stop(self.proc, grace or StopGrace())
         self.log.close()
         with contextlib.suppress(OSError):
             os.unlink(self.log.name)

@@ -1,0 +1,136 @@
+"""A started service as every process it made, and how to stop it so that its own shutdown runs.
+
+A server started in a session of its own (``start_new_session=True``) is rarely one process, and rarely one
+process group: Ray Serve's replica, proxy and controller each run in a group of their own, and PyTriton's model
+runs in the parent script while ``tritonserver`` listens. :class:`ServiceTree` is the leader, its children
+(recursively), the processes in its session, and any of those seen before that still run (a worker reparented
+after its parent exited, or one that left the session): what the service's memory is summed over, and what
+must be gone before the service is.
+
+Stopping signals the leader alone first: an app stops its workers in its own order (Ray's ``serve.shutdown``
+takes seconds), and SIGTERM to the whole group would kill its workers under it and stall its cleanup until the
+SIGKILL. What outlives the leader gets SIGTERM by group, then whatever else is left, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+
+import psutil
+
+
+@dataclass(frozen=True)
+class StopGrace:
+    """Seconds each step of a stop waits for what it signalled to exit before the next step."""
+
+    leader_s: float = 15.0  # the leader's own shutdown (it stops its workers)
+    rest_s: float = 5.0  # what outlived the leader, after it exits and after each later signal
+
+
+class ServiceTree:
+    """The processes of the service whose leader is ``leader_pid`` (a session leader: its pid is its session's
+    and its process group's id)."""
+
+    def __init__(self, leader_pid: int):
+        self.leader_pid = leader_pid
+        self._seen: dict[int, psutil.Process] = {}
+        self._lock = threading.Lock()  # a memory sampler's thread and a stop may ask at once
+
+    def members(self) -> list[psutil.Process]:
+        """Every live process of the service now (zombies are dead: they only wait to be reaped)."""
+        found: dict[int, psutil.Process] = {}
+        with contextlib.suppress(psutil.Error):
+            leader = psutil.Process(self.leader_pid)
+            found[leader.pid] = leader
+            found.update((p.pid, p) for p in leader.children(recursive=True))
+        for proc in psutil.process_iter():
+            with contextlib.suppress(OSError):
+                if os.getsid(proc.pid) == self.leader_pid:
+                    found.setdefault(proc.pid, proc)
+        with self._lock:
+            for pid, proc in self._seen.items():
+                if pid not in found and proc.is_running():  # is_running: the same process, not a reused pid
+                    found[pid] = proc
+            self._seen.update(found)
+        return [p for p in found.values() if _alive(p)]
+
+    def rss_bytes(self) -> int:
+        """Resident memory summed over the service's processes."""
+        total = 0
+        for proc in self.members():
+            with contextlib.suppress(psutil.Error):
+                total += proc.memory_info().rss
+        return total
+
+    def gone(self) -> bool:
+        return not self.members()
+
+    def stop(self, leader: subprocess.Popen | None = None, grace: StopGrace = StopGrace()) -> list[str]:
+        """Stop the service: SIGTERM to the leader and wait for it; SIGTERM to its process group, then to every
+        process left; SIGKILL to what still runs. ``leader``: the caller's handle on the leader process, waited on
+        (reaped: it does not stay a zombie). Returns the steps that had to be taken, in order."""
+        steps = []
+        if self._signal_leader(signal.SIGTERM):
+            steps.append("SIGTERM to the leader")
+            self._wait_leader(leader, grace.leader_s)
+            self._wait_gone(grace.rest_s)
+        for what, send in (("SIGTERM to its process group", self._signal_group),
+                           ("SIGTERM to every process left", self._signal_members)):
+            if self.gone():
+                return steps
+            send(signal.SIGTERM)
+            steps.append(what)
+            self._wait_gone(grace.rest_s)
+        if not self.gone():
+            self._signal_group(signal.SIGKILL)
+            self._signal_members(signal.SIGKILL)
+            steps.append("SIGKILL to every process left")
+            self._wait_gone(grace.rest_s)
+        self._wait_leader(leader, grace.rest_s)
+        return steps
+
+    def _signal_leader(self, sig: int) -> bool:
+        try:
+            os.kill(self.leader_pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def _signal_group(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.leader_pid, sig)
+
+    def _signal_members(self, sig: int) -> None:
+        for proc in self.members():
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(sig)
+
+    def _wait_leader(self, leader: subprocess.Popen | None, timeout_s: float) -> None:
+        if leader is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                leader.wait(timeout_s)
+        else:
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(self.leader_pid).wait(timeout_s)
+
+    def _wait_gone(self, timeout_s: float) -> None:
+        """Until no process of the service runs, or ``timeout_s``: each live one waited on by psutil."""
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            live = self.members()
+            if not live:
+                return
+            psutil.wait_procs(live, timeout=min(left, 0.5))
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
