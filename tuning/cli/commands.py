@@ -822,7 +822,7 @@ def cmd_investigate_service(args: argparse.Namespace) -> int:
         _refuse(_given(args), ["--pid"], "with --cmd the process is found from its port")
     else:
         api, url, cmd, ready = api_from_args(args, recipe), args.url, None, None
-        api.url(url)
+        _check_listening(api.url(url))
         metrics = args.metrics_url
         space = _space_or_none(args.space)
     formatter = getattr(args, "formatter", None)
@@ -1366,6 +1366,28 @@ def _check_inputs(args: argparse.Namespace) -> None:
             return
     raise cliguard.NothingAchieved(f"--data {str(args.data)!r}: none of its {len(items)} lines is a valid request "
                                    f"({first}); {cliguard.DATA_FORMATS}")
+
+
+def _check_listening(url: str, timeout_s: float = 5.0) -> None:
+    """A running service (``--url``) is reached before anything is measured or written: a dead endpoint is one
+    line and exit 1, not a run of errors and a report of nothing."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from tuning.cli import guard as cliguard
+
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parts.hostname, port), timeout=timeout_s):
+            return
+    except ConnectionRefusedError:
+        why = "nothing listens there"
+    except socket.timeout:
+        why = f"no answer within {timeout_s:.0f} s"
+    except OSError as exc:
+        why = f"cannot reach {parts.hostname}:{port} ({exc.strerror or exc})"
+    raise cliguard.NothingAchieved(f"no answer from {url}: {why}; start your service first, or check the URL")
 
 
 def _nothing_done(ok: int, submitted: int, reasons: list[dict[str, Any]], url: str | None = None) -> None:

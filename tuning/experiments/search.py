@@ -18,6 +18,12 @@ from tuning.experiments.engine import Candidate, ConfigError, EngineSettings, Ex
 
 GRID_MAX = 16
 STRATEGIES = ("grid", "coordinate")
+AS_IT_RUNS = "the service as it runs"  # the one configuration of an empty space (a running service, no lever)
+
+
+def shown(key: str) -> str:
+    """A configuration's label as a reader sees it: an empty space's one configuration has a name too."""
+    return key or AS_IT_RUNS
 
 
 def combos(space: dict[str, list[str]]) -> list[dict[str, str]]:
@@ -54,7 +60,7 @@ class _Scores:
             got = []
             try:
                 for _ in range(self.settings.grid_repeats):
-                    self.runner.status(f"{key}: window {len(got) + 1} of {self.settings.grid_repeats}")
+                    self.runner.status(f"{shown(key)}: window {len(got) + 1} of {self.settings.grid_repeats}")
                     got.append(max(self.runner.throughput("grid", config, self.seed), -20.0))
                     self.seed += 1
             except ConfigError as exc:
@@ -66,7 +72,7 @@ class _Scores:
     def explored(self, baseline: dict[str, str]) -> Explored:
         base_key = self.label(baseline)
         if base_key in self.errors:
-            raise ConfigError(f"the baseline ({base_key}) could not be measured: {self.errors[base_key]}")
+            raise ConfigError(f"the baseline ({shown(base_key)}) could not be measured: {self.errors[base_key]}")
         base = self.logs[base_key]
         candidates = []
         for key, ys in self.logs.items():

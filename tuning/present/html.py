@@ -21,6 +21,7 @@ import pandas as pd
 
 from tuning.base.format import fixed, pct
 from tuning.base.machine import machine_line
+from tuning.present.tables import counted
 from tuning.profile.hostcores import GIL_CORE, GIL_CROSS_CORE
 
 _CSS = """
@@ -509,7 +510,8 @@ def tune_probes_sentence(s: dict[str, Any]) -> str:
     tail = (f" The shipped configuration held p99 {fixed(best.get('p99_ms'), '.0f')} ms at "
             f"{fixed(best.get('capacity'), '.1f')} {unit}." if best else
             f" No configuration checked kept p99 within {fixed(t, '.0f')} ms at any rate tried.")
-    return (f"{windows} target windows over {len(checks)} configurations, at descending fractions of each one's "
+    return (f"{counted(windows, 'target window')} over {counted(len(checks), 'configuration')}, at descending "
+            "fractions of each one's "
             f"sustained throughput: each rate against its open-loop p99 (from the scheduled arrival, every outcome), "
             f"the {fixed(t, '.0f')} ms target dashed." + tail)
 
@@ -518,7 +520,7 @@ def tune_throughput_sentence(s: dict[str, Any]) -> str:
     """What the throughput chart shows, from tune's summary."""
     rows = s.get("rows") or []
     errors = [r for r in rows if r.get("error")]
-    head = (f"{len(rows)} configurations explored on sustained throughput ({s.get('search')})"
+    head = (f"{counted(len(rows), 'configuration')} explored on sustained throughput ({s.get('search')})"
             + (f", {len(errors)} failed (their error in the table)" if errors else "") + ".")
     for c in s.get("confirmations") or []:
         head += (f" Confirmation of {c['candidate']} against the baseline: {c['verdict']} after {c['pairs']} pairs, "
@@ -536,6 +538,7 @@ def render_tune(result: Any, resume_dir: Any = None, title: str = "tune: the ser
     command line to run. ``result``: a ``TuneResult`` or its summary (tune.json, loaded); ``resume_dir``: where
     ``--resume`` would go on from (named in the banner of a run cut short)."""
     from tuning import viz
+    from tuning.experiments.search import shown
     from tuning.present.tables import run_it, tune_rows
 
     s = dict(result) if isinstance(result, dict) else result.summary()
@@ -553,7 +556,7 @@ def render_tune(result: Any, resume_dir: Any = None, title: str = "tune: the ser
             "baseline (the first value of every <code>--space</code>) on interleaved pairs, then the target checked "
             f"for both at descending fractions of their throughput (p99 ≤ {fixed(target, '.0f')} ms).</p>", table]
     if errors:
-        body.append("<ul>" + "".join(f"<li>error in {_esc(' '.join(f'{k}={r.get(k)}' for k in space))}: "
+        body.append("<ul>" + "".join(f"<li>error in {_esc(shown(' '.join(f'{k}={r.get(k)}' for k in space)))}: "
                                      f"<pre>{_esc(r['error'])}</pre></li>" for r in errors) + "</ul>")
     sections = [_section("configurations", "Configurations", "".join(body)),
                 _section("throughput", "Exploration and confirmation",
@@ -581,8 +584,8 @@ def render_tune(result: Any, resume_dir: Any = None, title: str = "tune: the ser
                    f'{fixed(target, ".0f")} ms at any rate tried.</div>')
     resumed = s.get("resumed") or 0
     head = ("<h1>tune: the service's own knobs</h1>"
-            f'<p class="muted">{_dt.datetime.now().isoformat(timespec="seconds")} · {s.get("configurations")} '
-            f'configurations ({_esc(s.get("search"))})'
+            f'<p class="muted">{_dt.datetime.now().isoformat(timespec="seconds")} · '
+            f'{counted(s.get("configurations") or 0, "configuration")} ({_esc(s.get("search"))})'
             + (f" · {resumed} windows from the earlier run (--resume)" if resumed else "")
             + f' · target p99 ≤ {fixed(target, ".0f")} ms · measured on the running service</p>'
             + (f'<p class="muted">command: <code>{_esc(s.get("cmd"))}</code></p>' if s.get("cmd") else "")

@@ -15,6 +15,11 @@ if TYPE_CHECKING:
     from tuning.experiments.watch import WatchResult
 
 
+def counted(n: int, noun: str) -> str:
+    """``1 configuration``, ``3 configurations``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     """A fixed-width text table."""
     cells = [[number(r.get(c)) for c in columns] for r in rows]
@@ -310,9 +315,11 @@ def tune_rows(rows: Any, space: Any, unit: str = "req/s") -> list[dict[str, Any]
 def format_tune(result: Any, unit: str = "req/s", command: str = "tune") -> str:
     """``tune``'s ending: the table, the confirmation, the target checks, and the configuration to run
     (``unit``: texts/s where configurations send different numbers of texts per request)."""
+    from tuning.experiments.search import shown
+
     s = result.summary()
     rows = tune_rows(s["rows"], result.space, unit)
-    lines = [f"{command}: {len(result.rows)} configurations ({result.search}), capacity at p99 <= "
+    lines = [f"{command}: {counted(len(result.rows), 'configuration')} ({result.search}), capacity at p99 <= "
              f"{result.target_p99_ms:.0f} ms"]
     if result.resumed:
         lines[0] += f"; {result.resumed} windows from the earlier run (--resume, not measured again)"
@@ -320,7 +327,7 @@ def format_tune(result: Any, unit: str = "req/s", command: str = "tune") -> str:
         lines.append(table(rows, list(rows[0])))
     for r in result.rows:
         if r.error:
-            lines.append(f"error in {' '.join(f'{k}={v}' for k, v in r.values.items())}: {r.error}")
+            lines.append(f"error in {shown(' '.join(f'{k}={v}' for k, v in r.values.items()))}: {r.error}")
     for c in s["confirmations"]:
         lines.append(f"confirmation of {c['candidate']} against the baseline: {c['verdict']} after {c['pairs']} pairs, "
                      f"x{fixed(c.get('ratio'), '.3f')} [{fixed(c.get('low'), '.3f')}-{fixed(c.get('high'), '.3f')}]")
@@ -338,7 +345,7 @@ def format_tune(result: Any, unit: str = "req/s", command: str = "tune") -> str:
             lines.append(f"TARGET NOT MET: no configuration kept p99 <= {result.target_p99_ms:.0f} ms at any rate tried")
     else:
         lines.append(f"ship: {best.capacity.capacity:.1f} {unit} at p99 <= {result.target_p99_ms:.0f} ms with "
-                     f"{' '.join(f'{k}={v}' for k, v in best.values.items()) or 'the service as it runs'}")
+                     f"{shown(' '.join(f'{k}={v}' for k, v in best.values.items()))}")
         how, what = run_it(s)
         lines.append(f"{how}: {what}")
     return "\n".join(lines)
