@@ -253,3 +253,20 @@ def test_a_port_forwarder_is_not_watched_as_the_service(monkeypatch, forwarder):
     monkeypatch.setattr(watch_mod, "_visible_command", lambda pid: f"{forwarder}: {forwarder} -L 8080:svc:80")
     subject = watch_subject(None, "http://127.0.0.1:8080/embed")
     assert subject.pid is None and f"forwarded by {forwarder} (pid 4242)" in subject.process_reason
+
+
+def test_a_command_line_with_empty_arguments_is_described_without_their_padding():
+    """A process that retitles itself (Ray's ``ray::ProxyActor``, setproctitle) keeps its old argv slots as empty
+    arguments: they are not printed as a run of spaces."""
+    import subprocess
+    import sys
+
+    from tuning.experiments.watch import describe_process
+
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", *[""] * 200],
+                            stdin=subprocess.PIPE)
+    try:
+        text = describe_process(proc.pid)
+    finally:
+        proc.communicate(b"")
+    assert text.endswith(f"{sys.executable} -c import sys; sys.stdin.read()"), repr(text)

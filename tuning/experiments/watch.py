@@ -138,7 +138,9 @@ def describe_process(pid: int) -> str:
     """``name (command line)`` of a running process; a ValueError naming the pid if there is none."""
     try:
         proc = psutil.Process(pid)
-        return f"{proc.name()}: {' '.join(proc.cmdline())[:200]}"
+        # a process that retitles itself (setproctitle: Ray's workers) leaves its other argv slots empty
+        command = " ".join(arg.strip() for arg in proc.cmdline() if arg.strip())
+        return f"{proc.name()}: {command[:200]}"
     except psutil.NoSuchProcess:
         raise ValueError(f"--pid {pid}: no such process; give the pid of a running service "
                          "(e.g. pgrep -f 'my_service')") from None
