@@ -17,6 +17,7 @@ from tuning.experiments.judge import (
     Sequential,
     block_shares,
     client_lagged,
+    lag_explains,
     outlying,
     pocock_level,
     target_verdict,
@@ -169,6 +170,13 @@ def _trial(qps=100.0, lags=None, lat=None):
                  latencies_ms=lat, lags_ms=lags)
 
 
+def _late(share=0.05, lag_ms=400.0, n=200):
+    """A window whose server answers in 10 ms, and whose client sent ``share`` of it ``lag_ms`` late."""
+    lags = np.zeros(n)
+    lags[: int(share * n)] = lag_ms
+    return lags, 10.0 + lags
+
+
 def test_a_window_whose_client_lagged_is_run_once_more_and_both_are_logged():
     """Review finding 4: late sends failed a probe that passed; now the window is flagged and run again once,
     and the lag is reported as the client's."""
@@ -176,8 +184,8 @@ def test_a_window_whose_client_lagged_is_run_once_more_and_both_are_logged():
 
     def measure(config, *, rate=None, seed=None, window_s=None):
         seen.append(seed)
-        lagging = len(seen) == 1
-        return _trial(lags=np.full(200, 60.0) if lagging else np.zeros(200))
+        lags, lat = _late() if len(seen) == 1 else (np.zeros(200), np.full(200, 10.0))
+        return _trial(lags=lags, lat=lat)
     runner = Runner(measure, dict, EngineSettings.quick(), 300.0)
     w = runner.run("target", {"k": 1}, 50.0, seed=7)
     assert len(seen) == 2 and seen[1] != seen[0]
@@ -388,13 +396,41 @@ def test_a_resume_whose_log_ends_on_a_lagged_window_measures_its_re_run():
 
 
 def test_a_window_whose_client_lagged_twice_is_indeterminate_not_the_server_s_failure():
-    lags = np.full(200, 60.0)
+    lags, lat = _late(n=500)
 
     def measure(config, *, rate=None, seed=None, window_s=None):
-        return _trial(lags=lags, lat=np.full(500, 10.0))
+        return _trial(lags=lags, lat=lat)
     runner = Runner(measure, dict, EngineSettings.quick(), 300.0)
     cap = check_target(lambda rate, seed: runner.run("target", {}, rate, seed), 100.0, 300.0, (0.9,))
     assert cap.probes[0].verdict == "indeterminate" and cap.probes[0].by == "client lag" and not cap.met
+
+
+def test_a_lag_that_cannot_explain_the_latency_excuses_nothing():
+    """Issue 57: on a real Ray Serve app a window with p99 8.8 s and a client lag of 44 ms was logged as "client
+    lagged", its re-run passed, and that rate was shipped. Taking each send's lag off leaves it over the target:
+    the server's failure, not re-run."""
+    lags = np.full(500, 44.0)
+    lat = np.full(500, 100.0)
+    lat[::10] = 8800.0  # 10% of the window 8.8 s, each sent 44 ms late
+    calls = []
+
+    def measure(config, *, rate=None, seed=None, window_s=None):
+        calls.append(seed)
+        return _trial(lags=lags, lat=lat)
+    runner = Runner(measure, dict, EngineSettings.quick(), 300.0)
+    cap = check_target(lambda rate, seed: runner.run("target", {}, rate, seed), 100.0, 300.0, (0.9,))
+    assert len(calls) == 1 and not runner.windows[0].lagged
+    assert cap.probes[0].verdict == "fail" and cap.probes[0].by != "client lag"
+    assert client_lagged(lags, 300.0)  # the old rule's flag, which alone excused it
+
+
+def test_a_lag_explains_only_what_moves_the_share_across_one_percent():
+    lags, lat = _late(share=0.05)
+    assert lag_explains(lat, lags, 300.0)  # 5% over, none without the lag
+    assert not lag_explains(np.full(200, 10.0), lags, 300.0)  # under the target either way
+    over = lat.copy()
+    over[-20:] = 900.0  # 10% more over the target with no lag at all
+    assert not lag_explains(over, lags, 300.0)
 
 
 def test_a_resume_with_other_settings_is_refused_and_one_with_the_same_reuses_what_was_measured():

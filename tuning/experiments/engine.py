@@ -20,7 +20,7 @@ import numpy as np
 
 from tuning.base.decide import Paired
 from tuning.base.format import rounded
-from tuning.experiments.judge import Sequential, block_shares, client_lagged, outlying
+from tuning.experiments.judge import Sequential, block_shares, client_lagged, lag_explains, outlying
 from tuning.experiments.trial import Trial
 
 OBJECTIVES = ("target", "qps")
@@ -145,7 +145,8 @@ def window_of(t: Trial, stage: str, kind: str, config: dict[str, Any], rate: flo
                   int(t.submitted or (lat.size if lat is not None else 0)), int(t.failed), _known(t.window_s), shares,
                   float(finite.min()) if finite.size else math.nan,
                   float(np.percentile(lags, 99)) if lags is not None and lags.size else math.nan,
-                  client_lagged(lags, target_ms), False, _known(t.model_busy), _known(t.device_busy),
+                  client_lagged(lags, target_ms) and (kind != "target" or lag_explains(lat, lags, target_ms)), False,
+                  _known(t.model_busy), _known(t.device_busy),
                   _known(t.mean_batch), _known(t.steal_share), _known(getattr(t, "server_queue_ms", math.nan)),
                   _known(getattr(t, "server_compute_ms", math.nan)), trial=t)
 

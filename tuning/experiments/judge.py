@@ -223,6 +223,21 @@ def client_lagged(lags_ms: Any, target_ms: float | None) -> bool:
     return float(np.percentile(lags, 99)) > limit
 
 
+def lag_explains(latencies_ms: Any, lags_ms: Any, target_ms: float) -> bool:
+    """The client's lag explains the window's exceedances: more than 1% of outcomes are over the target, and at
+    most 1% would be with each one's send lag taken off. A lag that does not move the share across that line
+    excuses nothing: the server was over the target either way, or under it."""
+    if latencies_ms is None or lags_ms is None:
+        return False
+    lat = np.asarray(latencies_ms, dtype=float)
+    lags = np.asarray(lags_ms, dtype=float)
+    if lat.size == 0:
+        return False
+    if lags.shape != lat.shape:  # lags not per outcome: nothing to take off each one, so the lag is flagged
+        return True
+    return bool((lat > target_ms).mean() > EXCEED_SHARE >= (lat - lags > target_ms).mean())
+
+
 def wilson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
     """The Wilson interval of a rate ``k`` of ``n`` (the bench's error rates)."""
     if n == 0:

@@ -50,6 +50,9 @@ class Trial:
     server_compute_ms: float = math.nan  # the server's own mean inference time per request (its metrics)
     latencies_ms: Any = field(default=None, repr=False, compare=False)
     lags_ms: Any = field(default=None, repr=False, compare=False)  # open loop: each send's lag after its schedule
+    # each measured outcome's scheduled arrival (seconds, any clock), in the order of ``latencies_ms``: with them a
+    # window shows when nothing was in flight (bench/verdict_bench.py judges windows on those regeneration cycles)
+    arrivals_s: Any = field(default=None, repr=False, compare=False)
     first_error: str | None = None
     load: Any = field(default=None, repr=False, compare=False)
     profile: Any = field(default=None, repr=False, compare=False)
@@ -61,7 +64,9 @@ class Trial:
         lat = np.asarray(result.latencies_ms(), dtype=float)
         if lat.size == len(result.responses):
             lat[[r.outcome != "ok" for r in result.responses]] = math.inf
-        lags = np.asarray(result.send_lags_ms(), dtype=float) if getattr(result, "timings", None) else np.zeros(0)
+        timings = getattr(result, "timings", None)
+        lags = np.asarray(result.send_lags_ms(), dtype=float) if timings else np.zeros(0)
+        arrivals = np.asarray([scheduled for scheduled, _, _ in timings], dtype=float) if timings else None
         reasons = s.get("error_reasons") or []
         return cls(qps=num("qps"), p99_ms=num("p99_ms"), model_busy=num("model_busy"),
                    device_busy=num("device_busy"), p50_ms=num("p50_ms"), p95_ms=num("p95_ms"),
@@ -70,6 +75,7 @@ class Trial:
                    submitted=int(s.get("submitted") or 0), window_s=num("window_s"), rate=s.get("rate"),
                    offered_rate=num("offered_rate"), late=int((lags > LATE_MS).sum()), latencies_ms=lat,
                    lags_ms=lags if lags.size else None,
+                   arrivals_s=arrivals if arrivals is not None and arrivals.size == lat.size else None,
                    first_error=reasons[0]["reason"] if reasons else None, load=result, profile=profile)
 
     @property
