@@ -111,7 +111,8 @@ class World:
         n = int(measured.sum())
         return Trial(qps=ok_in_window / window, p99_ms=float(np.percentile(lat, 99)) if n else math.nan,
                      p50_ms=float(np.median(lat)) if n else math.nan, ok=n, submitted=n, window_s=window, rate=rate,
-                     offered_rate=n / window, latencies_ms=lat, lags_ms=lags, arrivals_s=arrivals[measured], model_busy=min(rate / mu, 1.0))
+                     offered_rate=n / window, latencies_ms=lat, lags_ms=lags, arrivals_s=arrivals[measured],
+                     model_busy=min(rate / mu, 1.0))
 
 
 def seam_kwargs(knee: int = 16, cosine: float = 0.9999, lengths: int = 64) -> dict[str, Any]:
