@@ -28,7 +28,6 @@ import hashlib
 import json
 import math
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -45,6 +44,7 @@ from tuning.experiments.engine import ConfigError, Decision, EngineSettings, Run
 from tuning.experiments.search import SEARCHES, combos, strategy_for
 from tuning.experiments.trial import Trial
 from tuning.load.proctree import ServiceTree, StopGrace
+from tuning.load.ready import READY_URL_HINT, protocol_ready_url, still_loading
 from tuning.load.scrape import MetricsProbe
 
 CHECKPOINT = "tune.json"  # what ``--out DIR`` writes after every window and ``--resume DIR`` reads
@@ -606,29 +606,33 @@ def server_means(windows: Sequence[Window]) -> dict[str, float]:
 
 # answers of a server that is up but still loading its model (Triton opens HTTP first and says 404 for a model not
 # loaded yet; TEI and others say 503): waited through until the start-up timeout
-STILL_LOADING = re.compile(r"^HTTP (404|408|425|429|5\d\d)\b")
-
-
 def _wait_ready(group: ServiceGroup, measure: HttpMeasure, ready_url: str | None, timeout_s: float,
                 poll_s: float = 1.0) -> str | None:
-    """None once the service answers (``ready_url`` with a 2xx, or a first ok request), else the error. An
-    answer that says the server is still loading (:data:`STILL_LOADING`), a timeout or a refused connection is
-    waited through; any other answer that is not ok is the error at once (a wrong body). A 404 is waited
-    through too, since Triton says 404 for a model not loaded yet: without ``ready_url`` a wrong route waits
-    out the timeout and the error then names that last answer."""
+    """None once the service answers (``ready_url`` with a 2xx; without it, the protocol's own ready route with a
+    2xx where it has one, or a first ok request), else the error. An answer that says the server is still loading
+    (:func:`tuning.load.ready.still_loading`: Triton's 404, MLServer's 400 "not ready yet", a 503), a timeout or
+    a refused connection is waited through; any other answer that is not ok is the error at once (a wrong body).
+    Without ``ready_url`` a wrong route that answers 404 waits out the timeout, and the error then names that
+    last answer and ``--ready-url``."""
     import urllib.request
 
+    protocol_url = None if ready_url else protocol_ready_url(measure.api, measure.url)
     deadline = time.monotonic() + timeout_s
     last = "no answer yet"
     while time.monotonic() < deadline:
         if not group.alive():
             return f"the server exited with {group.proc.returncode} before it answered; its output ends:\n{group.tail()}"
         try:
-            if ready_url:
-                with urllib.request.urlopen(ready_url, timeout=5) as resp:
-                    if 200 <= resp.status < 300:
-                        return None
-            else:
+            if ready_url or protocol_url:
+                try:
+                    with urllib.request.urlopen(ready_url or protocol_url, timeout=5) as resp:
+                        if 200 <= resp.status < 300:
+                            return None
+                except OSError as exc:  # an HTTPError too: not ready yet, or no such route
+                    if ready_url:
+                        raise
+                    last = f"{protocol_url}: {exc}"
+            if not ready_url:
                 from tuning.load.generator import http_target
 
                 send = http_target(measure.url, timeout_s=10.0, api=measure.api)
@@ -640,13 +644,14 @@ def _wait_ready(group: ServiceGroup, measure: HttpMeasure, ready_url: str | None
                 if answer.outcome == "ok":
                     return None
                 last = answer.reason or answer.outcome
-                loading = answer.outcome == "timeout" or "connection failed" in last or STILL_LOADING.match(last)
+                loading = answer.outcome == "timeout" or "connection failed" in last or still_loading(last)
                 if not loading:
                     return f"the server answers, but not ok: {last}"
         except OSError as exc:
             last = str(exc)
         time.sleep(poll_s)
-    return f"not ready within {timeout_s:.0f} s ({last}); its output ends:\n{group.tail()}"
+    waited_for = f"--ready-url {ready_url} answered no 2xx" if ready_url else READY_URL_HINT
+    return f"not ready within {timeout_s:.0f} s ({last}); {waited_for}; its output ends:\n{group.tail()}"
 
 
 def _error_head(error: str) -> str:
