@@ -232,7 +232,7 @@ def _usage(*argv):
 
 @pytest.mark.parametrize("cmd, named", [
     ("MAX_BATCH={max_batch} python mysvc.py --port {port}", "MAX_BATCH={max_batch}"),
-    ("no-such-server-xyz --port {port} --b {max_batch}", "no-such-server-xyz"),
+    ("python mysvc.py --port {port} --b {max_batch} > log.txt", "'>' needs a shell"),
 ])
 def test_cmd_says_it_is_not_a_shell_with_the_env_form(tmp_path, cmd, named):
     code, err = _usage("investigate", "--cmd", cmd, "--space", "max_batch=1,8", "--url",

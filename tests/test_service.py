@@ -344,7 +344,7 @@ def test_a_command_that_cannot_start_is_named_with_the_fix_and_nothing_is_decide
     s = json.loads(out)
     assert code == 1 and s["best"] is None and s["diagnosis"] == {}
     assert "--cmd could not start (No such file or directory: no-such-server-xyz)" in s["error"]
-    assert "check the program and its path" in s["error"]
+    assert "check the program and its path" in s["error"] and "not a shell" in s["error"]
 
 
 def test_stopping_a_server_finishes_before_a_signal_is_taken():

@@ -9,6 +9,7 @@ import argparse
 import contextlib
 import difflib
 import json
+import re
 import sys
 import time
 import warnings
@@ -767,6 +768,7 @@ def started_service(args: argparse.Namespace, command: str) -> dict[str, Any]:
         raise UsageError(f"{command}: give --cmd 'your server --port {{port}} ...' (or --server NAME for a recipe)")
     else:
         cmd = args.cmd
+    _check_not_shell(command, cmd)
     if "{port}" not in cmd:
         raise UsageError(f"{command} --cmd: put {{port}} where the server takes its port, e.g. "
                          "--cmd 'python app.py --port {port}'")
@@ -783,6 +785,32 @@ def started_service(args: argparse.Namespace, command: str) -> dict[str, Any]:
     return {"cmd": cmd, "space": space, "url": url, "api": api,
             "ready_url": ready,
             "metrics_url": args.metrics_url or (recipe.metrics_url if recipe else None)}
+
+
+CMD_RULE = ("--cmd is not a shell (its words are run as they are): no VAR=value prefix, pipes, &&, redirections "
+            "or $VAR; set a variable with env, e.g. --cmd 'env VAR={name} python app.py --port {port}'")
+SHELL_WORDS = ("|", "||", "&&", ";", "&", ">", ">>", "<", "2>&1")
+ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
+def _check_not_shell(command: str, cmd: str) -> None:
+    """What only a shell would do in ``--cmd`` (a VAR=value prefix, an operator), named before any server
+    starts, with :data:`CMD_RULE` (a program that is not there is named where it is started)."""
+    import shlex
+
+    try:
+        words = shlex.split(cmd)
+    except ValueError as exc:
+        raise UsageError(f"{command} --cmd {cmd!r}: {exc}; {CMD_RULE}") from None
+    if not words:
+        raise UsageError(f"{command} --cmd: empty; give your server's command line, e.g. 'python app.py --port {{port}}'")
+    first = words[0]
+    if ASSIGNMENT.match(first):
+        raise UsageError(f"{command} --cmd: {first!r} reads as a shell variable assignment, but --cmd is not a "
+                         f"shell; write it as --cmd {shlex.quote('env ' + cmd)}")
+    operator = next((w for w in words if w in SHELL_WORDS), None)
+    if operator is not None:
+        raise UsageError(f"{command} --cmd: {operator!r} needs a shell (or --cmd \"sh -c '...'\"); {CMD_RULE}")
 
 
 def tune_settings(args: argparse.Namespace) -> Any:
@@ -908,7 +936,8 @@ def _add_service_flags(p: Any, command: str) -> None:
                    help=f"a server recipe ({', '.join(RECIPES)}): fills in the API, the URL, the ready check, the "
                         "metrics URL, the port flags and a default --space (docs/your-service.md)")
     p.add_argument("--cmd", default=None, help="the service's command line, with {port} (and {metrics_port}) and a "
-                   "{name} per --space; with --server, its flags are appended for you")
+                   "{name} per --space; with --server, its flags are appended for you. It is not a shell: no "
+                   "VAR=value prefix, pipes or $VAR; set a variable with env VAR={name} python app.py ...")
     p.add_argument("--space", action="append", default=None, metavar="NAME=V1,V2",
                    help="a knob of the service and its values (repeatable; the first value is the baseline)")
     p.add_argument("--ready-url", default=None, help="GET this (with {port}) until 2xx before measuring "

@@ -140,7 +140,8 @@ class ServiceGroup:
             self.log.close()
             os.unlink(self.log.name)
             what = f"{exc.strerror}: {exc.filename}" if isinstance(exc, OSError) and exc.filename else str(exc)
-            raise ConfigError(f"--cmd could not start ({what}); check the program and its path in {command!r}") from None
+            raise ConfigError(f"--cmd could not start ({what}); check the program and its path in {command!r} (--cmd "
+                              "is not a shell: a VAR=value prefix is written env VAR=value cmd ...)") from None
         self.tree = ServiceTree(self.proc.pid)
         self.peak_rss = 0
         self.stopped_by: list[str] = []  # the signals its stop had to send, in order
