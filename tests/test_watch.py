@@ -270,3 +270,29 @@ def test_a_command_line_with_empty_arguments_is_described_without_their_padding(
     finally:
         proc.communicate(b"")
     assert text.endswith(f"{sys.executable} -c import sys; sys.stdin.read()"), repr(text)
+
+
+UNREAD = "no metrics of a known exporter (tuning_*, te_*, nv_*)"
+
+
+def test_the_metrics_url_hint_appears_only_when_none_was_given():
+    """#60: with --metrics-url given and read (an exporter none of the known ones), the diagnosis still said
+    "pass --metrics-url"."""
+    hinted = cannot_see(OutsideSignals(**BASE, metrics_reason=UNREAD))
+    assert any("pass --metrics-url" in c for c in hinted)
+    given = cannot_see(OutsideSignals(**BASE, metrics_reason=UNREAD, metrics_url_given=True))
+    assert not any("pass --metrics-url" in c for c in given), given
+    assert any(f"the server's own queue, batch and inference times: {UNREAD} at --metrics-url" in c for c in given)
+    for signals in ({}, {"metrics_url_given": True}):
+        d = diagnose_outside(OutsideSignals(**BASE, process_reason=NO_PROCESS, metrics_reason=UNREAD, **signals))
+        assert ("pass --metrics-url" in d.next_step) is not signals, d.next_step
+
+
+def test_watch_with_a_metrics_url_given_does_not_ask_for_one(standin):
+    out = run_cli("watch", "--url", standin, "--api", "tei", "--metrics-url", standin.rstrip("/") + "/no-metrics-here",
+                  "--duration", "0.5", "--interval", "0.1", "--concurrency", "2", "--limit", "10", "--json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    seen = json.loads(out.stdout)["diagnosis"]["cannot_see"]
+    assert not any("pass --metrics-url" in c for c in seen), seen
+    assert any(c.startswith("the server's own queue, batch and inference times") and "--metrics-url" in c
+               for c in seen), seen

@@ -208,6 +208,7 @@ class WatchResult:
     server_metrics: ServerMetrics | None = None  # the service's own Prometheus metrics over the window
     pid_from: str | None = None
     process_reason: str = ""
+    metrics_url_given: bool = False  # server_metrics came from --metrics-url, not the default /metrics beside the URL
 
     @property
     def window(self) -> tuple[float, float]:
@@ -372,7 +373,7 @@ def watch(pid: int | None = None, url: str | None = None, inputs: Sequence[Any] 
     gpu = gpu_sampler.series if gpu_sampler is not None else GpuSeries(False, _remote_gpu_reason(url))
     result = WatchResult(subject.pid, subject.command, interval, host, gpu, t_start, t_end, load, url, process_gpu_mb,
                          server_metrics=probe.result() if probe is not None else None, pid_from=subject.pid_from,
-                         process_reason=subject.process_reason)
+                         process_reason=subject.process_reason, metrics_url_given=metrics_url is not None)
     return _diagnosed(result, machine_cpu, watcher_cpu)
 
 
@@ -388,6 +389,7 @@ def _diagnosed(result: WatchResult, machine_cpu: float, watcher_cpu: float) -> W
     mb = sum(result.process_gpu_mb.values()) if result.process_gpu_mb else math.nan
     result.signals = outside_signals(result.host, result.gpu, t0, t1, result.load.summary() if result.load else None,
                                      mb, machine_cpu, watcher_cpu, result.server_metrics,
-                                     process_reason=result.process_reason)
+                                     process_reason=result.process_reason,
+                                     metrics_url_given=result.metrics_url_given)
     result.diagnosis = diagnose_outside(result.signals)
     return result

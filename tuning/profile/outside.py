@@ -99,6 +99,7 @@ class OutsideSignals:
     # the service's own Prometheus metrics (tuning.load.scrape), where it exports them
     metrics_exporter: str = ""  # tuning, tei, triton; "" when none was read
     metrics_reason: str = ""  # why none was read
+    metrics_url_given: bool = False  # --metrics-url was given (else the default /metrics beside the URL was tried)
     metrics_lacked: tuple[str, ...] = ()
     server_mean_batch: float = math.nan
     server_queue_ms: float = math.nan  # mean time a request waited in the server's queue
@@ -129,9 +130,10 @@ def _known(x: Any) -> bool:
 def outside_signals(host: HostSeries, gpu: GpuSeries, t0: float, t1: float, load: dict[str, Any] | None = None,
                     process_gpu_mb: float = math.nan, machine_cpu: float = math.nan,
                     watcher_cpu: float = math.nan, server_metrics: Any = None,
-                    process_reason: str = "") -> OutsideSignals:
+                    process_reason: str = "", metrics_url_given: bool = False) -> OutsideSignals:
     """The signals of the window ``[t0, t1]`` (the last host sample lands just after it closes).
-    ``process_reason``: why no process was sampled (``host`` is then empty), said where its signals are missing."""
+    ``process_reason``: why no process was sampled (``host`` is then empty), said where its signals are missing.
+    ``metrics_url_given``: ``server_metrics`` were scraped from a URL the user gave (no hint to give one)."""
     slack = 1.0 if host.samples else 0.0
     hf = host.to_frame()
     hf = hf[(hf.t >= t0) & (hf.t <= t1 + slack)]
@@ -158,7 +160,7 @@ def outside_signals(host: HostSeries, gpu: GpuSeries, t0: float, t1: float, load
         gpu_gap_share=float((util < HEARTBEAT_LOW_UTIL).mean()) if len(util) else math.nan,
         gpu_power_frac=float(power.mean()) if len(power) else math.nan,
         proc_gpu_util_mean=float(proc.mean()) if len(proc) else math.nan,
-        process_gpu_mb=process_gpu_mb, process_reason=process_reason,
+        process_gpu_mb=process_gpu_mb, process_reason=process_reason, metrics_url_given=metrics_url_given,
     )
     if load is not None:
         s.load_driven = True
@@ -237,9 +239,9 @@ def cannot_see(s: OutsideSignals) -> list[str]:
     if not s.gpu_available:
         out.append(f"the accelerator: {s.gpu_reason or 'no GPU sampled'}")
     if s.load_driven and not s.metrics_exporter:
-        out.append("the server's own queue, batch and inference times: "
-                   + (s.metrics_reason or "no metrics read") + " (pass --metrics-url where it exports Prometheus "
-                   "metrics: Triton on port 8002, TEI and this package's server at /metrics)")
+        out.append("the server's own queue, batch and inference times: " + (s.metrics_reason or "no metrics read")
+                   + (" at --metrics-url" if s.metrics_url_given else " (pass --metrics-url where it exports "
+                      "Prometheus metrics: Triton on port 8002, TEI and this package's server at /metrics)"))
     elif s.metrics_lacked:
         out.append(f"from the server's own metrics ({s.metrics_exporter}): {', '.join(s.metrics_lacked)} (not exported)")
     if not s.load_driven:
@@ -274,8 +276,8 @@ def diagnose_outside(s: OutsideSignals) -> OutsideDiagnosis:
         reasons.append(f"{s.process_reason} (its threads, CPU and disk were not read)")
         return verdict("inconclusive", "What was read from outside does not decide it: watch where the service runs "
                                        "(its host, or inside its container) with --pid"
-                       + ("" if s.metrics_exporter else ", or pass --metrics-url for the server's own queue, batch "
-                                                        "and inference times") + ".")
+                       + ("" if s.metrics_exporter or s.metrics_url_given else
+                          ", or pass --metrics-url for the server's own queue, batch and inference times") + ".")
 
     server = [f"{name} {value}" for name, value in (
         ("mean batch", f"{s.server_mean_batch:.1f}" if _known(s.server_mean_batch) else None),
