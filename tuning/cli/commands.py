@@ -958,7 +958,7 @@ def _add_service_flags(p: Any, command: str) -> None:
 def _add_target_flag(p: Any, what: str) -> None:
     """``--target-p99-ms``: one default for every command (DEFAULT_TARGET_P99_MS), so that two commands run
     without it judge against the same line."""
-    from tuning.experiments.ladder import DEFAULT_TARGET_P99_MS
+    from tuning.experiments.defaults import DEFAULT_TARGET_P99_MS
 
     p.add_argument("--target-p99-ms", type=_positive_float, default=DEFAULT_TARGET_P99_MS, metavar="MS", help=what)
 
@@ -984,8 +984,7 @@ def _add_tune_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _add_investigate_flags(p: argparse.ArgumentParser) -> None:
-    from tuning.experiments.investigate import DEFAULT_OUT
-    from tuning.experiments.ladder import OBJECTIVES
+    from tuning.experiments.defaults import DEFAULT_OUT, OBJECTIVES
 
     what = p.add_argument_group("what to investigate (default: the embedded pipeline on the shipped requests)")
     _add_data_flags(what)
@@ -1312,6 +1311,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m tuning", description="Tuning workbook for online inference services.",
                      formatter_class=_HelpFormatter,
                      epilog=TOP_EPILOG)
+    from tuning import __version__
+
+    parser.add_argument("--version", action="version", version=f"tuning {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, command in COMMANDS.items():
         p = sub.add_parser(name, help=command.help, description=command.help, formatter_class=_HelpFormatter,
@@ -1500,7 +1502,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tuning.cli import guard as cliguard
 
     global _MACHINE
-    _MACHINE = MachineWatch()
     parser = build_parser()
     args = None
     try:
@@ -1515,6 +1516,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 (contextlib.nullcontext() if verbose else cliguard.filter_native_stderr()):
             _check_applies(args)
             _check_inputs(args)
+            _MACHINE = MachineWatch()  # once the command line is known good: a usage error loads no torch
             _announce_knobs(args)
             return COMMANDS[args.command][0](args)
     except KeyboardInterrupt as exc:  # Ctrl-C: what was measured so far, then exit 130

@@ -31,6 +31,7 @@ from tuning.base.contract import with_schema
 from tuning.base.format import fixed, pct, rounded
 from tuning.base.machine import MachineWatch, busy_elsewhere, cpu_name
 from tuning.base.progress import progress_bar
+from tuning.experiments.defaults import DEFAULT_OUT
 from tuning.experiments.ladder import (
     DEFAULT_TARGET_P99_MS,
     LadderError,
@@ -44,7 +45,6 @@ from tuning.experiments.workload import device_block, input_texts, load_inputs
 from tuning.knobs import preset
 from tuning.sim.device import device_for
 
-DEFAULT_OUT = "investigation"
 FED_DEVICE_BUSY = 0.70  # the what-if calls a device "fed" at or above this busy share (diagnose.SATURATED_BUSY)
 WORK_STAGES = ("read", "preprocess", "postprocess")  # host stages that do work (queue waits are their symptom)
 CHECKPOINT_REPORT_S = 30.0  # a partial report.html is rewritten at most this often (summary.json every window)

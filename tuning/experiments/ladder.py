@@ -31,6 +31,7 @@ import numpy as np
 
 from tuning.base.machine import usable_cores
 from tuning.base.progress import progress_bar
+from tuning.experiments.defaults import DEFAULT_TARGET_P99_MS
 from tuning.experiments.engine import OBJECTIVES, Decision, EngineSettings, Runner, Window, decide
 from tuning.experiments.factors import FACTORS, MIN_COSINE, Context, screened
 from tuning.experiments.measure import LoadMeasure
@@ -45,7 +46,6 @@ __all__ = ["LadderSettings", "LadderResult", "LadderError", "Step", "Trial", "Lo
            "load_inputs", "input_texts", "token_lengths", "plan_for", "MIN_COSINE", "FACTOR_NAMES", "OBJECTIVES",
            "DEFAULT_TARGET_P99_MS", "device_block"]
 
-DEFAULT_TARGET_P99_MS = 800.0  # the investigation's p99 target
 FACTOR_NAMES = tuple(FACTORS)
 
 
