@@ -587,7 +587,7 @@ class Check:
     def device_profile(self) -> None:
         """Fit this device's profile from what was timed; print it beside the shipped H200 estimate."""
         from tuning.sim import embedded_model_profile, load_profile
-        from tuning.sim.calibrate import calibrate, describe, unidentified
+        from tuning.sim.calibrate import calibrate, describe, profiler_floor, unidentified
 
         points = self.calibration_points()
         name = (torch.cuda.get_device_name(self.device) if self.cuda else "this-cpu").lower().replace(" ", "-")
@@ -597,9 +597,11 @@ class Check:
 
         minilm = embedded_model_profile()
         dispatch, source = sim_host_dispatch(self.fp32)  # the fit keeps the driver's part: launch less this
+        floor = profiler_floor(self.report.data["steps"].get("launch_budget", {})) if self.cuda else None
         profile, worst = calibrate(points, minilm, "cuda" if self.cuda else "cpu",
                                    f"{name}-measured", memory_bytes=memory, device_name=card, host_dispatch_s=dispatch,
-                                   host_dispatch_kind="model" if "miniature" in source else "tiny op")
+                                   host_dispatch_kind="model" if "miniature" in source else "tiny op",
+                                   kernel_floor_s=floor)
         path = self.report.path.parent / "device_profile.json"
         profile.to_json(path)
         shipped = describe(load_profile("h200-sxm-estimate"))
@@ -745,13 +747,13 @@ def run_check(out: Path, budget_s: float, device_name: str | None = None, dtype_
 def refit(folder: Path) -> dict[str, Any]:
     """Fit a committed run's ``device_profile.json`` again from the forwards it timed (its rows and sweeps), with
     this commit's :func:`tuning.sim.calibrate.calibrate` (bounded by the card's datasheet, each figure's
-    identifiability checked), and record in its ``gpu_check.json`` step which commit refitted it. The host's own
-    cost per launch is the run's ``host_cost`` miniature, else the geometric mean of the committed runs that
-    measured one (``tuning.sim.holdout.default_dispatch_s``)."""
+    identifiability checked, the floor from the run's profiler), and record in its ``gpu_check.json`` step which
+    commit refitted it. The host's own cost per launch is the run's ``host_cost`` miniature, else the geometric
+    mean of the committed runs that measured one (``tuning.sim.holdout.default_dispatch_s``)."""
     import subprocess
 
     from tuning.sim import embedded_model_profile, holdout, load_profile
-    from tuning.sim.calibrate import calibrate, describe, unidentified
+    from tuning.sim.calibrate import calibrate, describe, profiler_floor, unidentified
 
     folder = folder.resolve()
     path = folder / "gpu_check.json"
@@ -764,7 +766,8 @@ def refit(folder: Path) -> dict[str, Any]:
     memory = json.loads(old.read_text()).get("mem_bytes") if old.is_file() else None
     profile, worst = calibrate(points, embedded_model_profile(), "cuda", f"{card.lower().replace(' ', '-')}-measured",
                                memory_bytes=memory, device_name=card, host_dispatch_s=dispatch,
-                               host_dispatch_kind="model")
+                               host_dispatch_kind="model",
+                               kernel_floor_s=profiler_floor(data["steps"].get("launch_budget", {})))
     profile.to_json(old)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip() or "unknown"

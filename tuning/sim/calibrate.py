@@ -33,6 +33,11 @@ UNKNOWN = "unknown"  # the start of a source that says no shipped profile of thi
 GENERIC_COPIES = {"h2d_pinned_bps": 25e9, "h2d_pageable_bps": 8e9, "copy_latency_s": 10e-6}
 GENERIC_MEMORY = 16 * 2**30  # placeholder memory of an unknown card whose sweeps did not record it
 UNIDENTIFIED = "unidentified"  # the start of a source that says a figure could not be fitted from the points
+NOT_IDENTIFIED = "not identified"  # a source's label for a parameter whose bootstrap interval the points leave wide
+BOOTSTRAP_ROUNDS = 24  # resamples of the points per calibration
+RESAMPLE_ROUNDS = 60  # function evaluations per parameter for one resample's refit
+INTERVAL = (5.0, 95.0)  # the bootstrap interval's percentiles
+IDENTIFIED_SPAN = 2.0  # an interval wider than this ratio (high / low) leaves its parameter not identified
 
 
 @dataclass(frozen=True)
@@ -170,24 +175,40 @@ def _initial_guess(design: _Design, dtypes: Sequence[str]) -> dict[str, float]:
     return guess
 
 
+def _bounds(key: str, limits: dict[str, float]) -> tuple[float, float]:
+    """A parameter's (lower, upper) bound: rates from 1e3 up to their physical ceiling (``limits``), times within
+    (1 ns, 1 s)."""
+    if key.startswith(("flops", "bandwidth")):
+        return 1e3, limits.get(key, 1e18)
+    return 1e-9, 1.0
+
+
 def fit_parameters(model: ModelProfile, points: Sequence[Point], synchronous: bool,
                    start: dict[str, float] | None = None, rounds: int = 400,
-                   limits: dict[str, float] | None = None, attention_extra: int = 0) -> tuple[dict[str, float], float]:
+                   limits: dict[str, float] | None = None, attention_extra: int = 0,
+                   fixed: dict[str, float] | None = None, one_start: bool = False,
+                   design: _Design | None = None) -> tuple[dict[str, float], float]:
     """Least squares in log space within bounds; returns the parameters and the worst relative error.
 
     ``limits``: the physical ceiling of a parameter (``flops_<dtype>``: the datasheet's dense peak of that dtype,
     ``bandwidth``: the card's memory bandwidth); a fitted rate never exceeds its ceiling (a max() in the formula lets
-    an unbounded fit trade an impossible rate for a floor). Times are bounded to (1 ns, 1 s)."""
-    design = _Design(model, points, attention_extra)
+    an unbounded fit trade an impossible rate for a floor). Times are bounded to (1 ns, 1 s). ``fixed``: parameters
+    held at a value, not fitted. ``one_start``: from ``start`` alone (a bootstrap resample near a known optimum)."""
+    design = design or _Design(model, points, attention_extra)
     dtypes = sorted({p.dtype for p in points})
     params = _initial_guess(design, dtypes)
     params.update({k: v for k, v in (start or {}).items() if k in params})
+    fixed = {k: float(v) for k, v in (fixed or {}).items() if k in params}
+    params.update(fixed)
     free = [k for k in params if k != "graph_replay_s" or any(p.graph in ("cuda_graph", "compile_graph") for p in points)]
     if synchronous:
         free = [k for k in free if k != "graph_replay_s"]
+    free = [k for k in free if k not in fixed]
     limits = {k: float(v) for k, v in (limits or {}).items() if v and math.isfinite(v)}
-    lower = np.log([1e3 if k.startswith(("flops", "bandwidth")) else 1e-9 for k in free])
-    upper = np.log([limits.get(k, 1e18) if k.startswith(("flops", "bandwidth")) else 1.0 for k in free])
+    if not free:
+        return params, float(np.max(np.abs(design.predict(params, synchronous) / design.measured - 1)))
+    lower = np.log([_bounds(k, limits)[0] for k in free])
+    upper = np.log([_bounds(k, limits)[1] for k in free])
 
     from scipy.optimize import least_squares
 
@@ -204,7 +225,8 @@ def fit_parameters(model: ModelProfile, points: Sequence[Point], synchronous: bo
     # gets starts of its own
     rates = np.array([k.startswith(("flops", "bandwidth")) for k in free], dtype=float)
     replay = np.array([k == "graph_replay_s" for k in free], dtype=float)
-    for shift, replay_shift in [(s, r) for r in ((0.0, 1.5) if replay.any() else (0.0,)) for s in (0.0, -1.5, 1.5)]:
+    starts = [(s, r) for r in ((0.0, 1.5) if replay.any() else (0.0,)) for s in (0.0, -1.5, 1.5)]
+    for shift, replay_shift in (starts[:1] if one_start else starts):
         x = np.clip(x0 + shift * rates + replay_shift * replay, lower + inside, upper - inside)
         fit = least_squares(residuals, x, bounds=(lower, upper), method="trf", x_scale=1.0,
                             max_nfev=rounds * len(free))
@@ -216,6 +238,71 @@ def fit_parameters(model: ModelProfile, points: Sequence[Point], synchronous: bo
             params[k] = min(params[k], limits[k])
     worst = float(np.max(np.abs(design.predict(params, synchronous) / design.measured - 1)))
     return params, worst
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One fitted parameter with its bootstrap interval over the points (:data:`INTERVAL` percentiles)."""
+
+    value: float
+    low: float
+    high: float
+    at_bound: bool
+
+    @property
+    def identified(self) -> bool:
+        return not self.at_bound and self.low > 0 and self.high / self.low <= IDENTIFIED_SPAN
+
+    def describe(self, unit: float = 1.0, suffix: str = "", name: str = "") -> str:
+        where = f", the fit at a bound ({self.value / unit:.4g}{suffix})" if self.at_bound else ""
+        return (f"{name}{INTERVAL[0]:g}-{INTERVAL[1]:g}% bootstrap interval {self.low / unit:.4g}-"
+                f"{self.high / unit:.4g}{suffix} over {BOOTSTRAP_ROUNDS} resamples of the points{where}: "
+                f"{'identified' if self.identified else NOT_IDENTIFIED}")
+
+
+def bootstrap(model: ModelProfile, points: Sequence[Point], synchronous: bool, params: dict[str, float],
+              limits: dict[str, float], attention_extra: int, fixed: dict[str, float],
+              rounds: int = 0, seed: int = 0) -> dict[str, Estimate]:
+    """Each free parameter of the fit ``params`` with its interval over ``rounds`` (default
+    :data:`BOOTSTRAP_ROUNDS`) refits on points drawn with replacement, each from a start scattered about ``params``,
+    and whether the fit put it at a bound (within 2% of it, in ratio)."""
+    rng = np.random.default_rng(seed)
+    free = [k for k in params if k not in fixed]
+    draws: dict[str, list[float]] = {k: [] for k in free}
+    points = list(points)
+    for _ in range(rounds or BOOTSTRAP_ROUNDS):
+        sample = [points[i] for i in rng.integers(0, len(points), len(points))]
+        if len({p.dtype for p in sample}) < len({p.dtype for p in points}):
+            continue  # a dtype drawn out of the sample cannot be refitted from it
+        # from a start scattered about the fit (a factor of e either way, in log space): a direction the points do
+        # not constrain stays where the start put it, so it shows as a wide interval instead of the fit's own value
+        # (kept only where it fits the resample as well as a refit from the fit itself: a local minimum the scattered
+        # start fell into is the optimizer's, not the points')
+        design = _Design(model, sample, attention_extra)
+        start = {k: v * (math.exp(rng.normal(0.0, 1.0)) if k in free else 1.0) for k, v in params.items()}
+        fits = [fit_parameters(model, sample, synchronous, start=s, rounds=RESAMPLE_ROUNDS, limits=limits,
+                               attention_extra=attention_extra, fixed=fixed, one_start=True, design=design)[0]
+                for s in (start, params)]
+        costs = [float(np.sum(np.log(design.predict(f, synchronous) / design.measured) ** 2)) for f in fits]
+        refit = fits[0] if costs[0] <= costs[1] * (1 + 1e-3) + 1e-12 else fits[1]
+        for k in free:
+            draws[k].append(refit[k])
+    out = {}
+    for k in free:
+        lo, hi = _bounds(k, {kk: float(v) for kk, v in limits.items() if v and math.isfinite(v)})
+        low, high = (np.percentile(draws[k], INTERVAL) if draws[k] else (math.nan, math.nan))
+        at_bound = params[k] <= lo * 1.02 or params[k] >= hi / 1.02
+        out[k] = Estimate(float(params[k]), float(low), float(high), bool(at_bound))
+    return out
+
+
+def profiler_floor(launch_budget: dict[str, Any]) -> float | None:
+    """The per-kernel floor from a run's profiler: its mean kernel duration in an eager forward at batch 1 (every
+    kernel there at its floor; ``bench/gpu_check.py``'s launch budget); None without one."""
+    eager = (launch_budget or {}).get("eager") or {}
+    if not eager.get("kernels_per_batch") or not eager.get("busy_ms_per_batch") or eager.get("device") == "cpu":
+        return None
+    return float(eager["busy_ms_per_batch"]) / 1e3 / float(eager["kernels_per_batch"])
 
 
 def prediction_error(model: ModelProfile, profile: DeviceProfile, points: Sequence[Point],
@@ -254,8 +341,15 @@ def _fallback_base(device_name: str | None) -> tuple[DeviceProfile, dict[str, st
 def calibrate(points: Sequence[Point], model: ModelProfile, device_kind: str, name: str,
               base: str | DeviceProfile | None = None, memory_bytes: float | None = None,
               device_name: str | None = None, host_dispatch_s: float | None = None,
-              host_dispatch_kind: str = "tiny op") -> tuple[DeviceProfile, float]:
+              host_dispatch_kind: str = "tiny op", kernel_floor_s: float | None = None) -> tuple[DeviceProfile, float]:
     """A measured device profile fitted to ``points``, and the fit's worst relative error on them.
+
+    Each fitted parameter gets a bootstrap interval over the points (:func:`bootstrap`), written in its source; one
+    whose interval spans more than :data:`IDENTIFIED_SPAN` or that the fit put at a bound is labelled
+    :data:`NOT_IDENTIFIED` and keeps its prior (the card's shipped profile: its datasheet rate times its efficiency,
+    its floor, launch and replay costs; on a CPU, with no prior, the fitted value stays, labelled), and the others
+    are fitted again beside it. ``kernel_floor_s``: the per-kernel floor from the run's profiler
+    (:func:`profiler_floor`), held instead of fitted (the wall times of a forward hide it behind launches).
 
     The fitted host time per launch (and per replay) includes the calibrating host's own dispatch per op;
     the profile keeps the driver's part only, the fitted value minus that dispatch (clamped at 0), so a
@@ -310,7 +404,14 @@ def calibrate(points: Sequence[Point], model: ModelProfile, device_kind: str, na
     limits = ({f"flops_{d}": datasheet.flops_for(d) for d in ("fp32", "tf32", "bf16", "fp16")}
               | {"bandwidth": datasheet.mem_bandwidth}) if datasheet else {}
     extra = int(datasheet.attention_extra_kernels) if datasheet else 0  # a property of this card alone
-    params, worst = fit_parameters(model, points, synchronous, limits=limits, attention_extra=extra)
+    fixed = {"min_kernel_s": float(kernel_floor_s)} if kernel_floor_s else {}
+    params, worst = fit_parameters(model, points, synchronous, limits=limits, attention_extra=extra, fixed=fixed)
+    estimates = bootstrap(model, points, synchronous, params, limits, extra, fixed)
+    priors = {} if synchronous else _priors(base_profile, datasheet, dispatch)
+    kept = {k: priors[k] for k, e in estimates.items() if not e.identified and k in priors}
+    if kept:
+        params, worst = fit_parameters(model, points, synchronous, start=params, limits=limits, attention_extra=extra,
+                                       fixed={**fixed, **kept})
     measured = sorted({p.dtype for p in points})
     graphs = sorted({p.graph for p in points})
     peak, not_measured = {}, []
@@ -357,6 +458,10 @@ def calibrate(points: Sequence[Point], model: ModelProfile, device_kind: str, na
         "mem_bytes": ("this machine's RAM" if synchronous else "the sweeps' device" if memory_bytes
                       else fallback_sources.get("mem_bytes", "")),
     }
+    if kernel_floor_s:
+        sources["min_kernel_s"] = (f"from the profiler's kernel durations: the mean kernel of an eager forward at batch "
+                                   f"1, {kernel_floor_s * 1e6:.3f} us (held, not fitted)")
+    _label_identification(sources, estimates, kept, params, base_profile.name)
     if synchronous:
         sources["other fields"] = "this machine: copies free, power not known"
     profile = base_profile.replace(
@@ -379,6 +484,53 @@ def calibrate(points: Sequence[Point], model: ModelProfile, device_kind: str, na
     for key in ("sm_count", "gemm_efficiency", "gemm_k_half", "bandwidth_half_bytes", "graph_min_kernel_s"):
         profile.sources.pop(key, None)
     return profile, worst
+
+
+SOURCE_OF = {"bandwidth": "mem_bandwidth", "launch_s": "launch_s", "min_kernel_s": "min_kernel_s",
+             "graph_replay_s": "graph_replay_s"}  # a fit parameter -> the profile field whose source describes it
+UNITS = {"bandwidth": (1e9, " GB/s"), "launch_s": (1e-6, " us"), "min_kernel_s": (1e-6, " us"),
+         "graph_replay_s": (1e-6, " us")}
+
+
+def _priors(base: DeviceProfile, datasheet: DeviceProfile | None, dispatch: float) -> dict[str, float]:
+    """What a parameter the points cannot identify keeps, in the fit's terms: the card's shipped profile (its host
+    costs with the calibrating host's dispatch added back, as the fit sees them)."""
+    sheet = datasheet or base
+    host = dispatch if base.host_dispatch_separate else 0.0
+    out = {"bandwidth": base.mem_bandwidth * base.bandwidth_efficiency, "launch_s": base.launch_s + host,
+           "graph_replay_s": base.graph_replay_s + host, "min_kernel_s": base.min_kernel_s}
+    for d in ("fp32", "tf32", "bf16", "fp16"):
+        if d in sheet.peak_flops:
+            out[f"flops_{d}"] = sheet.flops_for(d) * sheet.gemm_efficiency.get(d, sheet.flops_efficiency)
+    return out
+
+
+def _label_identification(sources: dict[str, str], estimates: dict[str, Estimate], kept: dict[str, float],
+                          params: dict[str, float], base_name: str) -> None:
+    """Each fitted parameter's source with its bootstrap interval; one not identified starts :data:`NOT_IDENTIFIED`
+    and says what it kept (its prior from ``base_name``, or, with no prior, the fitted value)."""
+    flops_notes, flops_weak = [], False
+    for key, estimate in estimates.items():
+        unit, suffix = UNITS.get(key, (1e12, " TFLOP/s"))
+        text = estimate.describe(unit, suffix, f"{key.removeprefix('flops_')}: " if key.startswith("flops_") else "")
+        if not estimate.identified:
+            keeps = (f"kept the prior {params[key] / unit:.4g}{suffix} from {base_name}" if key in kept
+                     else "no prior (a CPU): the fitted value stays")
+            text = f"{text}; {keeps}"
+        if key.startswith("flops_"):
+            flops_notes.append(text)
+            flops_weak |= not estimate.identified
+            continue
+        field_name = SOURCE_OF[key]
+        old = sources.get(field_name, "")
+        if not estimate.identified and not old.startswith(UNIDENTIFIED):
+            sources[field_name] = f"{NOT_IDENTIFIED}: {text}; {old}"
+        else:
+            sources[field_name] = f"{old}; {text}"
+    if flops_notes:
+        note = "; ".join(flops_notes)
+        sources["peak_flops"] = (f"{NOT_IDENTIFIED}: {note}; {sources['peak_flops']}" if flops_weak
+                                 else f"{sources['peak_flops']}; {note}")
 
 
 def _tf32_rate(params: dict[str, float], datasheet: DeviceProfile | None,
@@ -433,8 +585,8 @@ def calibrate_files(paths: Iterable[str | Path], name: str, model: ModelProfile 
 
 
 def unidentified(profile: DeviceProfile) -> list[str]:
-    """The profile's fields that its calibration could not fit (their sources say why)."""
-    return [k for k, v in profile.sources.items() if str(v).startswith(UNIDENTIFIED)]
+    """The profile's fields that its calibration could not fit or identify (their sources say why)."""
+    return [k for k, v in profile.sources.items() if str(v).startswith((UNIDENTIFIED, NOT_IDENTIFIED))]
 
 
 def describe(profile: DeviceProfile) -> dict[str, Any]:
