@@ -228,3 +228,17 @@ def test_merged_in_flight_is_the_sum_of_each_process_count():
     b = [(1.5, 5), (4.0, 0)]
     assert summed_inflight([a, b]) == [(1.0, 1), (1.5, 6), (2.0, 8), (4.0, 3), (5.0, 2)]
     assert summed_inflight([]) == [] and summed_inflight([a]) == a
+
+
+def test_a_kserve_url_naming_another_model_than_model_name_is_refused():
+    """#60: with --url .../v2/models/minilm/infer, a wrong --model-name foo was silently ignored (the URL's route
+    was used, and the name went into the metrics' filter and the ready route)."""
+    from tuning.load.apis import Api, ApiError
+
+    api = Api("kserve", model_name="foo")
+    with pytest.raises(ApiError, match=r"--url .*/v2/models/minilm/infer names the model 'minilm' but "
+                                       r"--model-name is 'foo'"):
+        api.url("http://127.0.0.1:8000/v2/models/minilm/infer")
+    assert Api("kserve", model_name="minilm").url("http://h:1/v2/models/minilm/versions/2/infer") == \
+        "http://h:1/v2/models/minilm/versions/2/infer"
+    assert api.url("http://127.0.0.1:8000") == "http://127.0.0.1:8000/v2/models/foo/infer"

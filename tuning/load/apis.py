@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
+KSERVE_ROUTE = re.compile(r"/v2/models/([^/]+)(?:/versions/[^/]+)?/infer")  # KServe v2: the model it names
 API_NAMES = ("tuning", "tei", "openai", "kserve", "custom")
 API_ALIASES = {"triton": "kserve"}  # Triton speaks the KServe v2 protocol: one schema, two names a user may know
 DEFAULT_ROUTES = {"tuning": "/embed", "tei": "/embed", "openai": "/v1/embeddings"}
@@ -65,6 +67,9 @@ class Schema:
 
     def default_route(self, api: "Api") -> str:
         return DEFAULT_ROUTES.get(self.name, "/")
+
+    def check_route(self, api: "Api", url: str, path: str) -> None:
+        """Raise ApiError when the route ``path`` of ``url`` contradicts ``api``'s settings."""
 
     def body(self, api: "Api", texts: list[str]) -> bytes:
         raise NotImplementedError
@@ -149,6 +154,12 @@ class KServeSchema(Schema):
 
     def default_route(self, api: "Api") -> str:
         return f"/v2/models/{api.model_name}/infer"
+
+    def check_route(self, api: "Api", url: str, path: str) -> None:
+        named = KSERVE_ROUTE.fullmatch(path)
+        if named and api.model_name and named.group(1) != api.model_name:
+            raise ApiError(f"--url {url} names the model {named.group(1)!r} but --model-name is {api.model_name!r}: "
+                           "give one of them, or make them agree")
 
     def body(self, api: "Api", texts: list[str]) -> bytes:
         return json.dumps({"inputs": [{"name": api.input_name, "shape": [len(texts), 1], "datatype": "BYTES",
@@ -269,6 +280,7 @@ class Api:
         path = self.route or (parts.path if parts.path not in ("", "/") else self.default_route())
         if not path.startswith("/"):
             path = "/" + path
+        self._schema.check_route(self, url, path)
         return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
 
     def default_route(self) -> str:
