@@ -296,3 +296,16 @@ def test_watch_with_a_metrics_url_given_does_not_ask_for_one(standin):
     assert not any("pass --metrics-url" in c for c in seen), seen
     assert any(c.startswith("the server's own queue, batch and inference times") and "--metrics-url" in c
                for c in seen), seen
+
+
+def test_the_busiest_thread_is_one_thread_not_the_sum_of_those_sharing_its_name():
+    """#60: Infinity's two busiest threads, both "infinity_emb" at 48% and 40%, showed as "infinity_emb 100%"."""
+    from tuning.experiments.watch import WatchResult
+    from tuning.profile.gpu import GpuSeries
+    from tuning.profile.host import HostSample, HostSeries, ThreadSample
+
+    host = HostSeries(samples=[HostSample(t, 90.0, 100.0, 0.0, 0.0, 0) for t in (1.0, 2.0)],
+                      threads=[ThreadSample(t, 7, tid, "infinity_emb", cpu, start=tid)
+                               for t in (1.0, 2.0) for tid, cpu in ((11, 48.0), (12, 40.0))])
+    result = WatchResult(7, "infinity_emb", 1.0, host, GpuSeries(False, "none"), 0.0, 2.0)
+    assert result.trend_frame()["busiest_thread"].tolist() == ["infinity_emb 48%"] * 2

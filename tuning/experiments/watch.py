@@ -254,10 +254,12 @@ class WatchResult:
             if h.empty and g.empty:
                 continue
             th = threads[(threads.t > a) & (threads.t <= b)]
-            busiest = th.groupby("name")["cpu_percent"].sum().sort_values(ascending=False) / len(h) if len(th) else None
+            # one thread by (pid, tid, start): threads that share a name (a pool's workers) are not summed
+            busiest = (th.groupby(["pid", "tid", "start", "name"])["cpu_percent"].sum().sort_values(ascending=False)
+                       / max(len(h), 1) if len(th) else None)
             row = {"t_s": round(b - self.t_start, 2), "cpu_pct": h.cpu_percent.mean() if len(h) else None,
                    "rss_mb": h.rss_mb.max() if len(h) else None,
-                   "busiest_thread": (f"{busiest.index[0]} {busiest.iloc[0]:.0f}%"
+                   "busiest_thread": (f"{busiest.index[0][3]} {busiest.iloc[0]:.0f}%"
                                       if busiest is not None and len(busiest) else "-"),
                    "gpu_util_pct": g.sm_util.mean() if len(g) else None,
                    "power_w": g.power_w.mean() if len(g) else None,
