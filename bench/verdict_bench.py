@@ -18,12 +18,16 @@ Writes ``bench/results/verdict_bench.json`` (``--quick``: 40 windows a cell, a t
 from __future__ import annotations
 
 import argparse
+import hashlib
+import subprocess
 import time
+from pathlib import Path
 
 import numpy as np
 from common import write
 
 from tests.worlds_hard import fifo_done, mg1_windows, service_draws
+from tuning.experiments import judge as judge_module
 from tuning.experiments.judge import target_verdict, wilson
 
 SERVICES = {"deterministic": "deterministic", "lognormal, sigma 1": "lognormal", "97% short, 3% long": "mixture"}
@@ -62,6 +66,22 @@ class Judge:
                     raise
                 self.with_arrivals = False
         return target_verdict(latencies_ms, target_ms).verdict
+
+
+def judge_source() -> dict:
+    """Which judge was measured: the commit, whether judge.py differs from it, and the file's own hash (the
+    engine is being rewritten, so a figure names the code it came from)."""
+    path = Path(judge_module.__file__)
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    return {"commit": git("rev-parse", "HEAD") or None,
+            "judge_py_uncommitted_changes": bool(git("status", "--porcelain", "--", str(path))),
+            "judge_py_sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
 
 
 def run_cell(judge: Judge, kind: str, load: float, target_ms: float, share: float, windows: int, seed: int) -> dict:
@@ -114,7 +134,7 @@ def main() -> None:
                    f"{WINDOW_S:.0f} s, then a drain; targets placed at steady-state shares over them of "
                    f"{', '.join(f'{100 * s:g}%' for s in SHARES)} (quantiles of a {LONG_RUN:,}-arrival run)",
            "simulated": True, "windows_per_cell": windows, "pace_per_s": MU,
-           "judge_called_with_arrivals_s": judge.with_arrivals,
+           "judge_called_with_arrivals_s": judge.with_arrivals, "judge_source": judge_source(),
            "cells_meeting_the_bar": f"{sum(c['meets'] for c in judged)} of {len(judged)}", "cells": cells,
            "wall_s": round(time.perf_counter() - t0, 1)}
     print(f"judge called with arrivals_s: {judge.with_arrivals}; cells meeting the issue's bar: "
