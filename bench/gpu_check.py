@@ -1,6 +1,15 @@
 """GPU check: one script that fits a borrowed GPU's window, cheap decisive parts first.
 
     PYTHONPATH=. timeout 420 python bench/gpu_check.py --out OUT_DIR --budget-s 300
+    PYTHONPATH=. python bench/gpu_check.py --plan bench/plans/whatif-next.json --out OUT_DIR          # a plan's points
+    PYTHONPATH=. python bench/gpu_check.py --plan bench/plans/whatif-next.json --device sim \
+        --sim-profile h100-sxm-estimate --out OUT_DIR                     # its dry run: the budget, SIMULATED
+
+A plan file (``--plan``) names the forwards to time, each (mode, batch, length, dtype; tf32 is fp32 with TF32 on,
+set before a graph is captured), the shapes whose profiler kernel sum to record, and the host cost's lengths; it
+replaces the fixed steps by ``plan_points``, ``plan_kernel_sum`` and ``host_cost``. ``--device sim`` runs the same
+steps on the simulated device (every call takes its predicted time; kernel sums are the cost model's), so its
+elapsed time is the plan's budget on that card before a card is borrowed; every figure it writes is SIMULATED.
 
 Writes OUT_DIR/gpu_check.json after every point (a run cut short keeps what it measured),
 checking the time budget inside long steps, not only between them. In order:
@@ -179,16 +188,25 @@ def _tf32(enabled: bool):
 
 
 class Check:
-    def __init__(self, report: Report, device: torch.device, dtype_name: str, sizes: dict[str, Any]):
+    def __init__(self, report: Report, device: torch.device, dtype_name: str, sizes: dict[str, Any],
+                 sim: Any = None, plan: dict[str, Any] | None = None):
         self.report = report
         self.device = device
         self.cuda = device.type == "cuda"
         self.dtype_name = dtype_name
         self.sizes = sizes
-        self.model = random_minilm().to(device=device, dtype=check_dtype(dtype_name, device)).eval()
+        self.sim = sim  # a tuning.sim.SimulatedDevice for a dry run: every forward takes its predicted time
+        self.plan = plan
         self.fp32 = random_minilm().to(device=device).eval()  # the reference: same seed, same weights, fp32
+        if sim is not None:
+            from tuning.sim import SimulatedModel
+
+            self.model = SimulatedModel(sim, dtype_name, "eager")
+        else:
+            self.model = random_minilm().to(device=device, dtype=check_dtype(dtype_name, device)).eval()
         self.gen = torch.Generator().manual_seed(0)
         self.compile_failed: str | None = None
+        self._models: dict[str, Any] = {}
 
     def batch(self, batch: int, length: int, ragged: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         ids = torch.randint(1000, 20000, (batch, length), generator=self.gen)
@@ -237,6 +255,77 @@ class Check:
             if r.get("status") == "ok" and (r.get("batch"), r.get("length")) in eager:
                 r["speedup_vs_eager"] = eager[(r["batch"], r["length"])] / r["median_ms"]
         self.report.step("points", status="ok", rows=sum(r.get("status") == "ok" for r in self.report.data["rows"]))
+
+    # -- a plan's forwards (--plan) ------------------------------------------------------------------------------
+
+    def plan_model(self, dtype: str) -> Any:
+        """The model a plan point runs in ``dtype`` on this device (tf32: the fp32 model, TF32 set around it)."""
+        if dtype in ("fp32", "tf32"):
+            return self.fp32
+        if dtype == self.dtype_name:
+            return self.model
+        if dtype not in self._models:
+            self._models[dtype] = random_minilm().to(device=self.device, dtype=check_dtype(dtype, self.device)).eval()
+        return self._models[dtype]
+
+    def plan_runner(self, mode: str, dtype: str) -> Any:
+        """A fresh runner for one plan point: eager, or a graph runner that captures on its first call."""
+        if self.sim is not None:
+            from tuning.sim import SimulatedModel
+
+            return SimulatedModel(self.sim, "fp32" if dtype == "tf32" else dtype, mode, tf32=dtype == "tf32")
+        model = self.plan_model(dtype)
+        return model if mode == "eager" else CudaGraphRunner(model, self.device)
+
+    def plan_points(self) -> None:
+        """Each plan point timed as one synchronised call at a time (the cost model's call), first call (capture or
+        the shape's first run) apart; rows carry ``source: plan`` and, on the simulated device, ``simulated``."""
+        done = 0
+        for p in self.plan["points"]:
+            mode, batch, length, dtype = p["mode"], p["batch"], p["length"], p["dtype"]
+            self.report.check(f"plan {mode} {dtype} b={batch} L={length}")
+            if mode == "cuda_graph" and not (self.cuda or self.sim is not None):
+                self.report.row(mode=mode, batch=batch, length=length, dtype=dtype, source="plan",
+                                status="refused: no CUDA")
+                continue
+            ids, mask = self.batch(batch, length, ragged=False)
+            with _tf32(dtype == "tf32"):  # before a capture: cuBLAS picks its kernels then
+                first_s, median_ms, n, _ = time_runner(self.plan_runner(mode, dtype), ids, mask,
+                                                       self.sizes["repeats"], self.device, self.report)
+            self.report.row(mode=mode, batch=batch, length=length, dtype=dtype, source="plan", status="ok",
+                            first_call_s=round(first_s, 4), median_ms=median_ms, per_sample_ms=median_ms / batch,
+                            timed_calls=n, simulated=self.sim is not None)
+            done += 1
+            print(f"  plan {mode:>10} {dtype:>4} b={batch:<3} L={length:<3}: {median_ms:8.3f} ms "
+                  f"(first call {first_s:.2f} s){' SIMULATED' if self.sim is not None else ''}", flush=True)
+        self.report.step("plan_points", status="ok", plan=self.plan["name"], points=done)
+
+    def plan_kernel_sum(self) -> None:
+        """The profiler's kernel count and summed kernel time per forward at the plan's shapes (on the simulated
+        device: the cost model's, labelled)."""
+        out = {}
+        for p in self.plan.get("kernel_sum", []):
+            mode, batch, length, dtype = p["mode"], p["batch"], p["length"], p["dtype"]
+            self.report.check(f"kernel sum {mode} b={batch} L={length}")
+            key = f"{mode} {dtype} {batch}x{length}"
+            if self.sim is not None:
+                cost = self.sim.cost(batch, length, dtype, mode)
+                out[key] = {"mode": mode, "dtype": dtype, "batch_shape": [batch, length], "simulated": True,
+                            "kernels_per_batch": cost.kernels, "busy_ms_per_batch": cost.device_s * 1e3,
+                            "wall_ms_per_batch": cost.call_s * 1e3}
+            elif mode == "cuda_graph" and not self.cuda:
+                out[key] = {"status": "refused: no CUDA"}
+                continue
+            else:
+                ids, mask = self.batch(batch, length, ragged=False)
+                with _tf32(dtype == "tf32"):
+                    summary = op_stats(self.plan_runner(mode, dtype), ids, mask, batches=5).summary()
+                summary.pop("top_ops", None)
+                out[key] = {"mode": mode, "dtype": dtype, **_clean(summary)}
+            print(f"  kernel sum {key}: {out[key]['kernels_per_batch']:.0f} kernels, "
+                  f"{out[key]['busy_ms_per_batch']:.3f} ms per forward", flush=True)
+            self.report.step("plan_kernel_sum", status="partial", shapes=out)
+        self.report.step("plan_kernel_sum", status="ok", shapes=out)
 
     def launch_budget(self) -> None:
         """Predicted capture gain (the wall time per batch no kernel covers: a bound, not a measured saving) at batch
@@ -671,26 +760,66 @@ def fidelity_profile(card: str | None) -> str | None:
 
 # the (batch, length) shapes of bench/published.csv's A100 PyTorch rows (P01-P09, P27-P31)
 PUBLISHED_SHAPES = ((1, 16), (1, 128), (1, 256), (1, 512), (8, 256), (32, 128), (32, 256), (32, 384), (128, 256))
-STEPS = ("points", "launch_budget", "host_cost", "op_host_costs", "tf32", "published_shapes", "engine_run_pinned",
-         "graph_runner_padded", "sweep_eager", "sweep_cuda_graph", "device_profile", "sim_fidelity", "compile_default",
-         "compile_reduce-overhead", "sweep_compile")
+PLAN_STEPS = ("plan_points", "plan_kernel_sum", "host_cost")
+PLAN_MODES, PLAN_DTYPES = ("eager", "cuda_graph"), ("bf16", "fp16", "fp32", "tf32")
+STEPS = ("plan_points", "plan_kernel_sum", "points", "launch_budget", "host_cost", "op_host_costs", "tf32",
+         "published_shapes", "engine_run_pinned", "graph_runner_padded", "sweep_eager", "sweep_cuda_graph",
+         "device_profile", "sim_fidelity", "compile_default", "compile_reduce-overhead", "sweep_compile")
+
+
+def load_plan(path: str | Path) -> dict[str, Any]:
+    """A plan file (see the module docstring), checked: every point a known mode and dtype at a whole batch and
+    length above 0; a clear error naming the value otherwise."""
+    path = Path(path)
+    try:
+        plan = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"--plan {str(path)!r}: cannot read it ({exc}); see bench/plans/whatif-next.json") from None
+    if not isinstance(plan, dict) or not plan.get("points"):
+        raise ValueError(f"--plan {str(path)!r}: no 'points'; see bench/plans/whatif-next.json")
+    for p in [*plan["points"], *plan.get("kernel_sum", [])]:
+        bad = (p.get("mode") not in PLAN_MODES or p.get("dtype") not in PLAN_DTYPES
+               or not all(isinstance(p.get(k), int) and not isinstance(p.get(k), bool) and p[k] > 0
+                          for k in ("batch", "length")))
+        if bad:
+            raise ValueError(f"--plan {str(path)!r}: point {p}; each needs mode in {PLAN_MODES}, dtype in "
+                             f"{PLAN_DTYPES}, and whole batch and length above 0")
+    plan.setdefault("name", path.stem)
+    return plan
 
 
 def run_check(out: Path, budget_s: float, device_name: str | None = None, dtype_name: str | None = None,
               quick: bool | None = None, sizes: dict[str, Any] | None = None,
-              steps: tuple[str, ...] = STEPS) -> dict[str, Any]:
-    """Run ``steps`` (in the fixed order of :data:`STEPS`) and return the JSON's data."""
+              steps: tuple[str, ...] = STEPS, plan: dict[str, Any] | None = None,
+              sim_profile: str = "h200-sxm-estimate") -> dict[str, Any]:
+    """Run ``steps`` (in the fixed order of :data:`STEPS`) and return the JSON's data. ``plan``: a plan
+    (:func:`load_plan`): its steps (:data:`PLAN_STEPS`) with its repeats and host-cost lengths. ``device_name``
+    ``"sim"``: the simulated device of ``sim_profile`` (a dry run, every figure SIMULATED)."""
     unknown = sorted(set(steps) - set(STEPS))
     if unknown:
         raise ValueError(f"steps {unknown} unknown; choose from {', '.join(STEPS)}")
+    if plan is None and set(steps) & {"plan_points", "plan_kernel_sum"}:
+        steps = tuple(s for s in steps if s not in ("plan_points", "plan_kernel_sum"))
+    sim = None
+    if device_name == "sim":
+        from tuning.runtime.engine import sim_host_dispatch
+        from tuning.sim import SimulatedDevice, embedded_model_profile, load_profile
+
+        dispatch, source = sim_host_dispatch(random_minilm())
+        sim = SimulatedDevice(load_profile(sim_profile), embedded_model_profile(), host_dispatch_s=dispatch,
+                              dispatch_source=source)
+        device_name = "cpu"
     device = torch.device(device_name or ("cuda" if torch.cuda.is_available() else "cpu"))
     cuda = device.type == "cuda"
+    if plan is not None:
+        sizes = {**(sizes or {}), "repeats": int(plan.get("repeats", 10)),
+                 "lengths": tuple(plan.get("host_cost_lengths", (64, 128)))}
     if cuda:
         if device.index is None:  # set_device refuses a bare "cuda" on torch 2.11
             device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
         torch.cuda.init()
-    reduced = quick if quick is not None else not cuda
+    reduced = quick if quick is not None else not (cuda or sim is not None)
     sizes = {**(REDUCED if reduced else FULL), **(sizes or {})}
     dtype_name = dtype_name or ("bf16" if not cuda or torch.cuda.is_bf16_supported() else "fp16")
     with warnings.catch_warnings(record=True) as caught, GpuSampler(0.2, device=(device.index or 0) if cuda else None) \
@@ -698,7 +827,10 @@ def run_check(out: Path, budget_s: float, device_name: str | None = None, dtype_
         warnings.simplefilter("always", RuntimeWarning)
         report = Report(out, budget_s, sampler)
         report.data["env"] = {
-            "device": device.type, "name": torch.cuda.get_device_name(device) if cuda else platform.processor() or "cpu",
+            "device": "simulated" if sim is not None else device.type,
+            "name": (f"simulated {sim.profile.name}" if sim is not None
+                     else torch.cuda.get_device_name(device) if cuda else platform.processor() or "cpu"),
+            "plan": plan, "simulated": sim is not None,
             "torch": torch.__version__, "cuda": torch.version.cuda, "dtype": dtype_name,
             "form": "reduced" if reduced else "full",
             "tf32_matmul_default": torch.backends.cuda.matmul.allow_tf32, "weights": "random (random_minilm, seed 0)",
@@ -710,8 +842,9 @@ def run_check(out: Path, budget_s: float, device_name: str | None = None, dtype_
                 else 'off: ' + str(sampler.series.reason))
         print(f"NVML: {nvml}",
               flush=True)
-        check = Check(report, device, dtype_name, sizes)
-        plan = [("points", check.points), ("launch_budget", check.launch_budget), ("host_cost", check.host_cost),
+        check = Check(report, device, dtype_name, sizes, sim=sim, plan=plan)
+        order = [("plan_points", check.plan_points), ("plan_kernel_sum", check.plan_kernel_sum),
+                 ("points", check.points), ("launch_budget", check.launch_budget), ("host_cost", check.host_cost),
                 ("op_host_costs", check.op_host_costs),
                 ("tf32", check.tf32),
                  ("published_shapes", check.published_shapes),
@@ -722,7 +855,7 @@ def run_check(out: Path, budget_s: float, device_name: str | None = None, dtype_
                  ("compile_default", functools.partial(check.compile, None)),
                  ("compile_reduce-overhead", functools.partial(check.compile, "reduce-overhead")),
                  ("sweep_compile", functools.partial(check.sweep, "compile"))]
-        for name, step in plan:
+        for name, step in order:
             if name not in steps:
                 continue
             if name == "sweep_compile" and check.compile_failed:
@@ -740,8 +873,31 @@ def run_check(out: Path, budget_s: float, device_name: str | None = None, dtype_
                 print(f"  {name}: FAILED {type(exc).__name__}: {str(exc)[:200]}", flush=True)
         report.data["warnings"] = sorted({str(w.message)[:300] for w in caught})
     report.data["complete"] = True
+    if sim is not None and plan is not None:
+        report.data["budget"] = plan_budget(report.data)
     report.write()
     return report.data
+
+
+PLAN_LIMIT_S = 300.0  # what a plan must fit on one borrowed card (issue 59)
+
+
+def plan_budget(data: dict[str, Any], results: Path = ROOT / "bench" / "results") -> dict[str, Any]:
+    """A dry run's budget for the real card: its simulated elapsed time (every forward at its predicted time, the
+    host's real work) plus, per point, the slowest first call a committed real run measured in that mode beyond the
+    simulated first call (cuBLAS and cuDNN set-up, CUDA-graph capture; the simulated device does not model them)."""
+    first: dict[str, float] = {}
+    for path in sorted(results.glob("gpu_check_*/gpu_check.json")):
+        for r in json.loads(path.read_text()).get("rows", []):
+            if r.get("status") == "ok" and r.get("first_call_s") is not None:
+                first[r["mode"]] = max(first.get(r["mode"], 0.0), float(r["first_call_s"]))
+    allowance = sum(max(first.get(r["mode"], 0.0) - float(r.get("first_call_s") or 0.0), 0.0)
+                    for r in data["rows"] if r.get("source") == "plan" and r.get("status") == "ok")
+    estimate = float(data.get("elapsed_s", 0.0)) + allowance
+    return {"simulated_elapsed_s": data.get("elapsed_s"), "first_call_allowance_s": round(allowance, 2),
+            "first_call_s_per_mode_from_committed_runs": first, "estimate_s": round(estimate, 2),
+            "limit_s": PLAN_LIMIT_S, "within_limit": estimate <= PLAN_LIMIT_S,
+            "not_counted": "process start, torch import and CUDA initialisation before the first step"}
 
 
 def refit(folder: Path) -> dict[str, Any]:
@@ -792,12 +948,18 @@ def main(argv: list[str] | None = None) -> None:
                         help="fit the device profile of committed run folders again (no device needed), and stop")
     parser.add_argument("--budget-s", type=float, default=300.0,
                         help="stop starting new points after this many seconds (checked inside long steps)")
-    parser.add_argument("--device", default=None, help="cuda, cuda:1 or cpu (default: cuda when available)")
+    parser.add_argument("--device", default=None,
+                        help="cuda, cuda:1, cpu or sim (a dry run on the simulated device; default: cuda when available)")
     parser.add_argument("--dtype", default=None, help="half precision to compare with fp32 (default bf16, else fp16)")
     form = parser.add_mutually_exclusive_group()
     form.add_argument("--quick", action="store_true", default=None, help="the reduced form (default without CUDA)")
     form.add_argument("--full", dest="quick", action="store_false", help="the full form (default with CUDA)")
-    parser.add_argument("--steps", default=",".join(STEPS), help="comma-separated subset of: " + ", ".join(STEPS))
+    parser.add_argument("--steps", default=None, help="comma-separated subset of: " + ", ".join(STEPS)
+                        + " (default: all but the plan's; with --plan: " + ", ".join(PLAN_STEPS) + ")")
+    parser.add_argument("--plan", type=Path, default=None,
+                        help="a plan file of forwards to time (bench/plans/whatif-next.json); runs its steps only")
+    parser.add_argument("--sim-profile", default="h200-sxm-estimate",
+                        help="with --device sim: the simulated card (a shipped profile's name or a JSON path)")
     args = parser.parse_args(argv)
     if args.refit:
         for folder in args.refit:
@@ -807,8 +969,11 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.out is None:
         parser.error("--out is required (unless --refit)")
-    data = run_check(args.out, args.budget_s, args.device, args.dtype, args.quick,
-                     steps=tuple(s.strip() for s in args.steps.split(",") if s.strip()))
+    plan = load_plan(args.plan) if args.plan else None
+    default = PLAN_STEPS if plan else tuple(s for s in STEPS if s not in PLAN_STEPS[:2])
+    steps = tuple(s.strip() for s in args.steps.split(",") if s.strip()) if args.steps else default
+    data = run_check(args.out, args.budget_s, args.device, args.dtype, args.quick, steps=steps, plan=plan,
+                     sim_profile=args.sim_profile)
     rows = [r for r in data["rows"]]
     print(table(rows, ["mode", "batch", "length", "status", "median_ms", "per_sample_ms", "first_call_s",
                        "speedup_vs_eager", "min_cosine_vs_fp32"]))
@@ -819,6 +984,11 @@ def main(argv: list[str] | None = None) -> None:
             else f"off: {g.get('reason')}")
     print(f"NVML: {nvml}")
     print("steps not ok: " + ("; ".join(failed) if failed else "none"))
+    if "budget" in data:
+        b = data["budget"]
+        print(f"budget on the real card (SIMULATED dry run): {b['simulated_elapsed_s']:.0f} s simulated + "
+              f"{b['first_call_allowance_s']:.0f} s first-call allowance = {b['estimate_s']:.0f} s "
+              f"(limit {b['limit_s']:.0f} s)")
     print(f"elapsed {data['elapsed_s']:.0f} s; wrote {args.out / 'gpu_check.json'}")
 
 

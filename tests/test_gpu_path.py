@@ -386,3 +386,55 @@ def test_gpu_check_writes_after_every_point_and_stops_at_its_budget(tmp_path):
     assert written["complete"] and written["env"]["form"] == "reduced"
     assert written["steps"] and all(s["status"].startswith("skipped") for s in written["steps"].values())
     assert data["steps"].keys() == written["steps"].keys()
+
+
+# -- issue 59 deliver 6: the next GPU run as a plan, its budget shown by a dry run on the simulated device ------
+
+def test_a_plan_point_out_of_range_is_refused_by_name(tmp_path):
+    import json
+
+    gc = _gpu_check()
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"points": [{"mode": "cuda_graph", "batch": 0, "length": 256, "dtype": "bf16"}]}))
+    with pytest.raises(ValueError, match="batch"):
+        gc.load_plan(path)
+    path.write_text(json.dumps({"points": [{"mode": "graph", "batch": 8, "length": 256, "dtype": "bf16"}]}))
+    with pytest.raises(ValueError, match="mode in"):
+        gc.load_plan(path)
+
+
+def test_a_plan_runs_end_to_end_on_the_simulated_device_and_says_so(tmp_path):
+    gc = _gpu_check()
+    plan = {"name": "tiny", "repeats": 2, "host_cost_lengths": [16],
+            "points": [{"mode": "cuda_graph", "batch": 4, "length": 32, "dtype": "tf32"},
+                       {"mode": "eager", "batch": 4, "length": 32, "dtype": "bf16"}],
+            "kernel_sum": [{"mode": "cuda_graph", "batch": 4, "length": 32, "dtype": "bf16"}]}
+    data = gc.run_check(tmp_path, budget_s=120, device_name="sim", steps=("plan_points", "plan_kernel_sum"),
+                        plan=plan, sim_profile="h100-sxm-estimate")
+    assert data["env"]["simulated"] and data["env"]["name"] == "simulated h100-sxm-estimate"
+    rows = [r for r in data["rows"] if r.get("source") == "plan"]
+    assert [(r["mode"], r["dtype"], r["status"], r["simulated"]) for r in rows] == [
+        ("cuda_graph", "tf32", "ok", True), ("eager", "bf16", "ok", True)]
+    kernel = data["steps"]["plan_kernel_sum"]["shapes"]["cuda_graph bf16 4x32"]
+    assert kernel["simulated"] and kernel["kernels_per_batch"] > 0 and kernel["busy_ms_per_batch"] > 0
+    assert data["budget"]["estimate_s"] >= data["budget"]["simulated_elapsed_s"]
+
+
+def test_the_committed_plan_fits_five_minutes_on_its_dry_runs():
+    """The dry runs of bench/plans/whatif-next.json on the simulated H100 and H200 (bench/results/whatif_plan_dryrun_*)
+    timed every point of the plan, and their budget for the real card is within 5 minutes."""
+    import json
+    from pathlib import Path
+
+    gc = _gpu_check()
+    root = Path(__file__).resolve().parents[1]
+    plan = gc.load_plan(root / "bench" / "plans" / "whatif-next.json")
+    wanted = sorted((p["mode"], p["batch"], p["length"], p["dtype"]) for p in plan["points"])
+    for card in ("h100", "h200"):
+        data = json.loads((root / "bench" / "results" / f"whatif_plan_dryrun_{card}" / "gpu_check.json").read_text())
+        assert data["env"]["simulated"] and data["env"]["plan"]["points"] == plan["points"]
+        done = sorted((r["mode"], r["batch"], r["length"], r["dtype"]) for r in data["rows"]
+                      if r.get("source") == "plan" and r["status"] == "ok")
+        assert done == wanted, card
+        assert data["steps"]["host_cost"]["status"] == "ok" and data["steps"]["plan_kernel_sum"]["status"] == "ok"
+        assert data["budget"]["within_limit"] and data["budget"]["estimate_s"] <= 300, data["budget"]
