@@ -54,6 +54,13 @@ def _world(**kw):
                  **kw)
 
 
+def _last_said(stdout: str) -> str:
+    """The last thing printed: the last line with the continuation lines it was wrapped onto."""
+    lines = stdout.rstrip().splitlines()
+    start = max(i for i, line in enumerate(lines) if line and not line[0].isspace())
+    return " ".join(line.strip() for line in lines[start:])
+
+
 def _page_head(page: str) -> str:
     """The report's head: what a reader sees before the first section."""
     return page.split("</h1>", 1)[1].split("<section", 1)[0]
@@ -69,7 +76,7 @@ def test_a_finished_report_opens_with_the_decision_not_in_progress(monkeypatch, 
     head = _page_head((out / "report.html").read_text())
     assert "IN PROGRESS" not in head and "nothing decided" not in head
     assert "Capacity at p99" in head and "Ship:" in head
-    assert stdout.strip().splitlines()[-1].startswith("capacity at p99")
+    assert _last_said(stdout).startswith("capacity at p99")
 
 
 # --- 2. an interrupted run claims no verdict --------------------------------------------------------------
@@ -84,7 +91,7 @@ def test_ctrl_c_before_any_target_check_says_interrupted_before_a_verdict(monkey
     code, stdout, _, out = _investigate(monkeypatch, tmp_path, measure)
     assert code == 130
     assert "TARGET NOT MET" not in stdout and "ship:" not in stdout and "keep the baseline" not in stdout
-    assert "interrupted before a verdict" in stdout.strip().splitlines()[-1].lower()
+    assert "interrupted before a verdict" in _last_said(stdout).lower()
     summary = json.loads((out / "summary.json").read_text())
     assert "interrupted before a verdict" in summary["headline"].lower()
     page = (out / "report.html").read_text()
@@ -98,7 +105,7 @@ def test_a_missed_target_after_its_check_still_says_target_not_met(monkeypatch, 
     world = World(noise=0.02, seed=0, floor_ms=lambda k: 2 * TARGET_MS)
     code, stdout, _, out = _investigate(monkeypatch, tmp_path, world)
     assert code == 3
-    assert "TARGET NOT MET" in stdout.strip().splitlines()[-1]
+    assert _last_said(stdout).startswith("TARGET NOT MET")
     assert "TARGET NOT MET" in _page_head((out / "report.html").read_text())
 
 
@@ -288,3 +295,43 @@ def test_the_cli_s_defaults_are_the_engine_s():
     from tuning.experiments.defaults import DEFAULT_TARGET_P99_MS, OBJECTIVES
 
     assert OBJECTIVES == engine.OBJECTIVES and DEFAULT_TARGET_P99_MS == ladder.DEFAULT_TARGET_P99_MS
+
+
+# --- 8. terminal output fits 100 columns, says each thing once, names capacity and throughput -----------------
+
+WIDTH = 100
+
+
+def _wide(text: str) -> list[str]:
+    return [line for line in text.splitlines() if len(line) > WIDTH]
+
+
+def test_the_investigate_output_fits_100_columns_and_says_each_thing_once(monkeypatch, tmp_path):
+    code, stdout, _, _ = _investigate(monkeypatch, tmp_path, _world())
+    assert code == 0
+    assert _wide(stdout) == []
+    said = [line.strip() for line in stdout.splitlines() if len(line.strip()) > 30]
+    assert len(said) == len(set(said)), [line for line in said if said.count(line) > 1]
+    assert sum(line.startswith("capacity at p99") for line in stdout.splitlines()) == 1  # the headline, once
+    flat = " ".join(stdout.split())
+    assert "capacity = the highest offered rate" in flat and "throughput = ok answers/s" in flat
+    recorded = next(line for line in stdout.splitlines() if line.startswith("recommended, under the recorder"))
+    assert "offered" in recorded and "throughput" in recorded and "QPS" not in recorded
+
+
+def test_the_service_output_fits_100_columns(tmp_path):
+    from tuning.present.tables import format_service
+
+    said = []
+    inv = _service_run(tmp_path, say=said.append)
+    assert _wide(format_service(inv)) == [] and _wide("\n".join(said)) == []
+
+
+def test_a_table_wraps_its_words_to_the_width_and_keeps_every_word():
+    from tuning.present.tables import table
+
+    why = "met: 80.0 req/s at p99 <= 200 ms (p99 there 158 ms; next rate up 84.8: indeterminate, p99 218 ms)"
+    rows = [{"step": "target", "change": "tokenizer=fast, dtype=bf16", "ratio": 1.57, "why": why}]
+    text = table(rows, ["step", "change", "ratio", "why"], width=80)
+    assert _wide(text.replace("\n", "\n")) == [] and max(len(line) for line in text.splitlines()) <= 80
+    assert " ".join(text.split()).count("indeterminate,") == 1 and "218 ms)" in text

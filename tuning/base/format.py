@@ -31,3 +31,33 @@ def fixed(x: Any, spec: str = ".1f", missing: str = "n/a", scale: float = 1.0, s
 def pct(x: Any, digits: int = 0) -> str:
     """A share (0.42) as a percentage (``42%``); ``n/a`` when unknown (None, NaN) or not finite."""
     return "n/a" if x is None or not math.isfinite(float(x)) else f"{100 * float(x):.{digits}f}%"
+
+
+TERMINAL_WIDTH = 100  # every line printed for a reader fits this many columns
+
+
+def fit(text: str, width: int = TERMINAL_WIDTH, indent: str = "    ") -> str:
+    """``text`` with each line longer than ``width`` wrapped at word boundaries, its continuation lines
+    indented (a single word longer than the width, a long path, stays whole)."""
+    import textwrap
+
+    out = []
+    for line in text.split("\n"):
+        if len(line) <= width:
+            out.append(line)
+            continue
+        lead = line[: len(line) - len(line.lstrip())]
+        out.append(textwrap.fill(line, width, initial_indent="", subsequent_indent=lead + indent,
+                                 break_long_words=False, break_on_hyphens=False))
+    return "\n".join(out)
+
+
+def command_lines(command: str, width: int = TERMINAL_WIDTH, lead: str = "") -> str:
+    """A shell command wrapped at word boundaries with `` \\`` line continuations, so that it still runs as
+    printed when pasted whole; ``lead`` (e.g. ``ship: ``) opens its first line."""
+    import textwrap
+
+    room = width - 2  # each line but the last ends with " \"
+    lines = textwrap.wrap(command, room, initial_indent=lead, subsequent_indent=" " * len(lead) + "    ",
+                          break_long_words=False, break_on_hyphens=False)
+    return " \\\n".join(lines)

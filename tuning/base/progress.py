@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from tuning.base.format import fit
+
 
 class NoBar:
     def update(self, n: int = 1) -> None:
@@ -22,7 +24,7 @@ def progress_bar(progress: bool | Callable[[str], None], total: int, desc: str):
         from tqdm.auto import tqdm
 
         bar = tqdm(total=total, desc=desc, unit="step", leave=True, dynamic_ncols=True)
-        return bar, tqdm.write, lambda text: bar.set_postfix_str(text[:60])
+        return bar, lambda line: tqdm.write(fit(line)), lambda text: bar.set_postfix_str(text[:60])
     if callable(progress):
         return NoBar(), progress, lambda text: None
     return NoBar(), (lambda line: None), (lambda text: None)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tuning.base.contract import with_schema
-from tuning.base.format import fixed, pct, rounded
+from tuning.base.format import fit, fixed, pct, rounded
 from tuning.base.machine import MachineWatch, busy_elsewhere, cpu_name
 from tuning.base.progress import progress_bar
 from tuning.experiments.defaults import DEFAULT_OUT
@@ -154,7 +154,7 @@ def environment(device: Any, what_if: str | None) -> dict[str, Any]:
     load = env["load_average_at_start"]
     busy = busy_elsewhere(load[0]) if load else None  # the one contention rule (tuning.base.machine)
     if busy:
-        env["contended"] = f"{busy}; expect a wide run-to-run spread and fewer steps told from noise"
+        env["contended"] = f"{busy}; fewer steps are told from noise"
     profile = what_if if (device.knob != "cuda" and what_if) else None
     if profile:
         from tuning.sim import load_profile
@@ -226,15 +226,19 @@ def _writer(progress: bool | Callable[[str], None]) -> Callable[[str], None]:
     if progress is True:
         from tqdm.auto import tqdm
 
-        return tqdm.write
+        return lambda line: tqdm.write(fit(line))
     return progress if callable(progress) else (lambda line: None)
 
 
 def _line(name: str, trial: Trial) -> str:
+    """One run under the recorder: its throughput, named with the load that gave it (an offered rate is not a
+    capacity: the capacity is the target check's, at the p99 target)."""
     d = _diagnosis(trial)
-    diag = f"  diagnosis: {d['kind'].upper()} ({'; '.join(d['reasons'])})" if d else ""
-    return (f"{name}: QPS {trial.qps:.1f}  p99 {trial.p99_ms:.0f} ms  model busy {pct(trial.model_busy)}  "
-            f"device busy {pct(trial.device_busy)}  errors {trial.errors}/{trial.submitted}{diag}")
+    diag = f"; diagnosis: {d['kind'].upper()} ({'; '.join(d['reasons'])})" if d else ""
+    load = f"offered {trial.rate:.1f} req/s" if trial.rate else "closed loop"
+    return (f"{name} ({load}): throughput {trial.qps:.1f} ok/s, p99 {trial.p99_ms:.0f} ms, model busy "
+            f"{pct(trial.model_busy)}, device busy {pct(trial.device_busy)}, errors {trial.errors}/{trial.submitted}"
+            f"{diag}")
 
 
 def _write_files(inv: "Investigation", env: dict[str, Any], render: Callable[["Investigation"], str] | None,
@@ -380,7 +384,6 @@ def run_investigation(data: Any = None, device: str = "auto", quick: bool = Fals
         _write_files(inv, env, render, partial=interrupted)
         bar.update(1)
         bar.close()
-        say(headline(inv))
         return inv
     finally:
         if own:
@@ -399,7 +402,7 @@ def _profile_and_what_if(inv: Investigation, measure: Any, base: Any, ladder: La
     inv.recorder_rate = rate
     bar.update(1)
     bar.close()
-    say(_line("recommended", inv.after) + (" (under the recorder)" if rate else ""))
+    say(_line("recommended, under the recorder", inv.after))
     if dev.knob == "cpu" and what_if:
         bar, _, status = progress_bar(progress, total=2, desc="what-if")
         from tuning.sim import load_profile
@@ -413,9 +416,7 @@ def _profile_and_what_if(inv: Investigation, measure: Any, base: Any, ladder: La
             bar.update(1)
         bar.close()
         verdicts = [what_if_verdict(n, t, label) for n, t in runs.items()]
-        cores = what_if_cores(runs, label)
-        for v in verdicts + [c["sentence"] for c in cores.values()]:
-            say(f"what-if: {v}")
+        cores = what_if_cores(runs, label)  # said once, in the run's ending and its report
         inv.what_if = {"profile": what_if, "label": label, "source": profile.source, "runs": runs,
                        "verdicts": verdicts, "host_cores": cores, "simulated": True}
     elif dev.knob == "cuda":
@@ -445,19 +446,18 @@ def headline(inv: Investigation) -> str:
 
 
 def _verdict_line(lad: LadderResult) -> str:
+    """The verdict in one short line (the ship line and why the baseline stays are said beside it, once)."""
     t = lad.target_p99_ms
     if lad.objective == "target":
         b, r = lad.baseline_capacity, lad.capacity
         if r is None or not r.met:
             best = r.best if r is not None else None
             closest = (f"; closest: p99 {fixed(best.p99_ms, '.0f')} ms at {best.rate:.1f} req/s" if best else "")
-            return f"TARGET NOT MET: no configuration kept p99 <= {t:.0f} ms at any rate tried{closest}"
-        was = f"{b.capacity:.1f}" if b is not None and b.met else "none (the baseline missed the target)"
+            return f"TARGET NOT MET: no configuration kept p99 <= {t:.0f} ms{closest}"
+        was = f"{b.capacity:.1f}" if b is not None and b.met else "none (the baseline missed it)"
         best = r.best
-        at = f"; p99 {fixed(best.p99_ms, '.0f')} ms there" if best is not None else ""
-        why = lad.why_unchanged()
-        return (f"capacity at p99 <= {t:.0f} ms: {was} -> {r.capacity:.1f} req/s{at}; ship: {lad.set_line()}"
-                + (f" ({why})" if why else ""))
+        at = f" (p99 {fixed(best.p99_ms, '.0f')} ms there)" if best is not None else ""
+        return f"capacity at p99 <= {t:.0f} ms: {was} -> {r.capacity:.1f} req/s{at}"
     bq, rq = lad.baseline_figures.get("qps"), lad.final_figures.get("qps")
     met = "" if lad.target_met else f" (TARGET NOT MET: closed-loop p99 over {t:.0f} ms)"
-    return f"QPS (closed loop): {fixed(bq, '.1f')} -> {fixed(rq, '.1f')}{met}; ship: {lad.set_line()}"
+    return f"throughput (closed loop): {fixed(bq, '.1f')} -> {fixed(rq, '.1f')} ok/s{met}"

@@ -6,7 +6,7 @@ import math
 import textwrap
 from typing import TYPE_CHECKING, Any
 
-from tuning.base.format import fixed, number
+from tuning.base.format import TERMINAL_WIDTH, command_lines, fit, fixed, number
 from tuning.knobs import settings
 from tuning.present.verdicts import load_verdict, run_verdict
 
@@ -20,13 +20,42 @@ def counted(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    """A fixed-width text table."""
+def table(rows: list[dict[str, Any]], columns: list[str], width: int = TERMINAL_WIDTH) -> str:
+    """A fixed-width text table that fits ``width`` columns: the widest column of words is wrapped at word
+    boundaries onto continuation lines until the table fits (or no column can give more); numbers are
+    right-aligned, words left-aligned."""
     cells = [[number(r.get(c)) for c in columns] for r in rows]
+    numeric = [all(_numeric(r.get(c)) for r in rows) if rows else False for c in columns]
     widths = [max(len(c), *(len(row[i]) for row in cells)) if cells else len(c) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)), "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
+    gaps = 2 * (len(columns) - 1)
+    while sum(widths) + gaps > width:
+        words = [i for i in range(len(columns)) if not numeric[i]]
+        if not words:
+            break
+        i = max(words, key=lambda j: widths[j])
+        floor = max(len(w) for text in [columns[i], *(row[i] for row in cells)] for w in (text.split() or [""]))
+        narrower = max(floor, widths[i] - (sum(widths) + gaps - width))
+        if narrower >= widths[i]:
+            break
+        widths[i] = narrower
+
+    def lines_of(values: list[str], align_numbers: bool) -> list[str]:
+        wrapped = [textwrap.wrap(v, w, break_long_words=False, break_on_hyphens=False) or [""]
+                   for v, w in zip(values, widths)]
+        out = []
+        for k in range(max(len(c) for c in wrapped)):
+            parts = [(c[k] if k < len(c) else "") for c in wrapped]
+            out.append("  ".join(p.rjust(w) if align_numbers and numeric[i] else p.ljust(w)
+                                 for i, (p, w) in enumerate(zip(parts, widths))).rstrip())
+        return out
+    lines = lines_of(columns, False) + ["  ".join("-" * w for w in widths)]
+    for row in cells:
+        lines += lines_of(row, True)
     return "\n".join(lines)
+
+
+def _numeric(value: Any) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
 
 
 def device_line(device: dict[str, Any] | None) -> str:
@@ -50,7 +79,7 @@ def knob_line(knobs: Any, mode: str = "offline") -> str:
     """The ``knobs:`` line of a run: every declared knob that matters in ``mode``, in declaration order, in
     ``--set`` form, so that a knob added to :mod:`tuning.knobs` shows here without an edit."""
     parts = [f"{name}={_set_form(v)}" for name, v in settings(knobs, mode).items()]
-    return textwrap.fill("knobs: " + " ".join(parts), width=120, subsequent_indent="    ", break_long_words=False,
+    return textwrap.fill("knobs: " + " ".join(parts), width=TERMINAL_WIDTH, subsequent_indent="    ", break_long_words=False,
                          break_on_hyphens=False)
 
 
@@ -78,7 +107,7 @@ def format_run(result) -> str:
     if s["error_reasons"]:
         lines += ["", "errors", table(s["error_reasons"], ["count", "reason", "first_lines"])]
     lines += ["", run_verdict(s)]
-    return "\n".join(lines)
+    return fit("\n".join(lines))
 
 
 def format_profile(profile) -> str:
@@ -115,7 +144,7 @@ def format_profile(profile) -> str:
             lines.append(f"GPU note: {gpu['reason']}")
     else:
         lines.append(f"GPU: none sampled: {gpu['reason']}")
-    return "\n".join(lines)
+    return fit("\n".join(lines))
 
 
 def format_load(s: dict) -> str:
@@ -154,7 +183,7 @@ def format_load(s: dict) -> str:
         lines += ["", f"diagnosis: {d['kind'].upper()}  ({'; '.join(d['reasons'])})", f"next step: {d['next_step']}",
                   "threads by CPU", table(s["threads"], ["name", "pid", "tid", "cpu_mean", "cpu_max", "wait_mean"]),
                   f"GPU: {'sampled' if s['gpu']['available'] else 'none sampled: ' + str(s['gpu']['reason'])}"]
-    return "\n".join(lines)
+    return fit("\n".join(lines))
 
 
 def server_metrics_line(m: dict) -> str:
@@ -209,7 +238,7 @@ def format_watch(result: WatchResult) -> str:
     lines += ["", f"diagnosis from outside: {d['kind'].upper()}  ({'; '.join(d['reasons'])})",
               f"next step: {d['next_step']}", "not visible from outside:"]
     lines += [f"  - {c}" for c in d["cannot_see"]]
-    return "\n".join(lines)
+    return fit("\n".join(lines))
 
 
 def _span(f: dict[str, Any], digits: int = 2) -> str | None:
@@ -264,25 +293,29 @@ def format_investigation(inv: Investigation) -> str:
     top = ladder.top()
     if len(top):
         lines += ["", "configurations ranked by the screen (throughput over the baseline's)",
-                  table(top.to_dict("records"), ["rank", "change", "throughput_ratio", "qps"])]
+                  table([{**r, "throughput ok/s": r["qps"]} for r in top.to_dict("records")],
+                        ["rank", "change", "throughput_ratio", "throughput ok/s"])]
     d = ladder.decision
     if d is not None and d.indeterminate:
         lines.append(f"note: {d.indeterminate}")
     if decided:
-        closest = "   (the closest; TARGET NOT MET)" if inv.outcome == MISSED else ""
-        lines += ["", f"ship: python -m tuning serve {ladder.set_line()}{closest}", f"      {ladder.python_call()}"]
+        closest = "\n      (the closest; TARGET NOT MET)" if inv.outcome == MISSED else ""
+        why = ladder.why_unchanged()
+        lines += ["", command_lines(f"python -m tuning serve {ladder.set_line()}", lead="ship: ") + closest,
+                  f"      {ladder.python_call()}", *([f"      (the baseline stays: {why})"] if why else [])]
     for v in inv.what_if.get("verdicts", []):
         lines.append(f"what-if: {v}")
     for c in (inv.what_if.get("host_cores") or {}).values():
         lines.append(f"what-if cores: {c['sentence']}")
-    if inv.environment.get("contended"):
-        lines.append(f"note: {inv.environment['contended']}")
     names = ", ".join(n for n in inv.files if n != "report.html")
     report = inv.files.get("report.html")
     lines.append((f"report: {report}  ({inv.wall_s:.0f} s; also {names})" if report else
                   f"files: {names or 'none'} under {inv.out} ({inv.wall_s:.0f} s)"))
+    if ladder.objective == "target":  # the two figures a reader could take for one another
+        lines.append(f"terms: capacity = the highest offered rate (req/s) whose p99 stays <= {t:.0f} ms; "
+                     "throughput = ok answers/s under a closed loop, what the screen ranks")
     lines.append(headline(inv))
-    return "\n".join(lines)
+    return fit("\n".join(lines))
 
 
 SERVER_COLUMNS = {"server_queue_ms": "server queue ms", "server_compute_ms": "server compute ms",
@@ -344,11 +377,11 @@ def format_tune(result: Any, unit: str = "req/s", command: str = "tune") -> str:
         if not result.interrupted and not result.error:
             lines.append(f"TARGET NOT MET: no configuration kept p99 <= {result.target_p99_ms:.0f} ms at any rate tried")
     else:
-        lines.append(f"ship: {best.capacity.capacity:.1f} {unit} at p99 <= {result.target_p99_ms:.0f} ms with "
+        lines.append(f"ship: capacity {best.capacity.capacity:.1f} {unit} at p99 <= {result.target_p99_ms:.0f} ms with "
                      f"{shown(' '.join(f'{k}={v}' for k, v in best.values.items()))}")
         how, what = run_it(s)
-        lines.append(f"{how}: {what}")
-    return "\n".join(lines)
+        lines.append(command_lines(what, lead="run it: ") if how == "run it" else f"{how}: {what}")
+    return fit("\n".join(lines))
 
 
 def run_it(s: dict[str, Any]) -> tuple[str, str]:
@@ -390,4 +423,4 @@ def format_service(inv: Any) -> str:
             lines.append(f"  not visible: {'; '.join(diag['cannot_see'])}")
     if inv.out is not None:
         lines.append(f"files: {inv.out / 'report.html'}, {inv.out / 'summary.json'}")
-    return "\n".join(lines)
+    return fit("\n".join(lines))
