@@ -375,3 +375,17 @@ def test_a_load_test_that_fails_still_tells_the_warnings_it_raised_before(monkey
 
 class SimpleTarget:
     busy = abandon = None
+
+
+def test_failure_reasons_that_differ_only_by_a_number_are_one_row():
+    """#60: five rows of "count 1" for one failure whose message carries a request's own number; an HTTP status
+    is not such a number (500 and 503 stay apart)."""
+    from tuning.load.generator import _top_reasons
+    from tuning.online.response import Response
+
+    responses = ([Response(i, "error", f"HTTP 400: input {i} has {500 + i} tokens, over 512") for i in range(5)]
+                 + [Response(9, "error", "HTTP 500: worker died"), Response(10, "error", "HTTP 503: worker died"),
+                    Response(11, "ok")])
+    rows = _top_reasons(responses)
+    assert rows[0] == {"reason": "error: HTTP 400: input 0 has 500 tokens, over 512", "count": 5}
+    assert sorted(r["reason"] for r in rows[1:]) == ["error: HTTP 500: worker died", "error: HTTP 503: worker died"]

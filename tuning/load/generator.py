@@ -37,6 +37,7 @@ import json
 import math
 import queue
 import random
+import re
 import threading
 import time
 import warnings
@@ -428,13 +429,20 @@ class LoadResult:
         }
 
 
+# a number in a failure's reason that is the request's own (an index, a length), not an HTTP status
+_OWN_NUMBER = re.compile(r"(?<!HTTP )\b\d+(?:\.\d+)?\b")
+
+
 def _top_reasons(responses: Sequence[Response], top: int = 5) -> list[dict[str, Any]]:
-    counts: dict[str, int] = {}
+    """The commonest failure reasons, those that differ only in their requests' own numbers counted as one (shown
+    by the first of them)."""
+    rows: dict[str, dict[str, Any]] = {}
     for r in responses:
         if r.outcome != "ok":
-            key = f"{r.outcome}: {(r.reason or '')[:120]}"
-            counts[key] = counts.get(key, 0) + 1
-    return [{"reason": k, "count": v} for k, v in sorted(counts.items(), key=lambda kv: -kv[1])[:top]]
+            reason = f"{r.outcome}: {(r.reason or '')[:120]}"
+            row = rows.setdefault(_OWN_NUMBER.sub("#", reason), {"reason": reason, "count": 0})
+            row["count"] += 1
+    return sorted(rows.values(), key=lambda row: -row["count"])[:top]
 
 
 def abandon_failed(exc: BaseException) -> str:
