@@ -335,3 +335,86 @@ def test_a_table_wraps_its_words_to_the_width_and_keeps_every_word():
     text = table(rows, ["step", "change", "ratio", "why"], width=80)
     assert _wide(text.replace("\n", "\n")) == [] and max(len(line) for line in text.splitlines()) <= 80
     assert " ".join(text.split()).count("indeterminate,") == 1 and "218 ms)" in text
+
+
+# --- 10. the docs a newcomer needs ---------------------------------------------------------------------------
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+def test_the_readme_s_first_screen_says_the_default_target_and_links_the_glossary():
+    from tuning.experiments.defaults import DEFAULT_TARGET_P99_MS
+
+    front = "\n".join((ROOT / "README.md").read_text().splitlines()[:40])
+    assert f"p99 ≤ {DEFAULT_TARGET_P99_MS:.0f} ms" in front
+    assert "(docs/cli.md#python--m-tuning)" in front
+    cli = (ROOT / "docs" / "cli.md").read_text()
+    assert "## python -m tuning\n" in cli and "terms:" in cli.split("## investigate", 1)[0]
+
+
+def _own_server_section() -> str:
+    doc = (ROOT / "docs" / "your-service.md").read_text()
+    return doc.split("\n## Your own server\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_your_own_server_section_has_the_custom_format_and_cmd_s_rules():
+    section = " ".join(_own_server_section().split())
+    for said in ('"{text}"', '"{texts}"', "one embedding per text", "--no-validate", "not by a shell", "env ",
+                 "{port}"):
+        assert said in section, said
+
+
+def test_the_example_command_parses_and_its_cmd_is_not_refused():
+    import shlex
+
+    from tuning.cli.commands import _check_not_shell, build_parser
+
+    section = _own_server_section()
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    argv = shlex.split(block)
+    assert argv[:3] == ["python", "-m", "tuning"]
+    args = build_parser().parse_args(argv[3:])
+    _check_not_shell("investigate", args.cmd)
+    assert "{max_batch}" in args.cmd and "{port}" in args.cmd and args.space == ["max_batch=1,8,32"]
+
+
+def test_the_example_service_batches_and_answers_what_custom_expects(tmp_path):
+    import os
+    import time
+    import urllib.request
+
+    from tuning.load.apis import Api
+
+    code = _own_server_section().split("```python\n", 1)[1].split("```", 1)[0]
+    assert len(code.splitlines()) <= 45
+    (tmp_path / "mysvc.py").write_text(code)
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "mysvc.py"), str(port)], cwd=tmp_path,
+                            env={**os.environ, "MAX_BATCH": "4"}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        api = Api("custom", template={"input": "{text}"})
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                req = urllib.request.Request(f"http://127.0.0.1:{port}/predict", data=api.body(["hello world"]),
+                                             headers={"Content-Type": "application/json"})
+                with urllib.request.urlopen(req, timeout=5) as resp:
+                    status, data = resp.status, resp.read()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ""
+                time.sleep(0.2)
+        outcome, reason, _ = api.check(status, data, 1)
+        assert outcome == "ok", reason
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_the_docs_request_no_web_font_and_code_blocks_scroll():
+    import yaml
+
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    assert config["theme"].get("font") is False
+    css = "".join((ROOT / "docs" / p).read_text() for p in config.get("extra_css", []))
+    assert "overflow-x: auto" in css and "pre > code" in css

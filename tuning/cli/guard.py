@@ -37,18 +37,39 @@ DATA_FORMATS = ("accepted: record JSONL (one JSON object a line with id, title, 
                 "JSONL with a text field ({\"text\": ...}, or --text-field NAME), CSV/TSV/Parquet with a text column "
                 "(--text-column NAME), or plain text with one request per line (.txt, or --format text)")
 
-TERMS = """terms:
-  truncated          inputs longer than max_length tokens, cut to max_length (their tail is not embedded)
-  wait_for_input     a batch's wait for its inputs: the model idle, starved by reading/tokenizing
-  wait_for_model     a ready batch's wait for the model: the model is the bottleneck (back-pressure)
-  queue_wait         (server) time a request waits before a batch takes it
-  padding waste      share of the model's tokens that are padding: 1 - real tokens / padded tokens
-  mean batch         requests per model call; below batch_size when max_wait_ms expires before the batch
-                     fills (too few requests in flight): raise concurrency or max_wait_ms
-  model busy         share of the measured window the model was running
-  knee               the smallest batch within 5% of the best per-sample cost
-  capacity           the highest Poisson arrival rate whose open-loop p99 (from the scheduled arrival, every
-                     outcome) is within the target with errors within the budget"""
+GLOSSARY = {
+    "truncated": "inputs longer than max_length tokens, cut to max_length (their tail is not embedded)",
+    "wait_for_input": "a batch's wait for its inputs: the model idle, starved by reading/tokenizing",
+    "wait_for_model": "a ready batch's wait for the model: the model is the bottleneck (back-pressure)",
+    "queue_wait": "(server) time a request waits before a batch takes it",
+    "padding waste": "share of the model's tokens that are padding: 1 - real tokens / padded tokens",
+    "mean batch": "requests per model call; below batch_size when max_wait_ms expires before the batch fills "
+                  "(too few requests in flight): raise concurrency or max_wait_ms",
+    "model busy": "share of the measured window the model was running",
+    "knee": "the smallest batch within 5% of the best per-sample cost",
+    "stage ledger": "a request's time split by stage (read, preprocess, queue_wait, inference, ...), p50 and p99",
+    "throughput": "ok answers per second under a closed loop (a fixed number of clients); QPS in tables",
+    "capacity": "the highest Poisson arrival rate whose open-loop p99 (from the scheduled arrival, every "
+                "outcome) is within the target with errors within the budget",
+    "screen": "the engine's first stage: the knobs tried together in a factorial design, on throughput",
+    "line search": "the second: neighbours of the screen's winner along batch size and max wait",
+    "confirmation": "the winner against the baseline on fresh interleaved pairs, a group-sequential test that "
+                    "stops once the answer is clear (docs/deciding.md)",
+    "target check": "the winner and the baseline offered descending rates, open loop: their capacities",
+}
+
+
+def _glossary(width: int = 100, column: int = 21) -> str:
+    """The terms as the top-level help prints them: each definition wrapped to ``width`` beside its term."""
+    import textwrap
+
+    lines = ["terms:"]
+    for term, text in GLOSSARY.items():
+        lines += textwrap.wrap(text, width, initial_indent=f"  {term:<{column - 2}}", subsequent_indent=" " * column)
+    return "\n".join(lines)
+
+
+TERMS = _glossary()
 
 EXIT_CODES = "exit codes:\n" + "\n".join(f"  {int(code):<17d}  {text}" for code, text in EXIT_MEANINGS.items())
 
