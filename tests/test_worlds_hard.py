@@ -8,6 +8,7 @@ import pytest
 
 from tests.worlds_hard import (
     CONCURRENCY,
+    HARD_WORLDS,
     OVER_SHARE,
     SERVICE_KINDS,
     WARMUP_S,
@@ -97,6 +98,23 @@ def test_the_clients_lag_rises_steeply_to_its_ceiling_and_falls_behind_above_it(
     world = QueueWorld(service="deterministic", base_rate=5000.0, noise=0.0, lag=lag, seed=6)
     calm, busy = (world(Knobs(), rate=r, seed=1, window_s=2.0).lags_ms.mean() for r in (300.0, 900.0))
     assert busy > 5 * calm
+
+
+@pytest.mark.parametrize("name", list(HARD_WORLDS))
+def test_every_world_answers_both_loops_through_the_seam(name):
+    world = HARD_WORLDS[name](seed=13)
+    closed = world(Knobs(batch_size=4), window_s=2.0)
+    assert closed.rate is None and closed.ok == closed.latencies_ms.size > 0 and closed.qps > 0
+    opened = world(Knobs(batch_size=4), rate=0.5 * world.saturation(Knobs(batch_size=4)), seed=2, window_s=2.0)
+    assert opened.latencies_ms.size == opened.arrivals_s.size == opened.lags_ms.size == opened.ok > 0
+    assert np.isfinite(opened.p99_ms) and opened.window_s == 2.0
+
+
+def test_the_truth_is_the_servers_without_the_clients_lag():
+    lagged, plain = HARD_WORLDS["lognormal, client ceiling 110/s"](), HARD_WORLDS["lognormal, sigma 1"]()
+    assert lagged.truth(Knobs(), 300.0) == plain.truth(Knobs(), 300.0) > 0
+    near = lagged(Knobs(), rate=100.0, seed=3, window_s=3.0)
+    assert near.lags_ms.mean() > 40.0  # the measurement near the client's ceiling carries its lag
 
 
 # --- the batcher ----------------------------------------------------------------------------------------

@@ -694,6 +694,10 @@ HARD_WORLDS: dict[str, Callable[..., Any]] = {
     "deterministic": functools.partial(QueueWorld, service="deterministic"),
     "lognormal, sigma 1": functools.partial(QueueWorld, service="lognormal"),
     "97% short, 3% long": functools.partial(QueueWorld, service="mixture"),
+    # the load generator tops out just above the server (pace 100/s): its lag is about 1 ms at 10/s, 40 ms
+    # at 90/s, 90 ms at 100/s, and it falls behind past 110/s; the truth is the server's, without the lag
+    "lognormal, client ceiling 110/s": functools.partial(QueueWorld, service="lognormal",
+                                                         lag=ClientLag(ceiling_rate=110.0)),
     "dynamic batcher": BatchingWorld,
     "dynamic batcher, bf16 slow path 8x": functools.partial(BatchingWorld, costs=BF16_TAIL_HEAVY),
 }
