@@ -8,7 +8,10 @@ quantile of a long run of each service and load). The verdict claims "at most 1%
 where the true share is 1.5% or more is the error the claim must hold to 5%.
 
 Per cell: P(pass) with its 95% Wilson interval, the shares of fail and indeterminate, and the share over the
-target pooled over the cell's windows (a window starts empty, so it sees a little less than the steady state).
+target pooled over the cell's windows: a window starts empty and is cut in the middle of a busy period, so at
+high load and heavy tails it sees much less than the steady state. Beside it, the pooled share of windows that
+run on until the server first empties (whole regeneration cycles, which estimate the steady state), and how
+long that run-on takes.
 
     python bench/verdict_bench.py [--windows 400] [--quick]
 
@@ -68,6 +71,42 @@ class Judge:
         return target_verdict(latencies_ms, target_ms).verdict
 
 
+EXTEND_S = 60.0  # how long past its nominal end a window may run on to its regeneration
+
+
+def share_to_regeneration(kind: str, load: float, target_ms: float, windows: int, seed: int) -> dict:
+    """The share over the target pooled over windows that each start from an empty server and run on past the
+    nominal end of the measured window until the server first empties (an arrival finds nothing in flight):
+    every such window is whole regeneration cycles, so by Wald's identity its pooled share estimates the
+    steady-state share without the bias of a window cut in the middle of a busy period. Informational: it
+    shows what a fixed window can see at all, and how long the run-on takes."""
+    rng = np.random.default_rng(seed)
+    rate = load * MU
+    horizon = WARMUP_S + WINDOW_S + EXTEND_S
+    n = int(rate * horizon + 6 * np.sqrt(rate * horizon) + 20)
+    a = np.cumsum(rng.exponential(1.0 / rate, (windows, n)), axis=1)
+    done = fifo_done(a, service_draws(kind, rng, a.shape) / MU)
+    lat = (done - a) * 1000
+    empty_at_arrival = np.concatenate([np.ones((windows, 1), bool), a[:, 1:] >= done[:, :-1]], axis=1)
+    over = outcomes = 0
+    run_on, unresolved = [], 0
+    for row in range(windows):
+        measured = np.flatnonzero(a[row] >= WARMUP_S)[:MAX_ARRIVALS]
+        nominal_end = min(a[row, measured[-1]], WARMUP_S + WINDOW_S) if measured.size else WARMUP_S + WINDOW_S
+        later = np.flatnonzero(empty_at_arrival[row] & (a[row] > nominal_end))
+        if not later.size:
+            unresolved += 1
+            continue
+        stop = later[0]
+        over += int((lat[row, :stop] > target_ms).sum())
+        outcomes += stop
+        run_on.append(a[row, stop] - nominal_end)
+    return {"share_to_regeneration": round(over / outcomes, 5) if outcomes else None,
+            "run_on_s_median": round(float(np.median(run_on)), 3) if run_on else None,
+            "run_on_s_p99": round(float(np.percentile(run_on, 99)), 3) if run_on else None,
+            "run_on_unresolved": unresolved}
+
+
 def judge_source() -> dict:
     """Which judge was measured: the commit, whether judge.py differs from it, and the file's own hash (the
     engine is being rewritten, so a figure names the code it came from)."""
@@ -120,14 +159,16 @@ def main() -> None:
         for li, load in enumerate(LOADS):
             placed = targets(kind, load, seed=1000 + 10 * si + li)
             for hi, (share, target_ms) in enumerate(placed.items()):
-                cell = {"service": name, **run_cell(judge, kind, load, target_ms, share, windows,
-                                                    seed=100_000 + 1000 * si + 100 * li + hi)}
+                cell_seed = 100_000 + 1000 * si + 100 * li + hi
+                cell = {"service": name, **run_cell(judge, kind, load, target_ms, share, windows, seed=cell_seed),
+                        **share_to_regeneration(kind, load, target_ms, windows, seed=cell_seed + 50_000)}
                 cells.append(cell)
                 bar = "" if cell["meets"] is None else ", meets the bar" if cell["meets"] else ", MISSES the bar"
                 print(f"{name:<20} load {load:.1f} true share {100 * share:3.1f}% (target {target_ms:7.1f} ms): "
                       f"P(pass) {cell['p_pass']:.3f} [{cell['p_pass_low']:.3f}-{cell['p_pass_high']:.3f}], fail "
                       f"{cell['p_fail']:.3f}, indeterminate {cell['p_indeterminate']:.3f}; share in windows "
-                      f"{100 * cell['share_in_windows']:.2f}%{bar}", flush=True)
+                      f"{100 * cell['share_in_windows']:.2f}% (run on to regeneration: "
+                      f"{100 * cell['share_to_regeneration']:.2f}%, {cell['run_on_s_median']:.2f} s){bar}", flush=True)
     judged = [c for c in cells if c["meets"] is not None]
     out = {"what": "SIMULATED: P(pass) of judge.target_verdict on one window of an M/G/1 FIFO server (pace 100/s), "
                    f"each window from an empty server: {WARMUP_S} s warm-up, then {MAX_ARRIVALS} arrivals or "
