@@ -192,7 +192,13 @@ def test_a_new_server_is_slow_for_its_first_seconds_only():
     assert cold_late == pytest.approx(warm_late, rel=0.25)
     other_early, _ = by_arrival(world(Knobs(batch_size=8, max_wait_ms=1.0), rate=rate, seed=1, window_s=8.0))
     assert other_early > 3 * warm_early  # any change of knobs starts a new server
-    assert world({"batch_size": 8}, rate=rate, seed=1, window_s=3.0).ok > 0  # knobs as a plain dict
+
+
+
+def test_a_service_s_own_knob_names_map_onto_the_batcher():
+    world = BatchingWorld(aliases={"batch_size": "MAX_BATCH", "max_wait_ms": "MAX_WAIT_MS"})
+    assert world.saturation({"MAX_BATCH": 16, "MAX_WAIT_MS": 5}) == world.saturation(Knobs(batch_size=16))
+    assert world({"MAX_BATCH": 8}, rate=100.0, seed=1, window_s=2.0).mean_batch > 1.0
 
 
 # --- truths ---------------------------------------------------------------------------------------------
@@ -252,6 +258,8 @@ def test_bad_input_names_the_value_and_the_fix():
         target_for(QueueWorld(), Knobs(), 1.2)
     with pytest.raises(ValueError, match="'weibull'"):
         QueueWorld(service="weibull")
+    with pytest.raises(ValueError, match="batch_size=0"):
+        BatchingWorld().saturation({"batch_size": 0})
     with pytest.raises(ValueError, match="dtype='fp16'"):
         BatchingWorld()({"dtype": "fp16"}, rate=10.0)
     with pytest.raises(ValueError, match="rate=0"):

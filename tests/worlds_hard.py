@@ -59,10 +59,11 @@ SERVICE_KINDS = ("deterministic", "lognormal", "mixture")
 KNOB_DEFAULTS = {f.name: f.default for f in fields(Knobs)}
 
 
-def knob(knobs: Any, name: str) -> Any:
-    """A knob's value from a :class:`Knobs` or a plain dict of knob values (missing: the Knobs default)."""
+def knob(knobs: Any, name: str, aliases: Mapping[str, str] | None = None) -> Any:
+    """A knob's value from a :class:`Knobs` or a plain dict of knob values (missing: the Knobs default); in a
+    dict, ``aliases`` maps a Knobs name to the dict's own key (a service's knobs, say ``MAX_BATCH``)."""
     if isinstance(knobs, Mapping):
-        return knobs.get(name, KNOB_DEFAULTS[name])
+        return knobs.get((aliases or {}).get(name, name), KNOB_DEFAULTS[name])
     return getattr(knobs, name)
 
 
@@ -410,19 +411,23 @@ class BatchConfig:
     bf16: bool
 
     @classmethod
-    def of(cls, knobs: Any) -> "BatchConfig":
-        padding = knob(knobs, "padding")
+    def of(cls, knobs: Any, aliases: Mapping[str, str] | None = None) -> "BatchConfig":
+        get = functools.partial(knob, knobs, aliases=aliases)
+        padding = get("padding")
         if padding not in ("dynamic", "longest", "bucket", "fixed"):
             raise ValueError(f"padding={padding!r}: the batching world knows 'longest' (or 'dynamic'), 'bucket' and "
                              "'fixed'")
-        dtype = knob(knobs, "dtype")
+        dtype = get("dtype")
         if dtype not in ("fp32", "bf16"):
             raise ValueError(f"dtype={dtype!r}: the batching world knows 'fp32' and 'bf16'")
-        max_length = int(knob(knobs, "max_length"))
-        buckets = tuple(int(b) for b in knob(knobs, "buckets") if b < max_length) + (max_length,)
-        return cls(max_batch=int(knob(knobs, "batch_size")), max_wait_s=float(knob(knobs, "max_wait_ms")) / 1000,
+        max_length = int(get("max_length"))
+        buckets = tuple(int(b) for b in get("buckets") if b < max_length) + (max_length,)
+        max_batch = int(get("batch_size"))
+        if max_batch < 1:
+            raise ValueError(f"batch_size={max_batch!r}: the batcher's max batch is at least 1")
+        return cls(max_batch=max_batch, max_wait_s=float(get("max_wait_ms")) / 1000,
                    padding="longest" if padding == "dynamic" else padding, buckets=buckets, max_length=max_length,
-                   fast_tokenizer=knob(knobs, "tokenizer") == "fast", bf16=dtype == "bf16")
+                   fast_tokenizer=get("tokenizer") == "fast", bf16=dtype == "bf16")
 
 
 def text_lengths(costs: BatchCosts, rng: np.random.Generator, size: int, max_length: int) -> np.ndarray:
@@ -630,14 +635,16 @@ def batch_saturation(costs: BatchCosts, cfg: BatchConfig, samples: int = 200_000
 class BatchingWorld(_Truths):
     """Every configuration the dynamic batcher of :func:`serve_open` with the knobs ``batch_size`` (its max
     batch), ``max_wait_ms``, ``padding`` ('dynamic' or 'longest', 'bucket' with ``buckets``, 'fixed'),
-    ``max_length``, ``tokenizer`` and ``dtype``; ``costs`` its cost model. Each window's pace is multiplied by a
-    lognormal of log-sd ``noise``; the first window of a configuration after another (a new server) is cold for
-    ``costs.cold_s`` seconds from its start; ``lag`` the client's lag in the open loop."""
+    ``max_length``, ``tokenizer`` and ``dtype`` (other knobs, ``max_batch_tokens`` among them, change nothing but
+    start a new server); ``costs`` its cost model; ``aliases`` the keys of a dict's knobs. Each window's pace is
+    multiplied by a lognormal of log-sd ``noise``; the first window of a configuration after another (a new
+    server) is cold for ``costs.cold_s`` seconds from its start; ``lag`` the client's lag in the open loop."""
 
     costs: BatchCosts = BatchCosts()
     noise: float = 0.05
     lag: ClientLag | None = None
     seed: int = 0
+    aliases: Mapping[str, str] = field(default_factory=dict)  # a dict's keys for the Knobs names (see knob())
 
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.seed)
@@ -645,19 +652,19 @@ class BatchingWorld(_Truths):
         self.calls = 0
 
     def saturation(self, knobs: Any) -> float:
-        return batch_saturation(self.costs, BatchConfig.of(knobs))
+        return batch_saturation(self.costs, BatchConfig.of(knobs, self.aliases))
 
     def long_run_latencies(self, knobs: Any, rate: float) -> np.ndarray:
-        return batch_latencies(self.costs, BatchConfig.of(knobs), rate)
+        return batch_latencies(self.costs, BatchConfig.of(knobs, self.aliases), rate)
 
     def _truth(self, knobs: Any, target_ms: float) -> float:
-        return _batch_truth(self.costs, BatchConfig.of(knobs), target_ms)
+        return _batch_truth(self.costs, BatchConfig.of(knobs, self.aliases), target_ms)
 
     def __call__(self, knobs: Any, *, rate: float | None = None, record: bool = False, seed: int | None = None,
                  window_s: float | None = None) -> Trial:
         self.calls += 1
         window = float(window_s or WINDOW_S)
-        cfg = BatchConfig.of(knobs)
+        cfg = BatchConfig.of(knobs, self.aliases)
         key = config_key(knobs)
         cold_until = self.costs.cold_s if key != self.last else 0.0  # any change of knobs starts a new server
         self.last = key
