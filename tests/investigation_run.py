@@ -16,7 +16,7 @@ from tuning.experiments.ladder import LadderSettings
 TINY = LadderSettings(engine=EngineSettings.quick(window_s=0.4, max_pairs=4, target_outcomes=60, target_max_s=0.8,
                                                   target_min_outcomes=60,
                                                   fractions=(0.9, 0.5)),
-                      concurrency=4, warmup_s=0.1, sweep_sizes=(1, 2), sweep_repeats=1, sweep_rounds=1, waits_ms=(5.0,),
+                      concurrency=4, warmup_s=0.1, sweep_sizes=(1, 2), sweep_repeats=1, sweep_rounds=1,
                       precision_texts=6, compile_on_cpu=False)
 MALFORMED = [b'{"id": "bad-json", "title": ', b'{"id": "no-body", "title": "t", "category": "c"}',
              b'{"id": "empty", "title": "", "category": "", "attributes": {}, "body": "   "}', b"\xff\xfe not utf-8"]

@@ -507,38 +507,6 @@ def effects_chart(result: Any, device: Any = None) -> go.Figure:
                                result, device))
 
 
-def line_search_chart(result: Any, device: Any = None) -> go.Figure:
-    """The line search (``docs/deciding.md``, stage 1): each neighbour tried along batch size and max wait,
-    its mean paired throughput ratio over the winner of the moment, filled when it moved; the line it had to
-    clear (1 + minimum effect). ``result``: a ``run_ladder`` result or its ``summary()``."""
-    if isinstance(result, Mapping):
-        moves = (result.get("screen") or {}).get("line") or []
-        effect = ((result.get("settings") or {}).get("engine") or {}).get("min_effect")
-    else:
-        d = result.decision
-        moves = d.explored.tables.get("line", []) if d is not None and d.explored is not None else []
-        effect = result.settings.min_effect
-    fig = go.Figure()
-    for moved in (True, False):
-        part = [m for m in moves if bool(m["moved"]) is moved]
-        if part:
-            fig.add_trace(go.Scatter(
-                x=_unique([f"{m['knob']}={m['value']:g}" for m in part]), y=[m["ratio"] for m in part],
-                mode="markers", name="moved" if moved else "not moved",
-                marker=dict(size=12, color="#54a24b" if moved else "#9d9d9d", symbol="circle" if moved else "circle-open",
-                            line=dict(width=2)),
-                hovertext=[f"{m['change']}: x{m['ratio']:.3f} over {m['pairs']} pairs" for m in part], hoverinfo="text"))
-    if effect:
-        fig.add_hline(y=1 + effect, line=dict(color="#54a24b", dash="dot"), annotation_text=f"moves above x{1 + effect:.2f}",
-                      annotation_position="top left")
-    fig.add_hline(y=1.0, line=dict(color="black", dash="dash"))
-    if not moves:
-        fig.add_annotation(text="no line search: the winner has batch size 1", xref="paper", yref="paper", x=0.5,
-                           y=0.5, showarrow=False)
-    fig.update_yaxes(title="throughput ratio over the winner of the moment")
-    return _finish(fig, _title("The line search along batch size and max wait", result, device))
-
-
 def confirm_chart(result: Any, device: Any = None) -> go.Figure:
     """The confirmation (``docs/deciding.md``, stage 2): each winner's paired throughput ratio over the
     baseline with its 95% interval and its verdict, against the line at 1 and the minimum effect."""

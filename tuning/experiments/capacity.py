@@ -16,7 +16,7 @@ import numpy as np
 from tuning.base.decide import quantile_interval
 from tuning.base.format import rounded
 from tuning.base.stats import known_median
-from tuning.experiments.judge import TargetVerdict, target_verdict, verdict_of
+from tuning.experiments.judge import TargetVerdict, target_verdict
 from tuning.experiments.trial import Trial, late_sends, p99_of
 
 DEFAULT_ERROR_BUDGET = 0.001
@@ -49,9 +49,12 @@ class Probe:
     share_high: float | None = None
     lag_p99_ms: float | None = None  # the client's 99th-percentile send lag (reported as the client's)
     fastest_ms: float | None = None
+    cycles: int = 0  # the independent cycles it was judged on
+    role: str = "look"  # look: the search's window at this rate; again: the fresh window a claim needs
 
     def row(self) -> dict[str, Any]:
         return {"rate": rounded(self.rate), "verdict": self.verdict, "by": self.by, "passed": self.passed,
+                "role": self.role, "cycles": self.cycles,
                 "windows": self.windows, "n": self.n, "exceed": self.exceed, "errors": self.errors,
                 "offered_rate": rounded(self.offered_rate), "achieved_rate": rounded(self.achieved_rate),
                 "late": self.late, "p50_ms": rounded(self.p50_ms), "p99_ms": rounded(self.p99_ms),
@@ -81,6 +84,7 @@ class Capacity:
     note: str = ""
     throughput: float | None = None
     unit: str = "req/s"  # what its rates count (texts/s where a request carries several)
+    at_least: bool = False  # the highest rate the check may try passed: the capacity is at least this
 
     @property
     def met(self) -> bool:
@@ -116,7 +120,8 @@ class Capacity:
                 "p99_ms": rounded(best.p99_ms) if best else None,
                 "p99_interval_ms": [rounded(best.p99_low_ms), rounded(best.p99_high_ms)] if best else None,
                 "p50_ms": rounded(best.p50_ms) if best else None, "decided": self.decided, "trials": self.trials,
-                "note": self.note, "unit": self.unit, "probes": [p.row() for p in self.probes]}
+                "note": self.note, "unit": self.unit, "at_least": self.at_least,
+                "probes": [p.row() for p in self.probes]}
 
     @classmethod
     def from_summary(cls, s: dict[str, Any]) -> "Capacity":
@@ -127,11 +132,13 @@ class Capacity:
             kw = {k: p.get(k) for k in ("rate", "verdict", "by", "passed", "windows", "n", "exceed", "errors", "late",
                                         "p99_low_ms", "p99_high_ms", "share", "share_low", "share_high",
                                         "lag_p99_ms", "fastest_ms")}
+            kw["cycles"] = p.get("cycles") or 0
+            kw["role"] = p.get("role") or "look"
             kw.update({k: nan(p.get(k)) for k in ("offered_rate", "achieved_rate", "p50_ms", "p99_ms")})
             probes.append(Probe(**kw))
         low, high = (s.get("bracket") or [None, None])
         return cls(float(s["target_p99_ms"]), float(s["error_budget"]), s.get("capacity"), low, high, probes,
-                   s.get("note") or "", s.get("throughput"), s.get("unit") or "req/s")
+                   s.get("note") or "", s.get("throughput"), s.get("unit") or "req/s", bool(s.get("at_least")))
 
     def sentence(self) -> str:
         if self.capacity is None:
@@ -143,7 +150,8 @@ class Capacity:
                else "the highest fraction tried")
         best = self.best
         there = _ms(best.p99_ms) if best else "?"
-        return (f"{self.capacity:.1f} {self.unit} at p99 <= {self.target_p99_ms:.0f} ms (p99 there {there} "
+        return (f"{'at least ' if self.at_least else ''}{self.capacity:.1f} {self.unit} at p99 <= "
+                f"{self.target_p99_ms:.0f} ms (p99 there {there} "
                 f"ms; {nxt}; {len(self.probes)} windows)")
 
 
@@ -193,58 +201,104 @@ def pooled_figures(trials: list[Trial], target_p99_ms: float) -> dict[str, Any]:
 
 def probe_of(rate: float, trial: Trial | None, figures: Any, target_p99_ms: float, error_budget: float,
              lag_p99_ms: float | None = None) -> Probe:
-    """A window's verdict and figures: counted on its outcomes when it has them, else on its logged block
-    shares (a resumed run), else on its p99 alone (``by`` says "p99 only": no bound)."""
+    """A window's verdict and figures: judged on its outcomes when it has them (on their regeneration cycles when
+    their arrival times are known: ``by``), else on what its log kept (a resumed run), else on its p99 alone
+    (``by`` says "p99 only": no bound)."""
     if trial is not None and trial.latencies_ms is not None and len(trial.latencies_ms):
-        v = target_verdict(trial.latencies_ms, target_p99_ms, trial.failed, error_budget)
+        v = target_verdict(trial.latencies_ms, target_p99_ms, trial.failed, error_budget,
+                           arrivals_s=getattr(trial, "arrivals_s", None))
+        by = v.by
+    elif figures is not None and getattr(figures, "verdict", None):
+        v = TargetVerdict(figures.verdict, figures.over / figures.n if figures.n else math.nan, figures.share_low,
+                          figures.share_high, figures.n, figures.over, figures.errors, figures.fastest_ms,
+                          figures.cycles)
+        by = "cycles (logged)"
     else:
-        v = _summary_verdict(figures, target_p99_ms)
+        v, by = _p99_verdict(figures, target_p99_ms), "p99 only"
     f = pooled_figures([trial], target_p99_ms) if trial is not None else {}
-    counted = (trial is not None and trial.latencies_ms is not None) or bool(figures is not None and figures.shares)
-    by = ("no answers" if v.n == 0 else "p99 only" if not counted
-          else "errors" if v.verdict == "fail" and v.low <= 0.01 else "blocks")
+    by = "no answers" if v.n == 0 else "errors" if v.verdict == "fail" and not v.low > 0.01 else by
     return Probe(rate, v.verdict, by, v.passed, 1, v.n, v.over, v.errors,
                  f.get("offered_rate", math.nan), f.get("achieved_rate", figures.qps if figures else math.nan),
                  f.get("late", 0), f.get("p50_ms", figures.p50_ms if figures else math.nan),
                  f.get("p99_ms", figures.p99_ms if figures else math.nan), f.get("p99_low_ms"), f.get("p99_high_ms"),
                  [trial] if trial is not None else [], v.mean, v.low, v.high, lag_p99_ms,
-                 v.fastest_ms if math.isfinite(v.fastest_ms) else None)
+                 v.fastest_ms if math.isfinite(v.fastest_ms) else None, v.cycles)
 
 
-def _summary_verdict(w: Any, target_p99_ms: float) -> TargetVerdict:
-    """A window logged without outcomes (a resumed run): the rule on its blocks' shares, else its p99 alone."""
-    if w is not None and w.shares and w.n:
-        sizes = [len(p) for p in np.array_split(np.zeros(w.n), len(w.shares))]
-        over = int(sum(round(share * size) for share, size in zip(w.shares, sizes)))
-        return verdict_of(over, w.n, w.shares, w.errors, fastest_ms=w.fastest_ms)
+def _p99_verdict(w: Any, target_p99_ms: float) -> TargetVerdict:
+    """A window with neither outcomes nor a logged verdict: its p99 alone."""
     p99 = w.p99_ms if w is not None else math.nan
     verdict = "pass" if math.isfinite(p99) and p99 <= target_p99_ms else "fail"
-    return TargetVerdict(verdict, [], math.nan, math.nan, math.nan, w.n if w else 0, 0, w.errors if w else 0,
+    return TargetVerdict(verdict, math.nan, math.nan, math.nan, w.n if w else 0, 0, w.errors if w else 0,
                          w.fastest_ms if w else math.nan)
+
+
+CLIMB = (1.0, 1.1, 1.25, 1.5, 2.0)  # of the throughput: where the check climbs after its first fraction held
 
 
 def check_target(run_window: Callable[[float, int], Any], throughput: float, target_p99_ms: float,
                  fractions: tuple[float, ...], error_budget: float = DEFAULT_ERROR_BUDGET, seed: int = 0,
-                 stop: Callable[[Probe], bool] | None = None, unit: str = "req/s") -> Capacity:
-    """Windows at each fraction of ``throughput``, highest first, until one passes (``docs/deciding.md``,
-    stage 3). ``run_window(rate, seed) -> Window`` measures one (the engine's runner); ``stop(probe)``
-    returning True ends the descent early (Ctrl-C's caller, a test)."""
+                 stop: Callable[[Probe], bool] | None = None, unit: str = "req/s",
+                 climb: tuple[float, ...] = CLIMB, can_pass: Callable[[float], bool] | None = None) -> Capacity:
+    """The capacity at the target (``docs/deciding.md``, stage 3): a window at each fraction of
+    ``throughput``, highest first, until one passes; a rate is claimed only when a fresh window at it passes
+    too (the search chose it among several looks: the fresh one alone is the test). When the first fraction
+    is claimed, the check climbs through ``climb`` (multiples of the throughput: a closed loop can undercount
+    what open arrivals get, a batcher's for one) while each rate is claimed the same way; a claim at the top
+    is "at least". ``run_window(rate, seed) -> Window`` measures one (the engine's runner); ``stop(probe)``
+    returning True ends the check early (Ctrl-C's caller, a test); ``can_pass(rate)`` False skips a rate whose
+    window cannot hold the independent cycles a pass needs (near saturation, within the window's longest)."""
     probes: list[Probe] = []
-    note = ""
     if not (throughput > 0 and math.isfinite(throughput)):
         return Capacity(target_p99_ms, error_budget, None, None, None, [], "no sustained throughput to start from",
                         throughput, unit)
-    for i, f in enumerate(fractions):
-        rate = f * throughput
-        w = run_window(rate, seed + TARGET_SALT + i)
+    salt = iter(range(seed + TARGET_SALT, seed + TARGET_SALT + 10 * (len(fractions) + len(climb)) + 10))
+
+    def window(rate: float, role: str) -> Probe:
+        w = run_window(rate, next(salt))
         p = probe_of(rate, w.trial, w, target_p99_ms, error_budget, None if math.isnan(w.lag_p99_ms) else w.lag_p99_ms)
-        if w.lagged and p.verdict != "fail":  # the client lagged in its re-run too: its figure is the client's
+        if w.lagged:  # its re-run lagged too, and the lag explains its exceedances: the client's figure, not the server's
             p.verdict, p.by, p.passed = "indeterminate", "client lag", False
+        p.role = role
         probes.append(p)
-        if p.passed:
-            high = probes[-2].rate if len(probes) > 1 else None
-            return Capacity(target_p99_ms, error_budget, rate, rate, high, probes, note, throughput, unit)
-        if stop is not None and stop(p):
+        return p
+
+    def claimed(rate: float) -> bool | None:
+        """Look at ``rate``, then take a fresh window when the look passed. None: stopped."""
+        look = window(rate, "look")
+        if stop is not None and stop(look):
+            return None
+        if not look.passed:
+            return False
+        again = window(rate, "again")
+        if stop is not None and stop(again):
+            return None
+        return again.passed
+
+    def result(capacity: float | None, high: float | None, at_least: bool = False) -> Capacity:
+        return Capacity(target_p99_ms, error_budget, capacity, capacity, high, probes, "", throughput, unit, at_least)
+
+    tried = [f for f in fractions if can_pass is None or can_pass(f * throughput)] or list(fractions[-1:])
+    skipped = [f for f in fractions if f not in tried and f > (tried[0] if tried else 0)]
+    for i, f in enumerate(tried):
+        got = claimed(f * throughput)
+        if got is None:
             break
-    return Capacity(target_p99_ms, error_budget, None, None, probes[-1].rate if probes else None, probes, note,
-                    throughput, unit)
+        if not got:
+            continue
+        capacity = f * throughput
+        if i > 0 or skipped:
+            out = result(capacity, (tried[i - 1] if i > 0 else skipped[-1]) * throughput)
+            if skipped and i == 0:
+                out.note = (f"rates from {skipped[-1] * throughput:.1f} {unit} up not tried: a window there could not "
+                            "hold the independent cycles a pass needs within its longest; longer windows may claim more")
+            return out
+        for m in climb:
+            if m * throughput <= capacity:
+                continue
+            up = claimed(m * throughput)
+            if not up:
+                return result(capacity, m * throughput)
+            capacity = m * throughput
+        return result(capacity, None, at_least=True)
+    return result(None, probes[-1].rate if probes else None)

@@ -19,7 +19,6 @@ FULL_UP_TO = 4  # up to this many factors: the full 2^k; more: the half fraction
 # a term stays when its two-sided interval at this level excludes zero: a screening level (the confirmation, not
 # the screen, bounds the false ships)
 EFFECT_LEVEL = 0.80
-ROBUST_SCALE = 0.05  # the robust fit's soft-L1 scale in log-throughput (beyond it a residual weighs less)
 
 
 def two_level_design(k: int, min_runs: int, rng: np.random.Generator, interactions: bool = True) -> np.ndarray:
@@ -105,13 +104,24 @@ class Effects:
         x = model_matrix(levels, None if order is None else np.asarray(order), self.interactions)
         y = np.asarray(log_y, dtype=float)
         start = np.linalg.lstsq(x, y, rcond=None)[0]
-        fit = least_squares(lambda b: x @ b - y, start, loss="soft_l1", f_scale=ROBUST_SCALE)
-        return outlying(y - x @ fit.x, floor=ROBUST_SCALE / 2)
+        scale = robust_scale(y - x @ start)
+        if not scale > 0:
+            return []
+        fit = least_squares(lambda b: x @ b - y, start, loss="soft_l1", f_scale=scale)
+        return outlying(y - x @ fit.x, floor=scale)
+
+
+def robust_scale(residuals: np.ndarray) -> float:
+    """One window's spread from the data: 1.4826 x the median absolute residual of the least-squares fit (a
+    robust SD that two lost windows do not inflate). The soft-L1 fit weighs residuals beyond it less, and an
+    outlier must lie beyond :data:`~tuning.experiments.judge.OUTLIER_SDS` of them."""
+    r = np.asarray(residuals, dtype=float)
+    return 1.4826 * float(np.median(np.abs(r - np.median(r)))) if r.size else math.nan
 
 
 def fit_effects(factors: Sequence[str], levels: np.ndarray, log_y: Sequence[float],
                 order: Sequence[int] | None = None, interactions: bool = True) -> Effects:
-    """Fit and prune (``docs/deciding.md``): terms whose 95% interval excludes zero are kept, and the main
+    """Fit and prune (``docs/deciding.md``): terms whose 80% interval excludes zero are kept, and the main
     effects under a kept interaction with them."""
     factors = list(factors)
     y = np.asarray(log_y, dtype=float)

@@ -20,7 +20,7 @@ import numpy as np
 
 from tuning.base.decide import Paired
 from tuning.base.format import rounded
-from tuning.experiments.judge import Sequential, block_shares, client_lagged, lag_explains, outlying
+from tuning.experiments.judge import MIN_PASS_CYCLES, Sequential, client_lagged, lag_explains, outlying, target_verdict
 from tuning.experiments.trial import Trial
 
 OBJECTIVES = ("target", "qps")
@@ -29,6 +29,7 @@ OBJECTIVES = ("target", "qps")
 # there would not hold for an hour
 FRACTIONS = (0.90, 0.85, 0.80, 0.75, 0.70, 0.60, 0.50, 0.40, 0.30)
 LAG_SALT = 1_000_033  # a re-run after the client lagged draws new arrivals
+CYCLE_MARGIN = 1.5  # a target window is made to hold this many times the cycles a pass needs
 
 
 @dataclass(frozen=True)
@@ -46,11 +47,15 @@ class EngineSettings:
     max_pairs: int = 16  # the confirmation's cap, looked at every look_every pairs
     look_every: int = 4
     alpha: float = 0.025  # the confirmation's false 'better' rate over all its looks
-    target_outcomes: int = 2000  # a target window holds this many arrivals...
-    target_max_s: float = 20.0  # ...or lasts this long, whichever is shorter...
-    target_min_outcomes: int = 400  # ...but holds at least this many (299 is the fewest with which a window can pass)
+    # a window passes only with 150 independent cycles, and at a load f about a share 1 - f of arrivals start one:
+    # 1,500 arrivals hold them up to f = 0.9 (judge.MIN_PASS_CYCLES)
+    target_outcomes: int = 3000  # a target window holds this many arrivals...
+    target_max_s: float = 30.0  # ...or lasts this long, whichever is shorter...
+    target_min_outcomes: int = 400  # ...but at least this many (a window of fewer than 150 cycles cannot pass)
     fractions: tuple[float, ...] = FRACTIONS
-    candidates: int = 2  # winners checked at the target, in rank order, before the baseline alone
+    candidates: int = 2  # candidates confirmed and checked at the target, in rank order
+    min_window_answers: int = 30  # a throughput window with fewer ok answers is measured again, longer
+    max_window_factor: int = 8  # ...at most this many times as long
     error_budget: float = 0.001
     seed: int = 0
     unit: str = "req/s"  # what a rate counts: requests, or texts where configurations send several per request
@@ -72,19 +77,34 @@ class EngineSettings:
     @classmethod
     def quick(cls, **changes: Any) -> "EngineSettings":
         base = dict(min_effect=0.10, window_s=3.0, screen_runs=16, interactions=False, grid_repeats=2, max_pairs=8,
-                    target_outcomes=1000, target_max_s=10.0, candidates=1)
+                    target_outcomes=1500, target_max_s=20.0, candidates=2)
         return cls(**{**base, **changes})
 
     @classmethod
     def full(cls, **changes: Any) -> "EngineSettings":
         return cls(**changes)
 
-    def target_window_s(self, rate: float) -> float:
-        """A target window's length at ``rate``: ``target_outcomes`` arrivals or ``target_max_s``, whichever is
-        shorter, but at least ``target_min_outcomes`` arrivals (fewer than 299 can never pass: a slow service
-        gets long windows)."""
-        return max(min(self.target_max_s, self.target_outcomes / rate), self.target_min_outcomes / rate)
+    def longer_window_s(self, trial: Trial, window_s: float) -> float | None:
+        """A throughput window holds at least ``min_window_answers`` ok answers (a throughput from 2 answers
+        is noise): the window that would hold them at this one's pace, at most ``max_window_factor`` times as
+        long, or None when this one held enough (or none at all: a configuration that answers nothing)."""
+        if trial.ok >= self.min_window_answers or trial.ok <= 0 or not window_s > 0:
+            return None
+        return window_s * min(self.max_window_factor, math.ceil(1.25 * self.min_window_answers / trial.ok))
 
+    def target_window_s(self, rate: float, load: float | None = None) -> float:
+        """A target window's length at ``rate``: ``target_outcomes`` arrivals, or enough to hold
+        :data:`CYCLE_MARGIN` x the cycles a pass needs at ``load`` (the rate over the throughput; about a share
+        1 - load of arrivals find nothing in flight), within ``target_max_s``; never fewer than
+        ``target_min_outcomes`` arrivals (a slow service gets long windows)."""
+        arrivals = float(self.target_outcomes)
+        if load is not None and math.isfinite(load):
+            arrivals = max(arrivals, CYCLE_MARGIN * MIN_PASS_CYCLES / max(1.0 - load, 0.02))
+        return max(min(self.target_max_s, arrivals / rate), self.target_min_outcomes / rate)
+
+    def can_pass_at(self, rate: float, load: float) -> bool:
+        """Whether a window at ``rate`` and ``load`` can be expected to hold the cycles a pass needs."""
+        return rate * self.target_window_s(rate, load) * max(1.0 - load, 0.0) >= MIN_PASS_CYCLES
 
 @dataclass
 class Window:
@@ -101,7 +121,11 @@ class Window:
     n: int
     errors: int
     window_s: float
-    shares: list[float] = field(default_factory=list)  # target windows: each block's share over the target
+    verdict: str | None = None  # target windows: the window's verdict (judge.target_verdict), kept for a resume...
+    over: int = 0  # ...the outcomes over the target or failed...
+    share_low: float = math.nan  # ...the bounds on their share...
+    share_high: float = math.nan
+    cycles: int = 0  # ...and the independent cycles it was judged on
     fastest_ms: float = math.nan
     lag_p99_ms: float = math.nan
     lagged: bool = False
@@ -118,7 +142,7 @@ class Window:
     def to_dict(self) -> dict[str, Any]:
         """Its figures as JSON-able values (the trial, with its raw outcomes, is not kept)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "trial"}
-        out["config"], out["shares"] = json.loads(json.dumps(out["config"], default=str)), list(out["shares"])
+        out["config"] = json.loads(json.dumps(out["config"], default=str))
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
 
     @classmethod
@@ -126,7 +150,7 @@ class Window:
         names = {f.name for f in dataclasses.fields(cls)} - {"trial"}
         kw = {k: v for k, v in d.items() if k in names}
         for k in ("qps", "p50_ms", "p99_ms", "window_s", "fastest_ms", "lag_p99_ms", "model_busy", "device_busy",
-                  "mean_batch", "steal_share", "server_queue_ms", "server_compute_ms"):
+                  "share_low", "share_high", "mean_batch", "steal_share", "server_queue_ms", "server_compute_ms"):
             kw[k] = math.nan if kw.get(k) is None else float(kw[k])
         return cls(**kw)
 
@@ -139,14 +163,17 @@ def window_of(t: Trial, stage: str, kind: str, config: dict[str, Any], rate: flo
               target_ms: float) -> Window:
     lat = None if t.latencies_ms is None else np.asarray(t.latencies_ms, dtype=float)
     lags = None if t.lags_ms is None else np.asarray(t.lags_ms, dtype=float)
-    shares = block_shares(lat, target_ms) if (kind == "target" and lat is not None and lat.size) else []
     finite = lat[np.isfinite(lat)] if lat is not None else np.zeros(0)
+    v = None
+    if kind == "target" and lat is not None and lat.size:
+        v = target_verdict(lat, target_ms, int(t.failed), arrivals_s=getattr(t, "arrivals_s", None))
+    lagged = client_lagged(lags, target_ms) and (kind != "target" or lag_explains(lat, lags, target_ms))
     return Window(stage, kind, config, rate, seed, _known(t.qps), _known(t.p50_ms), _known(t.p99_ms),
-                  int(t.submitted or (lat.size if lat is not None else 0)), int(t.failed), _known(t.window_s), shares,
-                  float(finite.min()) if finite.size else math.nan,
+                  int(t.submitted or (lat.size if lat is not None else 0)), int(t.failed), _known(t.window_s),
+                  v.verdict if v else None, v.over if v else 0, v.low if v else math.nan, v.high if v else math.nan,
+                  v.cycles if v else 0, float(finite.min()) if finite.size else math.nan,
                   float(np.percentile(lags, 99)) if lags is not None and lags.size else math.nan,
-                  client_lagged(lags, target_ms) and (kind != "target" or lag_explains(lat, lags, target_ms)), False,
-                  _known(t.model_busy), _known(t.device_busy),
+                  lagged, False, _known(t.model_busy), _known(t.device_busy),
                   _known(t.mean_batch), _known(t.steal_share), _known(getattr(t, "server_queue_ms", math.nan)),
                   _known(getattr(t, "server_compute_ms", math.nan)), trial=t)
 
@@ -189,14 +216,14 @@ class Runner:
             self.on_window(w)
         return w
 
-    def run(self, stage: str, config: Any, rate: float | None, seed: int) -> Window:
+    def run(self, stage: str, config: Any, rate: float | None, seed: int, load: float | None = None) -> Window:
         """One window of ``config`` (closed loop when ``rate`` is None), re-run once if the client lagged; a
         :class:`ConfigError` is logged and raised again (and raised again on replay)."""
         described = self.describe(config)
         kind = "throughput" if rate is None else "target"
         first = self._next_logged(stage, kind, described, rate)
         if first is None:
-            first = self._measure(stage, kind, config, described, rate, seed)
+            first = self._measure(stage, kind, config, described, rate, seed, load)
         self._record(first)
         if first.error is not None:
             raise ConfigError(first.error)
@@ -204,7 +231,7 @@ class Runner:
             return first
         again = self._next_logged(stage, kind, described, rate)
         if again is None:
-            again = self._measure(stage, kind, config, described, rate, seed + LAG_SALT)
+            again = self._measure(stage, kind, config, described, rate, seed + LAG_SALT, load)
             again.rerun = True
         self._record(again)
         if again.error is not None:
@@ -212,10 +239,14 @@ class Runner:
         return again
 
     def _measure(self, stage: str, kind: str, config: Any, described: dict[str, Any], rate: float | None,
-                 seed: int) -> Window:
-        window_s = self.settings.window_s if rate is None else self.settings.target_window_s(rate)
+                 seed: int, load: float | None = None) -> Window:
+        window_s = self.settings.window_s if rate is None else self.settings.target_window_s(rate, load)
         try:
             trial = self.measure(config, rate=rate, seed=seed, window_s=window_s)
+            longer = self.settings.longer_window_s(trial, window_s) if rate is None else None
+            if longer is not None:  # too few answers for a throughput: once more, long enough to hold them
+                self.status(f"{stage}: {trial.ok} answers in {window_s:.0f} s, again over {longer:.0f} s")
+                trial = self.measure(config, rate=rate, seed=seed, window_s=longer)
         except ConfigError as exc:
             return Window(stage, kind, described, rate, seed, math.nan, math.nan, math.nan, 0, 0, math.nan,
                           error=str(exc))
@@ -364,8 +395,9 @@ def decide(runner: Runner, baseline: Any, explore: Callable[[Runner], Explored],
 
     def check(config: Any, qps: float, name: str) -> Any:
         runner.status(f"target check of {name} from {qps:.1f} {settings.unit}")
-        cap = check_target(lambda rate, seed: runner.run("target", config, rate, seed), qps, target,
-                           settings.fractions, settings.error_budget, settings.seed, unit=settings.unit)
+        cap = check_target(lambda rate, seed: runner.run("target", config, rate, seed, rate / qps), qps, target,
+                           settings.fractions, settings.error_budget, settings.seed, unit=settings.unit,
+                           can_pass=lambda rate: settings.can_pass_at(rate, rate / qps))
         d.checks.append((name, cap))
         return cap
 
@@ -382,6 +414,8 @@ def decide(runner: Runner, baseline: Any, explore: Callable[[Runner], Explored],
         if settings.objective == "qps":
             d.recommended = cand.config
             break
+        # what ships is compared on the objective: every confirmed candidate is checked at the target, and ships
+        # only with a capacity above the baseline's and every other checked one's
         d.stage = "target"
         if d.baseline_capacity is None:
             d.baseline_capacity = check(baseline, conf.qps_baseline, "baseline")
@@ -390,10 +424,10 @@ def decide(runner: Runner, baseline: Any, explore: Callable[[Runner], Explored],
         except ConfigError as exc:
             d.failed[cand.label] = str(exc)
             continue
-        base_cap = d.baseline_capacity.capacity if d.baseline_capacity.met else 0.0
-        if cap.met and cap.capacity > base_cap:
+        best = d.capacity.capacity if d.capacity is not None and d.capacity.met else (
+            d.baseline_capacity.capacity if d.baseline_capacity.met else 0.0)
+        if cap.met and cap.capacity > best:
             d.recommended, d.capacity = cand.config, cap
-            break
     if settings.objective == "target" and d.baseline_capacity is None:
         d.stage = "target"
         d.baseline_capacity = check(baseline, _fresh_qps(runner, baseline, d.explored.baseline_qps), "baseline")

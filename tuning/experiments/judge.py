@@ -1,5 +1,5 @@
 """The engine's judges (``docs/deciding.md``): the confirmation's group-sequential test, the target check's
-verdict on a window cut into blocks, and the client-lag flag. Pure statistics over figures; no timing.
+verdict on a window's regeneration cycles, and the client-lag flag. Pure statistics over figures; no timing.
 """
 
 from __future__ import annotations
@@ -15,9 +15,13 @@ from scipy import stats
 from tuning.base.format import rounded
 
 EXCEED_SHARE = 0.01  # a p99 target: at most 1% of outcomes over it
-TARGET_BLOCKS = 5  # a target window is cut into this many consecutive blocks (batch means)
 TARGET_LEVEL = 0.95  # the share's one-sided bounds
-MIN_PASS_OUTCOMES = 299  # the fewest outcomes with which a window can pass (0.99 ** 299 < 0.05)
+MIN_PASS_CYCLES = 150  # a window passes only with this many independent cycles: with nothing over the target, 299
+# independent outcomes bound a share under 1% (0.99 ** 299 < 0.05), and a cycle is worth at most two
+TAIL_SHARE = 0.10  # the tail is extrapolated from the slowest 10% of outcomes (by their cycle's slowest)...
+MIN_TAIL_CYCLES = 5  # ...and at least this many cycles
+BOOTSTRAP = 400  # resamples of the cycles
+NO_ARRIVALS_BATCHES = 20  # without arrival times: batches of consecutive outcomes (the window cannot pass)
 LAG_MS = 10.0  # a client whose 99th-percentile send lag is over this and over LAG_SHARE of the target lagged
 LAG_SHARE = 0.05
 OUTLIER_SDS = 3.5  # a window (or pair) this many robust SDs from what its stage's model predicts is measured again
@@ -131,11 +135,11 @@ class Sequential:
 
 @dataclass
 class TargetVerdict:
-    """One rate's target check: the blocks' shares of outcomes over the target (or failed), their mean and
-    one-sided bounds, and the verdict (``pass`` | ``fail`` | ``indeterminate``)."""
+    """One window's target check: the share of outcomes over the target (or failed), its one-sided bounds, and
+    the verdict (``pass`` | ``fail`` | ``indeterminate``). ``cycles``: the independent units it was judged on
+    (regeneration cycles, or batches of consecutive outcomes without arrival times: ``by``)."""
 
     verdict: str
-    shares: list[float]
     mean: float
     low: float
     high: float
@@ -143,6 +147,8 @@ class TargetVerdict:
     over: int
     errors: int
     fastest_ms: float
+    cycles: int = 0
+    by: str = "cycles"  # cycles | batches (no arrival times)
 
     @property
     def passed(self) -> bool:
@@ -151,64 +157,114 @@ class TargetVerdict:
     def row(self) -> dict[str, Any]:
         return {"verdict": self.verdict, "share_over": rounded(self.mean), "share_low": rounded(self.low),
                 "share_high": rounded(self.high), "n": self.n, "over": self.over, "errors": self.errors,
-                "fastest_ms": rounded(self.fastest_ms)}
+                "cycles": self.cycles, "by": self.by, "fastest_ms": rounded(self.fastest_ms)}
 
 
-def block_shares(latencies_ms: Sequence[float], target_ms: float, blocks: int = TARGET_BLOCKS) -> list[float]:
-    """Each consecutive block's share of outcomes over ``target_ms`` (a failure is coded as infinity)."""
+def regeneration_cycles(latencies_ms: Sequence[float], arrivals_s: Sequence[float]) -> np.ndarray:
+    """Each outcome's segment (outcomes in arrival order): 0 before the first regeneration, then one per
+    regeneration cycle, the last one still open when the window ended. A cycle starts at an arrival that finds
+    nothing in flight: every earlier request answered. The client knows that without the server's help, and
+    what follows such a moment does not depend on what came before it, so cycles are independent units
+    (regenerative simulation: Crane and Iglehart); the first and last segments are not complete cycles. A
+    failure's answer time is not kept: it counts as in flight for the window's longest answered latency (fewer
+    regenerations: wider bounds)."""
     lat = np.asarray(latencies_ms, dtype=float)
-    parts = [p for p in np.array_split(lat, blocks) if p.size]
-    return [float((p > target_ms).mean()) for p in parts]
+    arr = np.asarray(arrivals_s, dtype=float)
+    if lat.shape != arr.shape:
+        raise ValueError(f"arrivals_s has {arr.size} values for {lat.size} latencies: give one arrival per outcome, "
+                         "in the same order")
+    if not lat.size:
+        return np.zeros(0, dtype=int)
+    finite = lat[np.isfinite(lat)]
+    longest = float(finite.max()) if finite.size else 0.0
+    busy_until = np.maximum.accumulate(arr + np.where(np.isfinite(lat), lat, longest) / 1000.0)
+    return np.cumsum(np.r_[False, arr[1:] >= busy_until[:-1]])
 
 
-def share_bounds(over: int, n: int, shares: Sequence[float], level: float = TARGET_LEVEL) -> tuple[float, float]:
-    """One-sided ``level`` bounds on the share over the target: Clopper-Pearson on the effective sample size
-    n / deff, where deff (at least 1) is the blocks' variance over a binomial's of that share and block size.
-    Outcomes near the knee come in bursts: the blocks see it, and each outcome then counts for less. With no
-    exceedance a window needs 299 outcomes to pass, as a binomial count would."""
-    if n == 0:
-        return 0.0, 1.0
-    p = over / n
-    k = len(shares)
-    deff = 1.0
-    if k > 1 and 0 < p < 1:
-        binomial = p * (1 - p) / (n / k)
-        deff = max(1.0, float(np.var(shares, ddof=1)) / binomial)
-    n_eff = n / deff
-    x = p * n_eff
-    low = float(stats.beta.ppf(1 - level, x, n_eff - x + 1)) if x > 0 else 0.0
-    high = float(stats.beta.ppf(level, x + 1, n_eff - x)) if x < n_eff else 1.0
-    return low, high
+def batches(n: int, count: int = NO_ARRIVALS_BATCHES) -> np.ndarray:
+    """Without arrival times: ``count`` batches of consecutive outcomes stand in for segments (batch means)."""
+    return (np.arange(n) * count // max(n, 1)).astype(int)
+
+
+def complete_cycles(segment: np.ndarray) -> int:
+    """The complete cycles among :func:`regeneration_cycles`' segments (all but the first and the last)."""
+    return max(int(segment.max()) - 1, 0) if segment.size else 0
+
+
+def tail_bound(latencies_ms: np.ndarray, segment: np.ndarray, target_ms: float, level: float = TARGET_LEVEL,
+               resamples: int = BOOTSTRAP) -> tuple[float, float]:
+    """One-sided ``level`` bounds on the share of outcomes over ``target_ms``.
+
+    Every outcome over the target lies in a segment whose slowest outcome is over it, so the share of outcomes
+    in such segments bounds the share over the target from above, whatever the server does inside one. Where
+    the target lies beyond the window's slowest :data:`TAIL_SHARE` of outcomes (counted by their segment's
+    slowest), that share is extrapolated with an exponential tail fitted to the segments' slowest outcomes above
+    that level (peaks over a threshold; a queue's latency has an exponential tail when its service times do not
+    have a heavy one). Both bounds come from resampling whole segments (a regenerative bootstrap), so that a
+    burst counts as one unit; the first and last segments are resampled too, so that a queue still growing at
+    the end of the window weighs in. The lower bound is the share actually over the target; a window of one
+    segment (it never emptied) has no spread, and its share over the target is its lower bound."""
+    units = int(segment.max()) + 1 if segment.size else 0
+    if units < 2:
+        return float((latencies_ms > target_ms).mean()) if latencies_ms.size else 0.0, 1.0
+    size = np.bincount(segment, minlength=units).astype(float)
+    keep = size > 0
+    size = size[keep]
+    over = np.bincount(segment, weights=(latencies_ms > target_ms).astype(float), minlength=units)[keep]
+    slowest = np.full(units, -np.inf)
+    np.maximum.at(slowest, segment, latencies_ms)
+    slowest = slowest[keep]
+    units = int(keep.sum())
+    rng = np.random.default_rng(units)  # the same window gives the same bounds (a resumed run, a test)
+    weights = rng.multinomial(units, np.full(units, 1.0 / units), size=resamples).astype(float)
+    outcomes = weights @ size
+    direct = (weights @ over) / outcomes
+    order = np.argsort(-slowest, kind="stable")
+    reach = np.cumsum(size[order]) / size.sum()
+    k = max(int(np.searchsorted(reach, TAIL_SHARE)) + 1, MIN_TAIL_CYCLES)
+    high = direct
+    if k < units and np.isfinite(slowest[order[k]]) and target_ms > slowest[order[k]]:
+        u = float(slowest[order[k]])
+        above = slowest > u
+        reached = weights @ (size * above)
+        excess = weights @ (size * np.where(above, np.minimum(slowest, 1e12) - u, 0.0))
+        scale = excess / np.maximum(reached, 1e-12)
+        high = np.maximum(direct, reached / outcomes * np.exp(-(target_ms - u) / np.maximum(scale, 1e-12)))
+    return float(np.quantile(direct, 1 - level)), float(np.quantile(high, level))
 
 
 def target_verdict(latencies_ms: Sequence[float], target_ms: float, errors: int = 0, error_budget: float = 0.001,
-                   blocks: int = TARGET_BLOCKS, level: float = TARGET_LEVEL) -> TargetVerdict:
-    """Pass when the one-sided upper bound on the share over the target (:func:`share_bounds`) is at most 1%
-    and the errors are within the budget; fail when the lower bound is above 1% or the errors are over the
-    budget beyond chance; else indeterminate (``docs/deciding.md``, stage 3)."""
+                   *, arrivals_s: Sequence[float] | None = None, level: float = TARGET_LEVEL) -> TargetVerdict:
+    """One window judged by itself (``docs/deciding.md``, stage 3): pass when the one-sided upper bound on the
+    share over the target (:func:`tail_bound`) is at most 1%, the window held at least :data:`MIN_PASS_CYCLES`
+    independent cycles and its errors are within the budget; fail when the lower bound is above 1% or the
+    errors are over the budget beyond chance; else indeterminate. ``latencies_ms``: every outcome, a failure as
+    infinity; ``arrivals_s``: their scheduled arrivals, same order, from which the cycles are found (without
+    them, :data:`NO_ARRIVALS_BATCHES` batches of consecutive outcomes stand in, and the window cannot pass)."""
     lat = np.asarray(latencies_ms, dtype=float)
     finite = lat[np.isfinite(lat)]
     fastest = float(finite.min()) if finite.size else math.inf
     if not lat.size:
-        return TargetVerdict("fail", [], math.nan, math.nan, math.nan, 0, 0, errors, fastest)
-    return verdict_of(int((lat > target_ms).sum()), int(lat.size), block_shares(lat, target_ms, blocks), errors,
-                      error_budget, level, fastest)
-
-
-def verdict_of(over: int, n: int, shares: Sequence[float], errors: int = 0, error_budget: float = 0.001,
-               level: float = TARGET_LEVEL, fastest_ms: float = math.nan) -> TargetVerdict:
-    """The target rule on counts: ``over`` of ``n`` outcomes over the target or failed, the blocks' shares."""
-    if n == 0:
-        return TargetVerdict("fail", list(shares), math.nan, math.nan, math.nan, 0, 0, errors, fastest_ms)
-    low, high = share_bounds(over, n, shares, level)
-    errors_over = errors > 0 and stats.binom.sf(errors - 1, n, error_budget) <= 1 - level
+        return TargetVerdict("fail", math.nan, math.nan, math.nan, 0, 0, errors, fastest, 0)
+    if arrivals_s is not None:
+        arr = np.asarray(arrivals_s, dtype=float)
+        order = np.argsort(arr, kind="stable")
+        lat = lat[order]
+        segment, by = regeneration_cycles(lat, arr[order]), "cycles"
+        count = complete_cycles(segment)
+    else:
+        segment, by, count = batches(lat.size), "batches", 0
+    low, high = tail_bound(lat, segment, target_ms, level)
+    over = int((lat > target_ms).sum())
+    errors_over = errors > 0 and stats.binom.sf(errors - 1, lat.size, error_budget) <= 1 - level
     if low > EXCEED_SHARE or errors_over:
         verdict = "fail"
-    elif high <= EXCEED_SHARE and errors <= max(error_budget * n, 0):
+    elif (high <= EXCEED_SHARE and by == "cycles" and count >= MIN_PASS_CYCLES
+          and errors <= max(error_budget * lat.size, 0)):
         verdict = "pass"
     else:
         verdict = "indeterminate"
-    return TargetVerdict(verdict, list(shares), over / n, low, high, n, over, errors, fastest_ms)
+    return TargetVerdict(verdict, over / lat.size, low, high, int(lat.size), over, errors, fastest, count, by)
 
 
 def client_lagged(lags_ms: Any, target_ms: float | None) -> bool:
@@ -224,16 +280,16 @@ def client_lagged(lags_ms: Any, target_ms: float | None) -> bool:
 
 
 def lag_explains(latencies_ms: Any, lags_ms: Any, target_ms: float) -> bool:
-    """The client's lag explains the window's exceedances: more than 1% of outcomes are over the target, and at
-    most 1% would be with each one's send lag taken off. A lag that does not move the share across that line
-    excuses nothing: the server was over the target either way, or under it."""
+    """The client's lag explains the window's exceedances: more than 1% of outcomes are over the target, and
+    at most 1% would be with each one's send lag taken off. A lag that does not move the share across the line
+    excuses nothing: the server was over the target either way (or under it)."""
     if latencies_ms is None or lags_ms is None:
         return False
     lat = np.asarray(latencies_ms, dtype=float)
     lags = np.asarray(lags_ms, dtype=float)
     if lat.size == 0:
         return False
-    if lags.shape != lat.shape:  # lags not per outcome: nothing to take off each one, so the lag is flagged
+    if lags.shape != lat.shape:  # lags not per outcome: nothing to take off, the lag is flagged as before
         return True
     return bool((lat > target_ms).mean() > EXCEED_SHARE >= (lat - lags > target_ms).mean())
 

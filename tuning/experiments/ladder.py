@@ -36,7 +36,7 @@ from tuning.experiments.engine import OBJECTIVES, Decision, EngineSettings, Runn
 from tuning.experiments.factors import FACTORS, MIN_COSINE, Context, screened
 from tuning.experiments.measure import LoadMeasure
 from tuning.experiments.result import LadderResult, Step, change_text, changes_of, format_step
-from tuning.experiments.screen import LineSpace, screen
+from tuning.experiments.screen import screen
 from tuning.experiments.trial import Measure, Trial, as_measure
 from tuning.experiments.workload import device_block, input_texts, load_inputs, plan_for, token_lengths
 from tuning.knobs import Knobs, preset
@@ -63,7 +63,6 @@ class LadderSettings:
     sweep_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     sweep_repeats: int = 2
     sweep_rounds: int = 3
-    waits_ms: tuple[float, ...] = (2.0, 5.0)
     precision_texts: int = 128
     workers: int = field(default_factory=lambda: max(4, min(8, os.cpu_count() or 1)))
     workers_min_cores: int = 3
@@ -86,7 +85,7 @@ class LadderSettings:
     def quick(cls, **changes: Any) -> "LadderSettings":
         """The same design with fewer windows: 16 screen runs, up to 8 confirmation pairs at a 10% effect,
         target windows of 1,000 outcomes or 10 s, three batch sizes swept, one wait."""
-        base = dict(warmup_s=0.5, sweep_sizes=(1, 4, 16), sweep_repeats=1, sweep_rounds=2, waits_ms=(5.0,),
+        base = dict(warmup_s=0.5, sweep_sizes=(1, 4, 16), sweep_repeats=1, sweep_rounds=2,
                     precision_texts=32)
         return cls._make(EngineSettings.quick(), base, changes)
 
@@ -242,8 +241,7 @@ def run_ladder(data: Any = None, device: Any = "auto", quick: bool = False,
                        state.get("context"))
         extra["context"] = {"knee": ctx.knee, "plan": ctx.plan, "cosines": ctx.cosines, "cores": ctx.cores}
         result.screened, result.not_screened = screened(ctx, names)
-        line = LineSpace(max_batch=ctx.max_batch or 256, waits_ms=settings.waits_ms)
-        strategy = screen(base, result.screened, settings.engine, _label, line)
+        strategy = screen(base, result.screened, settings.engine, _label)
         result.decision = Decision(base, base)
         decide(runner, base, _guarded_first(strategy, first), settings.engine, _label, result.decision)
         result.recommended = result.decision.recommended

@@ -7,7 +7,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from tuning.base.format import rounded
@@ -187,21 +186,11 @@ class LadderResult:
         """One row per window."""
         rows = []
         for i, w in enumerate(self.windows):
-            row = {"window": i, **{k: v for k, v in w.to_dict().items() if k not in ("config", "shares")}}
+            row = {"window": i, **{k: v for k, v in w.to_dict().items() if k != "config"}}
             row["change"] = change_text(w.config) or "baseline"
-            row["share_over"] = rounded(float(np.mean(w.shares))) if w.shares else None
+            row["share_over"] = rounded(w.over / w.n) if w.kind == "target" and w.n and w.verdict else None
             rows.append(row)
         frame = pd.DataFrame(rows)
-        frame.attrs["device"] = self.device
-        return frame
-
-    @property
-    def waits(self) -> pd.DataFrame | None:
-        moves = [m for m in (self.decision.explored.tables.get("line", []) if self.decision and self.decision.explored
-                             else []) if m["knob"] == "max_wait_ms"]
-        if not moves:
-            return None
-        frame = pd.DataFrame(moves)
         frame.attrs["device"] = self.device
         return frame
 

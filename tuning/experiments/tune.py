@@ -56,7 +56,7 @@ class TuneSettings:
     """The engine's settings and the load's: the closed loop's concurrency, the warm-up before every window,
     how long a server may take to come up."""
 
-    engine: EngineSettings = field(default_factory=lambda: EngineSettings.full(candidates=1))
+    engine: EngineSettings = field(default_factory=EngineSettings.full)
     concurrency: int = 16  # the closed loop of the throughput windows
     warmup_s: float = 1.0
     startup_timeout_s: float = 180.0
@@ -65,7 +65,7 @@ class TuneSettings:
 
     @classmethod
     def quick(cls) -> "TuneSettings":
-        return cls(engine=EngineSettings.quick(window_s=2.0, target_outcomes=600, target_max_s=6.0),
+        return cls(engine=EngineSettings.quick(window_s=2.0),
                    concurrency=8, warmup_s=0.5, quick_mode=True)
 
     def windows(self) -> dict[str, Any]:

@@ -190,13 +190,6 @@ def screen_sentence(ladder: Any) -> str:
             if d.explored.candidates else ".")
 
 
-def line_sentence(ladder: Any) -> str:
-    moves = ladder.decision.explored.tables.get("line", [])
-    moved = [m["change"] for m in moves if m["moved"]]
-    return (f"{len(moves)} neighbours tried along batch size and max wait, 2 interleaved pairs each; "
-            + (f"moved to {moved[-1]}." if moved else "none cleared the minimum effect: the screen's winner stands."))
-
-
 def confirm_sentence(ladder: Any) -> str:
     d = ladder.decision
     if d is None or not d.confirmations:
@@ -369,8 +362,6 @@ def render_report(inv: Any) -> str:
             body.append("<p>The configurations ranked by the screen's model (throughput over the baseline's):</p>")
             body.append(_table(top.to_dict("records"), [("rank", "rank"), ("change", "change"),
                                                         ("throughput_ratio", "throughput ratio"), ("qps", "QPS")]))
-    if d is not None and d.explored is not None and d.explored.tables.get("line"):
-        body.append(charts.block(lambda: viz.line_search_chart(ladder, device=dev), lambda: line_sentence(ladder)))
     if d is not None and d.confirmations:
         body.append(charts.block(lambda: viz.confirm_chart(ladder, device=dev), lambda: confirm_sentence(ladder)))
     caps = {label: cap for label, cap in (d.checks if d is not None else [])}
