@@ -14,7 +14,8 @@ from tuning.sim.profiles import FORMAT_VERSION, load_profile, migrate
 # Every packaged profile's fields (all but its name, description and sources): as they loaded before format_version,
 # but for the H200's four figures fitted on held-out cards (bench/whatif_holdout.py), the attention backend's
 # extra kernels (0 where not fitted), and the GH100 chip's fit the H100 SXM shares with the H200 (issue 59: TF32 at
-# the bf16 fit's efficiency; one chip, one set of efficiencies, floors and kernels)
+# the bf16 fit's efficiency; one chip, one set of efficiencies, floors and kernels), refitted with each kernel's floor
+# added to its work (issue 59's shape split)
 RECORDED = {
     "a100-sxm-80gb-estimate": {
         "kind": "estimate",
@@ -31,22 +32,22 @@ RECORDED = {
         "kind": "estimate",
         "peak_flops": {"fp32": 67000000000000, "bf16": 989000000000000, "fp16": 989000000000000, "tf32": 494700000000000},
         "flops_efficiency": 0.5, "mem_bandwidth": 3350000000000, "bandwidth_efficiency": 0.7,
-        "mem_bytes": 85520809984, "launch_s": 2.32e-05, "graph_replay_s": 6e-06, "min_kernel_s": 2.3183e-06,
+        "mem_bytes": 85520809984, "launch_s": 2.32e-05, "graph_replay_s": 6e-06, "min_kernel_s": 2.004e-06,
         "h2d_pinned_bps": 50000000000, "h2d_pageable_bps": 15000000000, "copy_latency_s": 1e-05, "synchronous": False,
         "idle_power_w": 90, "max_power_w": 700, "device_names": ["NVIDIA H100 80GB HBM3"], "sm_count": 132,
-        "gemm_efficiency": {"fp32": 0.8, "tf32": 0.307, "bf16": 0.307, "fp16": 0.307}, "gemm_k_half": 64,
-        "bandwidth_half_bytes": 1675000, "graph_min_kernel_s": 2.3393e-06, "host_dispatch_separate": True,
+        "gemm_efficiency": {"fp32": 0.8, "tf32": 0.3876, "bf16": 0.3876, "fp16": 0.3876}, "gemm_k_half": 64,
+        "bandwidth_half_bytes": 1675000, "graph_min_kernel_s": 2.0365e-06, "host_dispatch_separate": True,
         "host_dispatch": "model", "attention_extra_kernels": 1, "chip": "gh100",
     },
     "h200-sxm-estimate": {
         "kind": "estimate",
         "peak_flops": {"fp32": 67000000000000, "bf16": 989000000000000, "fp16": 989000000000000, "tf32": 494700000000000},
         "flops_efficiency": 0.5, "mem_bandwidth": 4800000000000, "bandwidth_efficiency": 0.7,
-        "mem_bytes": 150754820096, "launch_s": 2.32e-05, "graph_replay_s": 6e-06, "min_kernel_s": 2.3183e-06,
+        "mem_bytes": 150754820096, "launch_s": 2.32e-05, "graph_replay_s": 6e-06, "min_kernel_s": 2.004e-06,
         "h2d_pinned_bps": 50000000000, "h2d_pageable_bps": 15000000000, "copy_latency_s": 1e-05, "synchronous": False,
         "idle_power_w": 90, "max_power_w": 700, "device_names": ["NVIDIA H200"], "sm_count": 132,
-        "gemm_efficiency": {"fp32": 0.8, "tf32": 0.307, "bf16": 0.307, "fp16": 0.307}, "gemm_k_half": 64,
-        "bandwidth_half_bytes": 2400000, "graph_min_kernel_s": 2.3393e-06, "host_dispatch_separate": True,
+        "gemm_efficiency": {"fp32": 0.8, "tf32": 0.3876, "bf16": 0.3876, "fp16": 0.3876}, "gemm_k_half": 64,
+        "bandwidth_half_bytes": 2400000, "graph_min_kernel_s": 2.0365e-06, "host_dispatch_separate": True,
         "host_dispatch": "model", "attention_extra_kernels": 1, "chip": "gh100",
     },
     "l4-estimate": {

@@ -123,15 +123,17 @@ def test_cuda_graph_charges_the_runners_input_copies_padding_and_output_clone():
     the replay, and a clone of the output: the extra kernels are launched from the host like any other."""
     model, dev = _two_op_model(), _device()
     full = predict(model, dev, 2, 5, "fp32", "cuda_graph", host_dispatch_s=0.0)
-    # graph kernels: mm 10 ms, norm 100 us; every copy (<= 160 B at 1 GB/s) sits on the 1 us floor
+    # graph kernels: mm 10 ms, norm 100 us, each with the 1 us floor on top; every copy is the floor plus its bytes
+    # at 1 GB/s: two inputs of 160 B, an output clone of 64 B
     assert full.launches == 1 + 3 and full.kernels == 2 + 3
     assert full.host_s == pytest.approx(5e-6 + 3 * 10e-6)
-    assert full.device_s == pytest.approx(0.0101 + 3e-6)
+    graph = 0.0101 + 2 * 1e-6
+    assert full.device_s == pytest.approx(graph + 3 * 1e-6 + (160 + 160 + 64) / 1e9)
     # copies launched at 10 and 20 us, replay at 25 us, the clone launched at 35 us waits for the graph
-    assert full.call_s == pytest.approx(25e-6 + 0.0101 + 1e-6)
+    assert full.call_s == pytest.approx(25e-6 + graph + 1e-6 + 64 / 1e9)
     ragged = predict(model, dev, 2, 5, "fp32", "cuda_graph", rows=1, host_dispatch_s=0.0)
     assert ragged.launches == 1 + 6 and ragged.kernels == 2 + 6
-    assert ragged.call_s == pytest.approx(55e-6 + 0.0101 + 1e-6)
+    assert ragged.call_s == pytest.approx(55e-6 + graph + 1e-6 + 32 / 1e9)
     eager = predict(model, dev, 2, 5, "fp32", "eager")
     assert eager.launches == eager.kernels == 2  # eager calls the model itself: no copies
 

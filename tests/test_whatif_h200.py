@@ -209,3 +209,64 @@ def test_device_busy_on_a_real_gpu_is_the_kernel_sum_and_nvml_keeps_its_own_name
 
     figures = device_busy_figures(without_profiler.device_busy, without_profiler.gpu_util)
     assert figures["device_busy_source"] == "nvml util.gpu (not a kernel sum)" and figures["nvml_util_gpu"] == 1.0
+
+
+# -- issue 59: judged at shapes the fit has not seen; run 4's launch-budget wall; runs of any card ---------------
+
+def test_fitted_on_small_shapes_the_model_predicts_the_larger_ones(runs):
+    """Finding 1: fitted on batch x length <= 2,048 the larger shapes were predicted at 1.29-1.41x their time."""
+    fitted = holdout.fit(runs, base=load_profile("h200-sxm-estimate"), dispatch_s=holdout.default_dispatch_s(runs),
+                         keep=holdout.in_shape_fit)
+    profile = holdout.refit_profile(load_profile("h200-sxm-estimate"), fitted)
+    judged = holdout.judge(profile, runs, dispatch_s=holdout.default_dispatch_s(runs),
+                           keep=lambda p: not holdout.in_shape_fit(p))
+    graph = [r["ratio"] for r in judged if r["mode"] == "cuda_graph"]
+    assert len(graph) >= 6 and all(r["batch"] * r["length"] > holdout.SHAPE_LIMIT for r in judged)
+    assert GRAPH_MEDIAN[0] <= statistics.median(graph) <= GRAPH_MEDIAN[1], graph
+    assert all(GRAPH_BAND[0] <= x <= GRAPH_BAND[1] for x in graph), graph
+    data = json.loads((RESULTS / "whatif_holdout.json").read_text())
+    assert data["shape_split"]["done_when"]["met"] and data["shape_split"]["judge"]["cuda_graph"]["n"] == len(graph)
+
+
+def test_the_fit_does_not_depend_on_the_efficiency_it_starts_from(runs):
+    split = holdout.split_by_card(runs)
+    a, b = (holdout.fit(split.fit, base=load_profile("h200-sxm-estimate").replace(
+        gemm_efficiency={"fp32": 0.8, "bf16": e, "fp16": e, "tf32": e}), dispatch_s=holdout.default_dispatch_s(runs))
+        for e in (0.2, 0.6))
+    for key in ("min_kernel_s", "graph_min_kernel_s", "gemm_efficiency_bf16"):
+        assert a[key] == pytest.approx(b[key], rel=1e-3), key
+
+
+def test_the_launch_budgets_wall_is_judged_as_calls_back_to_back(runs):
+    """Finding 7: run 4's one point is the launch budget's wall (5 calls, one synchronisation), judged as one
+    synchronised call: the widest ratio, 1.163."""
+    run4 = next(r for r in runs if r.name == "gpu_check_h200_run4")
+    points = [p for p in holdout.measured_points(run4) if p["source"] == "launch_budget"]
+    assert points and all(p["calls"] == run4.data["steps"]["launch_budget"][p["mode"]]["batches"] for p in points)
+    cost = predict(embedded_model_profile(), load_profile("h200-sxm-estimate"), 1, 64, "bf16", "cuda_graph",
+                   host_dispatch_s=8e-6)
+    assert holdout.pipelined_call_s(cost, 1) == pytest.approx(cost.call_s)
+    assert holdout.pipelined_call_s(cost, 5) < cost.call_s  # the host issues the next call while the device works
+    judged = holdout.judge(load_profile("h200-sxm-estimate"), [run4], dispatch_s=8e-6)
+    assert all(abs(r["ratio"] - 1) < 0.15 for r in judged if r["source"] == "launch_budget"), judged
+
+
+def test_a_run_on_another_card_is_judged_on_that_cards_profile(runs, tmp_path):
+    """Finding 8: the holdout read only gpu_check_h200* folders and predicted every run with the H200 profile."""
+    import shutil
+
+    src = next(r for r in runs if r.name == "gpu_check_h200_run3")
+    folder = tmp_path / "gpu_check_h100_a"
+    shutil.copytree(RESULTS / src.name, folder)
+    data = json.loads((folder / "gpu_check.json").read_text())
+    data["env"]["name"] = "NVIDIA H100 80GB HBM3"
+    data["nvml"]["devices"] = ["NVIDIA H100 80GB HBM3 (GPU-00000000-0000-0000-0000-000000000000)"]
+    (folder / "gpu_check.json").write_text(json.dumps(data))
+    loaded = holdout.load_runs(tmp_path)
+    assert [r.name for r in loaded] == ["gpu_check_h100_a"]
+    h200 = load_profile("h200-sxm-estimate")
+    judged = holdout.judge(h200, loaded, dispatch_s=8e-6)
+    assert {r["profile"] for r in judged} == {"h100-sxm-estimate"}
+    on_h200 = holdout.judge(h200, [src], dispatch_s=8e-6)
+    slower = [a["predicted_ms"] >= b["predicted_ms"] for a, b in zip(judged, on_h200)]
+    assert all(slower) and any(a["predicted_ms"] > b["predicted_ms"] for a, b in zip(judged, on_h200))

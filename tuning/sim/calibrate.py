@@ -139,11 +139,11 @@ class _Design:
     def predict(self, params: dict[str, float], synchronous: bool) -> np.ndarray:
         out = np.empty(len(self.points))
         for i, (p, (f, b)) in enumerate(zip(self.points, self.kernels)):
-            k = np.maximum(params["min_kernel_s"], np.maximum(f / params[f"flops_{p.dtype}"], b / params["bandwidth"]))
+            k = params["min_kernel_s"] + np.maximum(f / params[f"flops_{p.dtype}"], b / params["bandwidth"])
             k = k + self.extra[i] * params["min_kernel_s"]
             if p.graph == "cuda_graph":  # as costmodel.predict: copies launched around one replay
                 before, after = self.copies[i]
-                copy = [max(params["min_kernel_s"], c / params["bandwidth"]) for c in before + after]
+                copy = [params["min_kernel_s"] + c / params["bandwidth"] for c in before + after]
                 pre, post = copy[:len(before)], copy[len(before):]
                 out[i] = async_call_seconds([(params["launch_s"], np.asarray([c])) for c in pre]
                                             + [(params["graph_replay_s"], k)]

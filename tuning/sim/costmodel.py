@@ -25,18 +25,22 @@ slower.
 
 The formula, for one forward at (B, T) in dtype d::
 
-    kernel_i   = max(min_kernel_s[mode], compute_i, memory_i)
+    kernel_i   = min_kernel_s[mode] + max(compute_i, memory_i)
+                 (the floor is each kernel's fixed cost, its launch latency, prologue and tail, paid on top of its
+                 work: a max() hid one of the two where they are alike, so fitted on small shapes it read the
+                 larger ones 1.29-1.41x slow, bench/results/whatif_holdout.json's shape split)
     compute_i  = flops_i / (peak_flops[d] * eff_i)
-    eff_i      = gemm_efficiency[d] * wave_i * K_i / (K_i + gemm_k_half)    (a GEMM with dims batch, M, N, K;
+    eff_i      = gemm_efficiency[d] * wave_i * K_i / (K_i + gemm_k_half)    (a GEMM with dims batch, M, N, K
+                 (fused attention: K = the keys it streams, at least the head size, since its main loop runs over
+                 key blocks, not over the head size);
                  flops_efficiency where the profile has no sm_count, or the op's dims were not recorded)
     wave_i     = useful tiles / (waves * sm_count): tiles of tm x tn (tn 128 in bf16/fp16, 64 in fp32/tf32;
                  tm the smallest of 16, 32, 64, 128 that holds M, as cuBLAS picks small-M kernels),
                  tiles = batch * ceil(M/tm) * ceil(N/tn) * splits, splits = min(sm_count // tiles, K // 128)
                  (>= 1: split-K when the tiles do not fill the card), waves = ceil(tiles / sm_count),
                  useful = batch * M * N * splits / (tm * tn)
-    memory_i   = (bytes_i(d) + bandwidth_half_bytes) / (mem_bandwidth * bandwidth_efficiency)
-                 (bandwidth reached = bytes / (bytes + half-saturation size) of the asymptote: a small
-                 elementwise or reduction kernel cannot keep enough bytes in flight)
+    memory_i   = bytes_i(d) / (mem_bandwidth * bandwidth_efficiency)
+                 (a small kernel's DRAM latency is in its floor; the profile's bandwidth_half_bytes is not added)
     min_kernel_s[mode] = min_kernel_s (eager, compile) or graph_min_kernel_s (cuda_graph, compile_graph)
     device_s   = sum_i kernel_i + attention calls x attention_extra_kernels x min_kernel_s[mode]
                  (the kernel sum: what a profiler's kernel times add up to; device busy = kernel sum / wall)
@@ -179,6 +183,8 @@ class ModelProfile:
         for i, dims in enumerate(self.gemm_dims):
             if dims:
                 out[i] = np.maximum(np.rint(np.asarray(dims) @ x), 1.0)
+                if is_attention(self.ops[i]):  # fused attention loops over the keys: they amortise its prologue
+                    out[i, 3] = max(out[i, 3], out[i, 2])
         return out
 
     def totals(self, batch: int, length: int, dtype: str = "fp32") -> dict[str, float]:
@@ -480,14 +486,14 @@ def kernel_seconds(device: DeviceProfile, flops: np.ndarray, nbytes: np.ndarray,
     eff = np.asarray([gemm_efficiency(device, dtype, s) if f > 0 else 1.0 for f, s in zip(flops, shapes)])
     bandwidth = device.mem_bandwidth * device.bandwidth_efficiency
     floor = device.min_kernel_for(graph)
-    return np.maximum(floor, np.maximum(flops / (peak * eff), (nbytes + device.bandwidth_half_bytes) / bandwidth))
+    return floor + np.maximum(flops / (peak * eff), nbytes / bandwidth)
 
 
 def copy_kernel_seconds(device: DeviceProfile, nbytes: float) -> float:
     """One small copy kernel (the graph runner's input copies, padding writes, output clone): launched from the
-    host outside the graph, so at the eager floor."""
+    host outside the graph, so with the eager floor."""
     bandwidth = device.mem_bandwidth * device.bandwidth_efficiency
-    return max(device.min_kernel_s, (nbytes + device.bandwidth_half_bytes) / bandwidth)
+    return device.min_kernel_s + nbytes / bandwidth
 
 
 def graph_call_copies(model: ModelProfile, batch: int, length: int, rows: int | None = None) -> tuple[list[float], list[float]]:

@@ -28,15 +28,16 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from tuning.sim.costmodel import ModelProfile, is_attention, predict
 from tuning.sim.profiles import DeviceProfile
 
-RUN_GLOB = "gpu_check_h200*/gpu_check.json"
+RUN_GLOB = "gpu_check_*/gpu_check.json"  # every card's runs; each judged on its own card's profile
 FLOOR_RANGE_S = (1e-8, 2e-5)  # where a per-kernel floor is searched: well below and above any card's
+FIT_ROUNDS = 30  # rounds of floors then GEMM efficiency, each from the other's last value, until they agree
 
 
 @dataclass
@@ -67,6 +68,8 @@ def load_runs(results: str | Path) -> list[Run]:
     runs = []
     for path in sorted(Path(results).glob(RUN_GLOB)):
         data = json.loads(path.read_text())
+        if data.get("env", {}).get("device") != "cuda":  # a CPU or simulated run times no card
+            continue
         log = path.parent / "log.txt"
         host = data.get("steps", {}).get("host_cost", {})
         mini = host["rows"][0]["miniature_us"] * 1e-6 if host.get("status") == "ok" and host.get("rows") else None
@@ -104,6 +107,26 @@ def split_by_card(runs: Sequence[Run]) -> Split:
     return Split(cards[fit_card], [r for c, rs in cards.items() if c != fit_card for r in rs])
 
 
+def card_profile(run: Run, fitted: DeviceProfile | None = None) -> DeviceProfile:
+    """The profile a run is predicted with: ``fitted`` where it is of the run's card; the run's card's shipped
+    profile with ``fitted``'s chip fit where the two cards share a chip (one chip, one set of efficiencies); else
+    the card's shipped profile. ValueError for a card with no shipped profile."""
+    from tuning.sim.profiles import CHIP_FIELDS, profile_for_card
+
+    name = run.data.get("env", {}).get("name")
+    if fitted is not None and name in fitted.device_names:
+        return fitted
+    shipped = profile_for_card(name)
+    if shipped is None:
+        raise ValueError(f"run {run.name}: no shipped profile of its card {name!r}; add one to tuning/sim/devices "
+                         "(its device_names holding that name) to judge it")
+    if fitted is not None and fitted.chip and fitted.chip == shipped.chip:
+        return shipped.replace(**{k: getattr(fitted, k) for k in CHIP_FIELDS},
+                               sources={**shipped.sources, **{k: fitted.sources[k] for k in CHIP_FIELDS
+                                                               if k in fitted.sources}})
+    return shipped
+
+
 def default_dispatch_s(runs: Sequence[Run]) -> float:
     """For a run whose host did not measure its miniature: the geometric mean of the hosts that did."""
     known = [r.host_dispatch_s for r in runs if r.host_dispatch_s]
@@ -131,12 +154,21 @@ def measured_points(run: Run) -> list[dict[str, Any]]:
             out.append({"mode": "eager", "batch": r["batch"], "length": r["length"], "dtype": r["dtype"],
                         "ms": r["measured_ms"], "source": "host_cost"})
             seen.add(("eager", r["batch"], r["length"], r["dtype"]))
-    for mode, b in steps.get("launch_budget", {}).items():  # timed without the profiler, before its pass
+    # the launch budget's wall: its calls back to back with one synchronisation at the end, a pipelined time per
+    # call (see pipelined_call_s), not one synchronised call's; timed without the profiler, before its pass
+    for mode, b in steps.get("launch_budget", {}).items():
         batch, length = b["batch_shape"]
         if (mode, batch, length, "bf16") not in seen and b.get("wall_ms_per_batch"):
             out.append({"mode": mode, "batch": batch, "length": length, "dtype": "bf16", "ms": b["wall_ms_per_batch"],
-                        "source": "launch_budget"})
+                        "source": "launch_budget", "calls": int(b.get("batches", 5))})
     return out
+
+
+def pipelined_call_s(cost: Any, calls: int) -> float:
+    """Time per call of ``calls`` forwards issued back to back and synchronised once (the launch budget's wall):
+    the first call's whole time, then each further one at the slower of the host's issue and the device's work
+    (the host issues the next call while the device runs this one)."""
+    return (cost.call_s + (calls - 1) * max(cost.host_s, cost.device_s)) / calls
 
 
 def calibration_points(run: Run) -> list:
@@ -178,16 +210,29 @@ def _solve_floor(model: ModelProfile, base: DeviceProfile, budget: dict[str, Any
     return float(brentq(gap, lo, hi, xtol=1e-10))
 
 
+SHAPE_LIMIT = 2048  # the shape split: fit on batch x length at most this, judge the larger
+
+
+def in_shape_fit(point: dict[str, Any], limit: int = SHAPE_LIMIT) -> bool:
+    """Whether a measured point is on the fit side of the shape split (batch x length at most ``limit``)."""
+    return int(point["batch"]) * int(point["length"]) <= limit
+
+
 def fit(runs: Sequence[Run], base: DeviceProfile | None = None, model: ModelProfile | None = None,
-        dispatch_s: float | None = None) -> dict[str, Any]:
+        dispatch_s: float | None = None, keep: Callable[[dict[str, Any]], bool] | None = None) -> dict[str, Any]:
     """The figures fitted on ``runs`` (one side of a split), per the module docstring; ``dispatch_s``: the host's
-    miniature for a run that did not measure one (None: the geometric mean of the runs that did, over ``runs``)."""
+    miniature for a run that did not measure one (None: the geometric mean of the runs that did, over ``runs``);
+    ``keep``: which measured points the GEMM efficiency is fitted on (None: all; :func:`in_shape_fit` for the
+    shape split; the floors and kernels come from the profiler at batch 1, on the fit side of any shape split)."""
     from scipy.optimize import least_squares
 
-    from tuning.sim import embedded_model_profile, load_profile
+    from tuning.sim import embedded_model_profile
 
     model = model or embedded_model_profile()
-    base = base or load_profile("h200-sxm-estimate")
+    cards = {r.data.get("env", {}).get("name") for r in runs}
+    if base is None and len(cards) != 1:
+        raise ValueError(f"the fit runs are of {sorted(map(str, cards))}: fit on one card's runs (a split by card)")
+    base = base or card_profile(runs[0])
     default = dispatch_s if dispatch_s is not None else default_dispatch_s(runs)
     # 1. kernels: the profiler's count less the model's, per attention call (the same in every fit run and mode)
     attn = sum(1 for op, launched in zip(model.ops, model.per_op(1, 64, "bf16")[2]) if launched and is_attention(op))
@@ -201,33 +246,42 @@ def fit(runs: Sequence[Run], base: DeviceProfile | None = None, model: ModelProf
         raise ValueError(f"the fit runs' kernel counts disagree with one whole number per attention call: {extras}")
     extra = int(min(extras))
     profile = base.replace(attention_extra_kernels=extra)
-    # 2-3. floors from the profiler's kernel sums (eager first: the graph runner's copies run at the eager floor)
-    eager = statistics.median(_solve_floor(model, profile, r.data["steps"]["launch_budget"]["eager"], "eager",
-                                           r.host_dispatch_s or default) for r in runs)
-    profile = profile.replace(min_kernel_s=eager)
-    graph = statistics.median(_solve_floor(model, profile, r.data["steps"]["launch_budget"]["cuda_graph"],
-                                           "cuda_graph", r.host_dispatch_s or default) for r in runs)
-    profile = profile.replace(graph_min_kernel_s=graph)
-    # 4. bf16 GEMM efficiency from the replayed forwards (bounded: a share of the datasheet peak)
     points = [(p, r.host_dispatch_s or default) for r in runs for p in measured_points(r)
-              if p["mode"] == "cuda_graph" and p["dtype"] == "bf16"]
+              if p["mode"] == "cuda_graph" and p["dtype"] == "bf16" and (keep is None or keep(p))]
 
-    def residuals(x: np.ndarray) -> np.ndarray:
-        trial = profile.replace(gemm_efficiency={**profile.gemm_efficiency, "bf16": float(x[0])})
+    def residuals(x: np.ndarray, trial_base: DeviceProfile) -> np.ndarray:
+        trial = trial_base.replace(gemm_efficiency={**trial_base.gemm_efficiency, "bf16": float(x[0])})
         return np.asarray([math.log(predict(model, trial, p["batch"], p["length"], "bf16", "cuda_graph",
                                             host_dispatch_s=d).call_s * 1e3 / p["ms"]) for p, d in points])
-    start = min(max(profile.gemm_efficiency.get("bf16", 0.5), 0.02), 0.99)
-    solution = least_squares(residuals, [start], bounds=([0.01], [1.0]), method="trf")
-    bf16 = float(solution.x[0])
+
+    # 2-4 in turn until they agree: each kernel's floor is paid on top of its work, so the floors solved from the
+    # profiler's kernel sums depend on the GEMM efficiency (batch 1's small GEMMs), and the efficiency on the floors
+    bf16 = min(max(profile.gemm_efficiency.get("bf16", 0.5), 0.02), 0.99)
+    for _ in range(FIT_ROUNDS):
+        profile = profile.replace(gemm_efficiency={**profile.gemm_efficiency, "bf16": bf16})
+        # 2-3. floors from the profiler's kernel sums (eager first: the graph runner's copies use the eager floor)
+        eager = statistics.median(_solve_floor(model, profile, r.data["steps"]["launch_budget"]["eager"], "eager",
+                                               r.host_dispatch_s or default) for r in runs)
+        profile = profile.replace(min_kernel_s=eager)
+        graph = statistics.median(_solve_floor(model, profile, r.data["steps"]["launch_budget"]["cuda_graph"],
+                                               "cuda_graph", r.host_dispatch_s or default) for r in runs)
+        profile = profile.replace(graph_min_kernel_s=graph)
+        # 4. bf16 GEMM efficiency from the replayed forwards (bounded: a share of the datasheet peak)
+        solution = least_squares(residuals, [bf16], bounds=([0.01], [1.0]), method="trf", args=(profile,))
+        moved, bf16 = abs(float(solution.x[0]) - bf16), float(solution.x[0])
+        if moved < 1e-5:
+            break
     return {"attention_extra_kernels": extra, "min_kernel_s": float(eager), "graph_min_kernel_s": float(graph),
             "gemm_efficiency_bf16": bf16, "graph_points": len(points), "fit_runs": [r.name for r in runs],
+            "fit_cards": sorted({str(r.data.get("env", {}).get("name")) for r in runs}),
             "host_dispatch_s_assumed": {r.name: default for r in runs if not r.host_dispatch_s}}
 
 
 def refit_profile(base: DeviceProfile, fitted: dict[str, Any]) -> DeviceProfile:
     """``base`` with the fitted figures and sources that name the runs they came from."""
     runs = ", ".join(fitted["fit_runs"])
-    where = f"fitted on {runs} (one H200 card; bench/whatif_holdout.py, judged on the other cards' runs)"
+    cards = sorted({r for r in fitted.get("fit_cards", [])}) or ["one card"]
+    where = f"fitted on {runs} ({', '.join(cards)}; bench/whatif_holdout.py, judged on the other cards' runs)"
     sources = dict(base.sources)
     sources["attention_extra_kernels"] = (
         f"{where}: the profiler's kernel count of a forward less the model's, per attention call; the runs' host "
@@ -267,9 +321,11 @@ def chip_fit(profile: DeviceProfile, chip: str) -> dict[str, Any]:
 # -- the judgement ------------------------------------------------------------------------------------------------
 
 def judge(profile: DeviceProfile, runs: Sequence[Run], model: ModelProfile | None = None,
-          dispatch_s: float | None = None) -> list[dict[str, Any]]:
-    """Per measured forward of ``runs``: predicted (SIMULATED) / measured, with the host's miniature each run
-    measured (or ``dispatch_s``; None: the geometric mean over ``runs``' hosts that measured one)."""
+          dispatch_s: float | None = None, keep: Callable[[dict[str, Any]], bool] | None = None) -> list[dict[str, Any]]:
+    """Per measured forward of ``runs`` (those ``keep`` keeps; None: all): predicted (SIMULATED) / measured on the
+    run's own card (:func:`card_profile`: ``profile`` on its card and, by its chip fit, on the chip's other cards),
+    with the host's miniature each run measured (or ``dispatch_s``; None: the geometric mean over ``runs``' hosts that
+    measured one)."""
     from tuning.sim import embedded_model_profile
 
     model = model or embedded_model_profile()
@@ -277,12 +333,16 @@ def judge(profile: DeviceProfile, runs: Sequence[Run], model: ModelProfile | Non
     rows = []
     for r in runs:
         dispatch = r.host_dispatch_s or default
+        card = card_profile(r, profile)
         for p in measured_points(r):
-            cost = predict(model, profile, p["batch"], p["length"], p["dtype"], p["mode"], host_dispatch_s=dispatch)
-            rows.append({"run": r.name, "card": r.card, **{k: p[k] for k in ("mode", "batch", "length", "dtype",
-                                                                               "source")},
-                         "measured_ms": round(p["ms"], 4), "predicted_ms": round(cost.call_s * 1e3, 4),
-                         "ratio": round(cost.call_s * 1e3 / p["ms"], 4), "host_dispatch_us": round(dispatch * 1e6, 3),
+            if keep is not None and not keep(p):
+                continue
+            cost = predict(model, card, p["batch"], p["length"], p["dtype"], p["mode"], host_dispatch_s=dispatch)
+            call_s = pipelined_call_s(cost, p["calls"]) if p.get("calls") else cost.call_s
+            rows.append({"run": r.name, "card": r.card, "profile": card.name,
+                         **{k: p[k] for k in ("mode", "batch", "length", "dtype", "source")},
+                         "measured_ms": round(p["ms"], 4), "predicted_ms": round(call_s * 1e3, 4),
+                         "ratio": round(call_s * 1e3 / p["ms"], 4), "host_dispatch_us": round(dispatch * 1e6, 3),
                          "host_dispatch_measured": bool(r.host_dispatch_s)})
     return rows
 
