@@ -418,3 +418,27 @@ def test_the_docs_request_no_web_font_and_code_blocks_scroll():
     assert config["theme"].get("font") is False
     css = "".join((ROOT / "docs" / p).read_text() for p in config.get("extra_css", []))
     assert "overflow-x: auto" in css and "pre > code" in css
+
+
+@pytest.mark.slow
+def test_a_newcomer_tunes_the_docs_example_service_and_gets_a_runnable_line(tmp_path):
+    """The newcomer's path end to end: the example of docs/your-service.md under ``investigate --cmd``."""
+    import os
+
+    code = _own_server_section().split("```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "mysvc.py").write_text(code)
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "tuning", "investigate", "--cmd",
+                           "env MAX_BATCH={max_batch} " + sys.executable + " mysvc.py {port}", "--space",
+                           "max_batch=1,8", "--url", "http://127.0.0.1:{port}/predict", "--body", '{"input": "{text}"}',
+                           "--quick", "--limit", "40", "--out", str(out)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode in (0, 3), done.stderr[-3000:]
+    assert _wide(done.stdout) == []
+    run_it = " ".join(done.stdout.split("run it: ", 1)[1].split("\n")[0].split()) if done.returncode == 0 else None
+    if run_it is not None:
+        assert run_it.endswith("mysvc.py {port}") and run_it.startswith("env MAX_BATCH=")
+    page = (out / "report.html").read_text()
+    first = page.index('data-section="')
+    assert page[first:].startswith('data-section="ship"')

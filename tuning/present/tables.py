@@ -365,7 +365,11 @@ def format_tune(result: Any, unit: str = "req/s", command: str = "tune") -> str:
         lines.append(f"confirmation of {c['candidate']} against the baseline: {c['verdict']} after {c['pairs']} pairs, "
                      f"x{fixed(c.get('ratio'), '.3f')} [{fixed(c.get('low'), '.3f')}-{fixed(c.get('high'), '.3f')}]")
     for c in s["target_checks"]:
-        lines.append(f"target check of {c['configuration']}: capacity {fixed(c.get('capacity'), '.1f', 'none')} {unit}")
+        cap, probes = c.get("capacity"), c.get("probes") or []
+        open_ = sum(p.get("verdict") == "indeterminate" for p in probes)
+        lines.append(f"target check of {c['configuration']}: "
+                     + (f"capacity {cap:.1f} {unit}" if cap is not None else "no rate tried met the target")
+                     + (f" ({open_} of {len(probes)} windows indeterminate: not passed)" if open_ else ""))
     if s.get("indeterminate"):
         lines.append(f"indeterminate: {s['indeterminate']}")
     if result.interrupted:
