@@ -33,6 +33,15 @@ def machine() -> dict[str, Any]:
     return {**machine_info(), "torch": torch.__version__}
 
 
+def replaced_note(differs: str | None) -> str | None:
+    """``same_machine(previous, this)``'s sentence said of the result a write replaces: each pair it names is the
+    replaced result's machine first, this run's second."""
+    if not differs:
+        return None
+    return (f"the result this replaces ran on another machine ({differs}; in each pair the replaced result's "
+            "first, this run's second)")
+
+
 def write(name: str, payload: dict[str, Any], quick: bool = False) -> Path:
     """Write ``payload`` (with the machine's facts) as JSON: bench/results/NAME.json, or for a
     ``--quick`` check a temporary folder, so that a check never replaces a measured result."""
@@ -46,9 +55,9 @@ def write(name: str, payload: dict[str, Any], quick: bool = False) -> Path:
         previous = json.loads(path.read_text()).get("machine") if path.is_file() else None
     except (OSError, ValueError):  # an unreadable old file must not lose the run just measured
         previous = None
-    differs = same_machine(previous, this) if previous is not None else None
+    differs = replaced_note(same_machine(previous, this)) if previous is not None else None
     if differs:  # the committed result it replaces came from another machine: a reader comparing them is told
-        print(f"note: {differs} (the result this replaces)", flush=True)
+        print(f"note: {differs}", flush=True)
     path.write_text(json.dumps({"machine": this, "quick": quick,
                                 **({"previous_result_machine": differs} if differs else {}), **payload},
                                indent=2, default=str) + "\n")

@@ -438,3 +438,22 @@ def test_the_committed_plan_fits_five_minutes_on_its_dry_runs():
         assert done == wanted, card
         assert data["steps"]["host_cost"]["status"] == "ok" and data["steps"]["plan_kernel_sum"]["status"] == "ok"
         assert data["budget"]["within_limit"] and data["budget"]["estimate_s"] <= 300, data["budget"]
+
+
+def test_the_predictions_of_the_next_run_are_committed_for_exactly_its_points():
+    import json
+    import subprocess
+    from pathlib import Path
+
+    gc = _gpu_check()
+    root = Path(__file__).resolve().parents[1]
+    plan = gc.load_plan(root / "bench" / "plans" / "whatif-next.json")
+    data = json.loads((root / "bench" / "results" / "whatif_predictions.json").read_text())
+    assert data["simulated"] is True and len(data["model_commit"]) == 40
+    known = subprocess.run(["git", "cat-file", "-t", data["model_commit"]], cwd=root, capture_output=True, text=True)
+    assert known.returncode != 0 or known.stdout.strip() == "commit"  # a shallow copy may lack it; never another kind
+    key = ("mode", "batch", "length", "dtype")
+    assert [tuple(p[k] for k in key) for p in data["points"]] == [tuple(p[k] for k in key) for p in plan["points"]]
+    for p in data["points"]:
+        h200, h100 = p["h200-sxm-estimate"], p["h100-sxm-estimate"]
+        assert h200["call_ms"] > 0 and h100["call_ms"] >= h200["call_ms"]  # one chip, less bandwidth

@@ -270,3 +270,21 @@ def test_a_run_on_another_card_is_judged_on_that_cards_profile(runs, tmp_path):
     on_h200 = holdout.judge(h200, [src], dispatch_s=8e-6)
     slower = [a["predicted_ms"] >= b["predicted_ms"] for a, b in zip(judged, on_h200)]
     assert all(slower) and any(a["predicted_ms"] > b["predicted_ms"] for a, b in zip(judged, on_h200))
+
+
+def test_a_replaced_result_on_another_machine_is_named_in_the_right_order(tmp_path, monkeypatch, capsys):
+    """Finding 10: the note printed 'CPU <old> vs <this> (the result this replaces)', naming this machine."""
+    import importlib.util
+    import sys
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location("bench_common", ROOT / "bench" / "common.py")
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    (tmp_path / "x.json").write_text(json.dumps({"machine": {"cpu": {"model": "OLD CPU"}}}))
+    common.write("x", {"value": 1})
+    note = json.loads((tmp_path / "x.json").read_text())["previous_result_machine"]
+    assert note.startswith("the result this replaces ran on another machine") and "'OLD CPU' vs" in note
+    assert "the replaced result's first, this run's second" in note
+    assert "(the result this replaces)" not in capsys.readouterr().out
