@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 from tuning.base.contract import with_schema
+from tuning.base.format import fit
 from tuning.base.machine import MachineWatch
 from tuning.cli.guard import EXIT_CODES, TERMS, Exit
 from tuning.knobs import PRESETS, Knobs, parse_knob_value, preset, preset_note
@@ -281,7 +282,7 @@ def _announce_knobs(args: argparse.Namespace) -> None:
         return
     changes = f" with --set {' --set '.join(args.set)}" if args.set else ""
     note = preset_note(args.preset, _overrides(args))
-    print(f"knobs: preset {args.preset}{f' ({note})' if note else ''}{changes} (python -m tuning knobs lists them)",
+    print(fit(f"knobs: preset {args.preset}{f' ({note})' if note else ''}{changes} (python -m tuning knobs lists them)"),
           flush=True)
 
 
@@ -290,7 +291,7 @@ def _emit(args: argparse.Namespace, summary: Any, render: Callable[[], str]) -> 
     if args.json:
         _print_json(summary)
     else:
-        print(render())
+        print(fit(render()))
     return Exit.OK
 
 
