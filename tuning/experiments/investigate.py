@@ -195,7 +195,7 @@ def what_if_verdict(name: str, trial: Trial, label: str) -> str:
     if host.get("samples"):
         thread += f", the process at {host['cpu_percent_mean']:.0f}% of one core (of {host['cpu_count']})"
     diag = _diagnosis(trial)
-    verdict = f"; diagnosis {diag['kind']}: {diag['next_step']}" if diag else ""
+    verdict = f"; diagnosis with the simulated device: {diag['kind']}: {diag['next_step']}" if diag else ""
     return f"{head}: starved (< {FED_DEVICE_BUSY:.0%}){where}{thread}{verdict}"
 
 
