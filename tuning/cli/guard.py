@@ -52,10 +52,10 @@ GLOSSARY = {
     "capacity": "the highest Poisson arrival rate whose open-loop p99 (from the scheduled arrival, every "
                 "outcome) is within the target with errors within the budget",
     "screen": "the engine's first stage: the knobs tried together in a factorial design, on throughput",
-    "line search": "the second: neighbours of the screen's winner along batch size and max wait",
-    "confirmation": "the winner against the baseline on fresh interleaved pairs, a group-sequential test that "
+    "confirmation": "the second: a candidate against the baseline on fresh interleaved pairs, a group-sequential test that "
                     "stops once the answer is clear (docs/deciding.md)",
-    "target check": "the winner and the baseline offered descending rates, open loop: their capacities",
+    "target check": "the confirmed candidates and the baseline offered descending rates, open loop: their "
+                    "capacities",
 }
 
 

@@ -344,13 +344,13 @@ def render_report(inv: Any) -> str:
         body.append(charts.block(lambda: viz.ledger_chart(loads, device=dev), lambda: ledger_sentence(loads)))
     sections.append(_section("ledger", "The stage ledger, before and after", "".join(body)))
 
-    # the decision: screen, line search, confirmation, target checks
+    # the decision: screen, confirmation, target checks
     body = ["<p>How the engine decides is on one page, <code>docs/deciding.md</code>: a two-level factorial screen "
-            "of the knobs on sustained throughput (closed loop, ok answers a second), a line search along batch size "
-            "and max wait, one confirmation of the winner against the baseline on fresh interleaved pairs (a "
-            f"group-sequential test at a {100 * settings.engine.alpha:.1f}% false-'better' rate), and a target check "
-            "of the winner and the baseline on a warm server at descending fractions of their throughput, each window "
-            "cut into 5 blocks; the capacity is the highest rate that passed.</p>",
+            "of the knobs on sustained throughput (closed loop, ok answers a second), a confirmation of each "
+            "candidate against the baseline on fresh interleaved pairs (a group-sequential test at a "
+            f"{100 * settings.engine.alpha:.1f}% false-'better' rate), and a target check of the confirmed candidates "
+            "and the baseline on a warm server, open loop, at descending rates from their throughput; the capacity is "
+            "the highest rate that passed (how a window passes is on that page).</p>",
             _table(_step_rows(ladder), [("step", "step"), ("change", "change"), ("status", "status"),
                                         ("ratio", "ratio [interval]"), ("why", "why")],
                    lambda r: "kept" if r["kept"] else "dropped")]

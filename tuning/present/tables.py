@@ -264,12 +264,12 @@ def ladder_method(ladder: Any) -> str:
     """How the engine decided, in one line (``docs/deciding.md`` has the page)."""
     e = ladder.settings.engine
     if ladder.objective == "target":
-        return (f"objective: capacity at p99 <= {ladder.target_p99_ms:.0f} ms; a factorial screen on throughput, a line "
-                f"search, one confirmation against the baseline (false 'better' rate {100 * e.alpha:.1f}%, powered for "
-                f"+{100 * e.min_effect:.0f}%), a target check of the winner and the baseline at descending fractions "
-                "of their throughput; see docs/deciding.md")
-    return (f"objective: closed-loop QPS at concurrency {ladder.settings.concurrency}; a factorial screen, a line "
-            f"search and one confirmation against the baseline (false 'better' rate {100 * e.alpha:.1f}%)")
+        return (f"objective: capacity at p99 <= {ladder.target_p99_ms:.0f} ms; a factorial screen on throughput, a "
+                f"confirmation against the baseline (false 'better' rate {100 * e.alpha:.1f}%, powered for "
+                f"+{100 * e.min_effect:.0f}%), a target check of the confirmed and the baseline at descending rates; "
+                "see docs/deciding.md")
+    return (f"objective: closed-loop QPS at concurrency {ladder.settings.concurrency}; a factorial screen and a "
+            f"confirmation against the baseline (false 'better' rate {100 * e.alpha:.1f}%)")
 
 
 def format_investigation(inv: Investigation) -> str:
