@@ -401,7 +401,11 @@ def decide(runner: Runner, baseline: Any, explore: Callable[[Runner], Explored],
         d.checks.append((name, cap))
         return cap
 
-    for cand in ranked[: settings.candidates]:
+    queue = list(ranked)
+    tried = 0
+    while queue and tried < settings.candidates:
+        cand = queue.pop(0)
+        tried += 1
         d.stage = "confirm"
         try:
             conf = confirm(runner, cand, baseline, settings, d.explored.window_sd, salt=1_000 * len(d.confirmations))
@@ -428,6 +432,8 @@ def decide(runner: Runner, baseline: Any, explore: Callable[[Runner], Explored],
             d.baseline_capacity.capacity if d.baseline_capacity.met else 0.0)
         if cap.met and cap.capacity > best:
             d.recommended, d.capacity = cand.config, cap
+        else:  # one of its changes may cost capacity while it adds throughput: its bundles without one come next
+            queue = _without_one_first(runner, baseline, cand, queue)
     if settings.objective == "target" and d.baseline_capacity is None:
         d.stage = "target"
         d.baseline_capacity = check(baseline, _fresh_qps(runner, baseline, d.explored.baseline_qps), "baseline")
@@ -445,6 +451,20 @@ def decide(runner: Runner, baseline: Any, explore: Callable[[Runner], Explored],
             d.indeterminate = f"{d.indeterminate}; {said}" if d.indeterminate else said
     d.stage = "done"
     return d
+
+
+def _changes(runner: Runner, baseline: Any, config: Any) -> set[tuple[str, str]]:
+    base = runner.describe(baseline)
+    return {(k, json.dumps(v, default=str)) for k, v in runner.describe(config).items() if base.get(k) != v}
+
+
+def _without_one_first(runner: Runner, baseline: Any, lost: Candidate, queue: list[Candidate]) -> list[Candidate]:
+    """The candidates still to check, those that are ``lost``'s bundle less one of its changes first (in rank
+    order): a knob that raises throughput and lowers capacity at the target must not ride along in a bundle."""
+    bundle = _changes(runner, baseline, lost.config)
+    less_one = [c for c in queue if len(_changes(runner, baseline, c.config)) == len(bundle) - 1
+                and _changes(runner, baseline, c.config) < bundle]
+    return less_one + [c for c in queue if c not in less_one]
 
 
 def _indeterminate(candidates: list[Candidate], settings: EngineSettings) -> str | None:
