@@ -835,6 +835,11 @@ def run_check(out: Path, budget_s: float, device_name: str | None = None, dtype_
             "form": "reduced" if reduced else "full",
             "tf32_matmul_default": torch.backends.cuda.matmul.allow_tf32, "weights": "random (random_minilm, seed 0)",
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "sizes": sizes}
+        if sim is not None:
+            report.data["simulated"] = True
+            report.data["what"] = (f"a dry run of {plan['name'] if plan else 'the check'} on the simulated "
+                                   f"{sim.profile.name} (SIMULATED): every forward took its predicted time, kernel "
+                                   "sums are the cost model's; 'budget' estimates the real card's time")
         report.write()
         print(f"device {device} ({report.data['env']['name']}), dtype {dtype_name}, torch {torch.__version__}, "
               f"{report.data['env']['form']} form, budget {budget_s:.0f} s; writing {report.path}", flush=True)

@@ -140,8 +140,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.predict:
         data = predict_plan(holdout.load_runs(RESULTS))
-        (RESULTS / "whatif_predictions.json").write_text(json.dumps(data, indent=2) + "\n")
-        print(f"wrote {RESULTS / 'whatif_predictions.json'} ({len(data['points'])} points, model {data['model_commit']})")
+        write("whatif_predictions", data)
+        print(f"{len(data['points'])} points predicted, model {data['model_commit']}")
         return
 
     runs = holdout.load_runs(RESULTS)
