@@ -109,6 +109,24 @@ def test_a_missed_target_after_its_check_still_says_target_not_met(monkeypatch, 
     assert "TARGET NOT MET" in _page_head((out / "report.html").read_text())
 
 
+def test_investigate_url_interrupted_before_a_verdict_says_so_and_claims_nothing(tmp_path):
+    from tuning.present.tables import format_service
+
+    service, calls = _Service(), []
+
+    def measure(values, **kw):
+        calls.append(values)
+        if len(calls) > 3:
+            raise KeyboardInterrupt
+        return service.measure(values, **kw)
+    inv = _service_run(tmp_path, measure=measure)
+    text = format_service(inv)
+    assert inv.interrupted and "interrupted before a verdict" in text.lower()
+    assert "TARGET NOT MET" not in text and "ship:" not in text
+    page = (tmp_path / "report.html").read_text()
+    assert "before a verdict" in page and "TARGET NOT MET" not in page
+
+
 # --- 3. ship lines runnable as printed ----------------------------------------------------------------------
 
 class _Service:

@@ -566,7 +566,8 @@ def render_tune(result: Any, resume_dir: Any = None, title: str = "tune: the ser
     alerts = ""
     if s.get("interrupted"):
         again = f" Go on with <code>--resume {_esc(resume_dir)}</code>." if resume_dir is not None else ""
-        alerts += ('<div class="banner miss">INTERRUPTED: tune was cut short; this page holds the windows '
+        when = "after its verdict" if best else "before a verdict: nothing was decided"
+        alerts += (f'<div class="banner miss">INTERRUPTED {when}; this page holds the windows '
                    f"measured.{again}</div>")
     if s.get("error"):
         alerts += f'<div class="banner miss">NOT DECIDED: {_esc(s["error"])}</div>'

@@ -373,7 +373,8 @@ def format_tune(result: Any, unit: str = "req/s", command: str = "tune") -> str:
     if s.get("indeterminate"):
         lines.append(f"indeterminate: {s['indeterminate']}")
     if result.interrupted:
-        lines.append("INTERRUPTED: the table holds what was measured")
+        when = "after its verdict" if result.best is not None else "before a verdict: nothing decided"
+        lines.append(f"INTERRUPTED {when}; the table holds what was measured")
     if result.error:
         lines.append(f"NOT DECIDED: {result.error}")
     best = result.best
