@@ -22,6 +22,7 @@ folder, no docs page).
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 from pathlib import Path
 
@@ -29,8 +30,10 @@ import numpy as np
 from common import write
 
 from tests.worlds import TARGET_MS, WORLDS, World, best_rate, seam_kwargs, steady_capacity
+from tests.worlds_hard import BF16_TAIL_HEAVY, HARD_WORLDS, BatchingWorld, target_for
 from tuning.experiments.judge import wilson
 from tuning.experiments.ladder import LadderSettings, run_ladder
+from tuning.knobs import preset
 
 NOISES = (0.05, 0.10, 0.15)
 LAG_SHARE = 0.10
@@ -111,6 +114,67 @@ def run_case(world_name: str, noise: float, runs: int, settings: LadderSettings)
             "capacity_overstated_high": over_high and round(over_high, 4), "capacities_met": len(ratios)}
 
 
+HARD_LOADS = (0.6, 0.8, 0.9)  # the truth placed at these shares of the saturation rate (tests.worlds_hard.target_for)
+HARD_NOISE = 0.10
+QUEUE_WORLDS = [name for name in HARD_WORLDS if "batcher" not in name]
+# the screen's reach on the batching world: batch 1 or the knee (16), naive or fast tokenizer, dynamic or bucket
+# padding, fp32 or bf16 (seam_kwargs' knee and lengths)
+LADDER_SPACE = {"batch_size": (1, 16), "tokenizer": ("naive", "fast"), "padding": ("dynamic", "bucket"),
+                "dtype": ("fp32", "bf16")}
+
+
+def _summary(ratios: list[float], runs: int) -> dict:
+    over = sum(r > 1.05 for r in ratios)
+    low, high = wilson(over, len(ratios)) if ratios else (None, None)
+    return {"runs": runs, "met": len(ratios), "median": round(float(np.median(ratios)), 4) if ratios else None,
+            "p10_p90": [round(float(x), 4) for x in np.percentile(ratios, [10, 90])] if ratios else None,
+            "over_5pct": over, "over_low": low and round(low, 4), "over_high": high and round(high, 4)}
+
+
+def hard_capacity_case(name: str, load: float, runs: int, settings: LadderSettings) -> dict:
+    """A world of tests.worlds_hard where no knob matters, the target placed so that the truth is ``load`` of
+    saturation: the capacity claimed against the truth, and how often a change was shipped."""
+    base = preset("baseline")
+    ratios, changed = [], 0
+    for seed in range(runs):
+        world = HARD_WORLDS[name](noise=HARD_NOISE, seed=seed)
+        target = target_for(world, base, load)
+        result = run_ladder(device="cpu", measure=world, progress=False, settings=settings, target_p99_ms=target,
+                            **seam_kwargs())
+        changed += bool(result.changes())
+        if result.capacity is not None and result.capacity.met:
+            ratios.append(result.capacity.capacity / world.truth(result.recommended, target))
+    return {"world": name, "load": load, "noise": HARD_NOISE, "changed": changed, **_summary(ratios, runs)}
+
+
+def batching_case(load: float, runs: int, settings: LadderSettings) -> dict:
+    """The dynamic batcher whose bf16 is cheaper a call with 2% of calls 8x slow (it raises closed-loop
+    throughput and lowers capacity at the target): the shipped configuration's truth over the best's among
+    the screen's reach, the capacity claimed over the shipped one's truth, and how often bf16 shipped."""
+    base = preset("baseline")
+    configs = [base.replace(**dict(zip(LADDER_SPACE, v))) for v in itertools.product(*LADDER_SPACE.values())]
+    shipped_best, ratios, bf16 = [], [], 0
+    for seed in range(runs):
+        world = BatchingWorld(costs=BF16_TAIL_HEAVY, seed=seed)
+        target = target_for(world, base.replace(batch_size=16, tokenizer="fast", padding="bucket"), load)
+        best = max(world.truth(k, target) for k in configs)
+        result = run_ladder(device="cpu", measure=world, progress=False, settings=settings, target_p99_ms=target,
+                            **seam_kwargs())
+        truth = world.truth(result.recommended, target)
+        shipped_best.append(truth / best)
+        bf16 += result.recommended.dtype == "bf16"
+        if result.capacity is not None and result.capacity.met and truth > 0:
+            ratios.append(result.capacity.capacity / truth)
+    within = sum(r >= 0.9 for r in shipped_best)
+    low, high = wilson(within, runs)
+    b_low, b_high = wilson(bf16, runs)
+    return {"world": "dynamic batcher, bf16 slow path 8x", "load": load, "runs": runs,
+            "shipped_over_best_median": round(float(np.median(shipped_best)), 4),
+            "shipped_over_best_min": round(float(np.min(shipped_best)), 4), "within_10pct": within,
+            "within_low": round(low, 4), "within_high": round(high, 4), "bf16_shipped": bf16,
+            "bf16_low": round(b_low, 4), "bf16_high": round(b_high, 4), "claimed_over_truth": _summary(ratios, runs)}
+
+
 WHAT_RIGHT_MEANS = {
     "no knob matters": "ships no change",
     "two knobs matter, with an interaction": "ships within 10% of the best",
@@ -145,7 +209,48 @@ def docs_page(out: dict) -> str:
                       f"{a['over_5pct']} of {a['met']} [{100 * a['over_low']:.1f}-{100 * a['over_high']:.1f}%] |"
                       for a in acc]
             lines.append("")
+    hard = out.get("hard") or {}
+    if hard:
+        lines += ["## Worlds the engine was not built from (quick settings)", "",
+                  "`tests/worlds_hard.py`: FIFO servers with deterministic, lognormal (sigma 1) and 97/3 short/long "
+                  f"service, {100 * HARD_NOISE:.0f}% run-to-run pace noise, no drift or dips, no knob that matters; the "
+                  "target placed so that the steady-state truth is the load's share of saturation.", "",
+                  "| world | load | changes shipped | capacity / truth: median [p10-p90] | over by > 5% [95%] |",
+                  "|---|---|---|---|---|"]
+        for c in hard["capacity"]:
+            med = f"{c['median']:.3f} [{c['p10_p90'][0]:.3f}-{c['p10_p90'][1]:.3f}]" if c["met"] else "-"
+            over = (f"{c['over_5pct']} of {c['met']} [{100 * c['over_low']:.1f}-{100 * c['over_high']:.1f}%]"
+                    if c["met"] else "-")
+            lines.append(f"| {c['world']} | {c['load']} | {c['changed']} of {c['runs']} | {med} | {over} |")
+        lines += ["", "The dynamic batcher (bf16 a call 30% cheaper, 2% of its calls 8x slow):", "",
+                  "| load | shipped / best truth: median (min) | within 10% of the best [95%] | bf16 shipped [95%] | "
+                  "claimed / truth of what shipped: median, over by > 5% |", "|---|---|---|---|---|"]
+        for b in hard["batching"]:
+            c = b["claimed_over_truth"]
+            lines.append(f"| {b['load']} | {b['shipped_over_best_median']:.3f} ({b['shipped_over_best_min']:.3f}) | "
+                         f"{b['within_10pct']} of {b['runs']} [{100 * b['within_low']:.1f}-{100 * b['within_high']:.1f}%] | "
+                         f"{b['bf16_shipped']} of {b['runs']} [{100 * b['bf16_low']:.1f}-{100 * b['bf16_high']:.1f}%] | "
+                         f"{c['median']}, {c['over_5pct']} of {c['met']} |")
+        lines.append("")
     return "\n".join(lines)
+
+
+def hard_cases(runs: int) -> dict:
+    settings = LadderSettings.quick()
+    out: dict = {"capacity": [], "batching": []}
+    for name in QUEUE_WORLDS:
+        for load in HARD_LOADS:
+            c = hard_capacity_case(name, load, runs, settings)
+            out["capacity"].append(c)
+            print(f"hard  {name:<34} load {load}: capacity/truth {c['median']} {c['p10_p90']}, over by >5% "
+                  f"{c['over_5pct']} of {c['met']}, changes shipped {c['changed']} of {runs}", flush=True)
+    for load in HARD_LOADS:
+        b = batching_case(load, runs, settings)
+        out["batching"].append(b)
+        print(f"hard  batcher load {load}: shipped/best median {b['shipped_over_best_median']} "
+              f"(min {b['shipped_over_best_min']}), within 10% {b['within_10pct']} of {runs}, bf16 shipped "
+              f"{b['bf16_shipped']} of {runs}, claimed/truth {b['claimed_over_truth']['median']}", flush=True)
+    return out
 
 
 def main() -> None:
@@ -153,6 +258,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=200)
     ap.add_argument("--quick", action="store_true", help="20 runs a case, a temporary folder")
     ap.add_argument("--modes", default="quick,full", help="settings to run: quick, full or both")
+    ap.add_argument("--hard-runs", type=int, default=40, help="runs a case on the worlds of tests/worlds_hard.py")
     args = ap.parse_args()
     runs = 20 if args.quick else args.runs
     t0 = time.perf_counter()
@@ -176,6 +282,7 @@ def main() -> None:
         for a in out["capacity_accuracy"][mode]:
             print(f"{mode:<5} capacity / steady-state truth, no drift, noise {100 * a['noise']:.0f}%: median "
                   f"{a['median']}, p10-p90 {a['p10_p90']}, over by >5% {a['over_5pct']} of {a['met']}", flush=True)
+    out["hard"] = hard_cases(5 if args.quick else args.hard_runs)
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     write("keep_rule", out, quick=args.quick)
     if not args.quick:

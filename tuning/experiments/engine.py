@@ -432,8 +432,8 @@ def decide(runner: Runner, baseline: Any, explore: Callable[[Runner], Explored],
             d.baseline_capacity.capacity if d.baseline_capacity.met else 0.0)
         if cap.met and cap.capacity > best:
             d.recommended, d.capacity = cand.config, cap
-        else:  # one of its changes may cost capacity while it adds throughput: its bundles without one come next
-            queue = _without_one_first(runner, baseline, cand, queue)
+        # one of its changes may add throughput and cost capacity: its bundles less one change come next
+        queue = _without_one_first(runner, baseline, cand, queue)
     if settings.objective == "target" and d.baseline_capacity is None:
         d.stage = "target"
         d.baseline_capacity = check(baseline, _fresh_qps(runner, baseline, d.explored.baseline_qps), "baseline")
