@@ -193,6 +193,15 @@ def test_outliers_are_told_by_their_robust_spread():
     assert outlying([0.0, 0.0, 0.0, 0.001], floor=0.03) == []
 
 
+def test_a_pair_s_outlier_scale_comes_from_the_screen_never_from_the_pairs():
+    """Issue 57: the pair re-measure took its scale from the pairs' own spread (at least the screen's), where the
+    design says the screen's alone: a confirmation whose pairs spread more than the screen's windows did kept
+    its outlier."""
+    d = [0.0, 0.3, -0.3, 0.25, -0.25, 1.2]
+    assert outlying(d, floor=0.05) == []  # the pairs' own spread hides it
+    assert outlying(d, sd=0.2) == [5]  # the screen says a pair varies 0.2: 1.2 is beyond 3.5 of that
+
+
 def test_wilson_interval_of_three_in_a_hundred():
     low, high = wilson(3, 100)
     assert low == pytest.approx(0.0103, abs=0.001) and high == pytest.approx(0.0846, abs=0.002)

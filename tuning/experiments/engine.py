@@ -29,6 +29,7 @@ OBJECTIVES = ("target", "qps")
 # there would not hold for an hour
 FRACTIONS = (0.90, 0.85, 0.80, 0.75, 0.70, 0.60, 0.50, 0.40, 0.30)
 LAG_SALT = 1_000_033  # a re-run after the client lagged draws new arrivals
+FRESH = 4  # a configuration's freshest throughput: the median of its last this many windows
 CYCLE_MARGIN = 1.5  # a target window is made to hold this many times the cycles a pass needs
 
 
@@ -284,11 +285,11 @@ class Explored:
 
 def paired_log_ratios(runner: Runner, stage: str, a: Any, b: Any, pairs: int, seed: int,
                       on_pair: Callable[[list[float]], bool] | None = None,
-                      floor: float | None = None) -> tuple[list[float], list[float], list[float]]:
+                      pair_sd: float | None = None) -> tuple[list[float], list[float], list[float]]:
     """Up to ``pairs`` interleaved pairs of closed-loop windows, both arms of a pair on one seed: the
-    per-pair ln(qps_b / qps_a) and each arm's qps. With a ``floor`` (a pair's SD known from elsewhere), a pair
-    beyond :data:`~tuning.experiments.judge.OUTLIER_SDS` robust SDs (at least ``floor``) of the others is
-    measured once more, and that measurement stands.
+    per-pair ln(qps_b / qps_a) and each arm's qps. With ``pair_sd`` (a pair's SD known from elsewhere, never
+    from the few pairs themselves), a pair beyond :data:`~tuning.experiments.judge.OUTLIER_SDS` of them from
+    the others' median is measured once more, and that measurement stands.
     ``on_pair(d so far)`` returning True stops early."""
     d: list[float] = []
     qa: list[float] = []
@@ -308,7 +309,7 @@ def paired_log_ratios(runner: Runner, stage: str, a: Any, b: Any, pairs: int, se
         d.append(x)
         qa.append(ya)
         qb.append(yb)
-        for j in [j for j in (outlying(d, floor) if floor is not None else []) if j not in again]:
+        for j in [j for j in (outlying(d, sd=pair_sd) if pair_sd is not None else []) if j not in again]:
             again.add(j)
             runner.status(f"{stage}: pair {j + 1} again, beyond the others' spread")
             d[j], qa[j], qb[j] = one(j, seed + 50_000 + j)
@@ -347,11 +348,12 @@ def confirm(runner: Runner, candidate: Candidate, baseline: Any, settings: Engin
     # each of the candidates confirmed at alpha / candidates: the run's false-ship rate stays within alpha
     test = Sequential(settings.min_effect, settings.alpha / settings.candidates, settings.look_every, settings.max_pairs)
     runner.status(f"confirming {candidate.label} against the baseline")
-    floor = math.sqrt(2) * window_sd if math.isfinite(window_sd) and window_sd > 0 else None
+    pair_sd = math.sqrt(2) * window_sd if math.isfinite(window_sd) and window_sd > 0 else None
     _, qa, qb = paired_log_ratios(runner, "confirm", baseline, candidate.config, settings.max_pairs,
                                   settings.seed + 10_000 + salt, on_pair=lambda d: test.set(d) != "continue",
-                                  floor=floor)
-    return Confirmation(candidate.label, test, float(np.median(qb)), float(np.median(qa)))
+                                  pair_sd=pair_sd)
+    # the target check starts from each arm's freshest windows (its first ones ran on a server just started)
+    return Confirmation(candidate.label, test, float(np.median(qb[-FRESH:])), float(np.median(qa[-FRESH:])))
 
 
 @dataclass
@@ -376,7 +378,7 @@ def _fresh_qps(runner: Runner, config: Any, fallback: float) -> float:
     freshest), else ``fallback``."""
     key = runner.describe(config)
     got = [w.qps for w in runner.windows if w.kind == "throughput" and w.config == key and w.qps > 0]
-    tail = got[-4:]
+    tail = got[-FRESH:]
     return float(np.median(tail)) if tail else fallback
 
 

@@ -27,14 +27,16 @@ LAG_SHARE = 0.05
 OUTLIER_SDS = 3.5  # a window (or pair) this many robust SDs from what its stage's model predicts is measured again
 
 
-def outlying(residuals: Sequence[float], floor: float = 0.0, limit: float = OUTLIER_SDS) -> list[int]:
-    """Indices of ``residuals`` beyond ``limit`` robust SDs (1.4826 x the median absolute deviation, at
-    least ``floor``) from their median: a window the machine took away, not the configuration's pace."""
+def outlying(residuals: Sequence[float], floor: float = 0.0, limit: float = OUTLIER_SDS,
+             sd: float | None = None) -> list[int]:
+    """Indices of ``residuals`` beyond ``limit`` SDs from their median: a window the machine took away, not the
+    configuration's pace. The SD is ``sd`` when known from elsewhere, else 1.4826 x the median absolute
+    deviation, at least ``floor``."""
     r = np.asarray(residuals, dtype=float)
     if r.size < 3:
         return []
     centre = float(np.median(r))
-    scale = max(1.4826 * float(np.median(np.abs(r - centre))), floor)
+    scale = sd if sd is not None else max(1.4826 * float(np.median(np.abs(r - centre))), floor)
     if not scale > 0:
         return []
     return [int(i) for i in np.flatnonzero(np.abs(r - centre) > limit * scale)]
