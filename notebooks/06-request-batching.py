@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -87,9 +87,9 @@ print("; ".join(f"{r.concurrency} in flight: {r.qps:.0f} QPS, p99 {r.p99_ms:.0f}
 # ## Step 3: the engine, from `baseline` to what to ship
 #
 # The engine screens the knobs together in a two-level factorial on sustained throughput (every main effect
-# from every window), walks batch size and max wait along the winner, confirms the winner against the
-# baseline once on fresh interleaved pairs (a group-sequential test), and checks the p99 target of both on a
-# warm server at descending fractions of their throughput: the capacity is the highest rate that passed.
+# from every window), confirms candidates against the baseline on fresh interleaved pairs (a group-sequential
+# test), and checks the p99 target of each on a warm server at descending fractions of their throughput: the
+# capacity is the highest rate that passed in two windows, judged on their independent busy cycles.
 # This is the package function `investigate` runs; `docs/deciding.md` is its one-page design.
 
 # %%

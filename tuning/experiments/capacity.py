@@ -1,5 +1,5 @@
 """Capacity at a p99 target (``docs/deciding.md``, stage 3): one configuration on a warm server, a window at
-each of the descending fractions of its sustained throughput, each window judged on its blocks
+each of the descending fractions of its sustained throughput, each window judged on its regeneration cycles
 (:func:`tuning.experiments.judge.target_verdict`); the capacity is the highest rate that passed.
 
 :class:`Probe` is one rate's window and verdict, :class:`Capacity` the check's result.

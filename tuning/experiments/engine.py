@@ -39,7 +39,7 @@ class EngineSettings:
     the same design with fewer or more windows."""
 
     objective: str = "target"
-    min_effect: float = 0.05  # the confirmation's H1 and the line search's move
+    min_effect: float = 0.05  # the confirmation's H1, and the gap under which two capacities are not told apart
     window_s: float = 4.0  # a throughput window
     screen_runs: int = 32
     interactions: bool = True  # the screen's model: two-way interactions too (needs the runs to estimate them)

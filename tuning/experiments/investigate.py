@@ -5,8 +5,8 @@ Phases (a progress bar each, a line per finished ladder step):
 1. **baseline**: the ``baseline`` preset under fixed-concurrency load with the recorder (trends,
    per-thread CPU, stage ledger, diagnosis);
 2. **decide**: :func:`tuning.experiments.ladder.run_ladder`, the engine of ``docs/deciding.md``: a factorial
-   screen of the knobs on throughput, a line search, one confirmation against the baseline, a target check
-   of the winner and the baseline on a warm server (the files are rewritten as it goes);
+   screen of the knobs on throughput, confirmations against the baseline, a target check of each confirmed
+   candidate and the baseline on a warm server (the files are rewritten as it goes);
 3. **profile**: the recommended configuration once more under the recorder, at its capacity (the recorder's
    own cost shows as the difference from the target check's window there);
 4. **what-if** (unless on a GPU): baseline and recommended on the simulated accelerator

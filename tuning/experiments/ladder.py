@@ -2,7 +2,7 @@
 factorial screen of the knobs as its exploring strategy.
 
     result = run_ladder("data/records.jsonl", device="cpu", quick=True)
-    result.to_frame()        # one row per stage: effects, line search, confirmation, target checks
+    result.to_frame()        # one row per stage: effects, confirmations, target checks
     result.recommended       # the Knobs to ship
     result.set_line()        # the same as copy-pasteable --set flags
     result.target_met        # False: no configuration met the p99 target (investigate exits 3)

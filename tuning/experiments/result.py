@@ -151,19 +151,15 @@ class LadderResult:
         shipped = changes_of(self.recommended)
         for name, high in self.screened.items():
             e = effects.get(name, {})
-            on = all(k in shipped for k in high)  # its knobs moved off the baseline (the line search may move them on)
+            on = all(k in shipped for k in high)  # its knobs moved off the baseline
             fig = {"ratio": rounded(e.get("ratio")), "low": rounded(e.get("low")), "high": rounded(e.get("high")),
                    "in_model": e.get("kept")}
             why = (f"main effect {_ratio_text(fig)} on throughput; "
                    + ("in the model" if e.get("kept") else "its interval holds no effect"))
             rows.append(Step(name, FACTORS[name].title, change_text(high), "shipped" if on else "not shipped", why, fig))
-        for m in explored.tables.get("line", []):
-            rows.append(Step("line", f"line search: {m['knob']}", m["change"], "moved" if m["moved"] else "not moved",
-                             f"x{m['ratio']:.3f} over {m['pairs']} pairs (moves above x{1 + self.settings.min_effect:.2f})",
-                             {"ratio": m["ratio"], "pairs": m["pairs"]}))
         for c in d.confirmations:
             r = c.row()
-            rows.append(Step("confirm", "winner against the baseline", c.label, r["verdict"] == "better" and "confirmed"
+            rows.append(Step("confirm", "candidate against the baseline", c.label, r["verdict"] == "better" and "confirmed"
                              or "not confirmed", f"{r['verdict']} after {r['pairs']} pairs: {_ratio_text(r)}", r))
         for label, cap in d.checks:
             rows.append(Step("target", "target check", label, "met" if cap.met else "not met", cap.sentence(),
