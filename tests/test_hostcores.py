@@ -130,7 +130,8 @@ def test_the_investigate_what_if_carries_the_cores_needed(tmp_path):
     assert set(cores) == {"baseline", "recommended"}
     assert cores["recommended"]["cores"] == pytest.approx(0.7 * 500 * host_cores(_trial(ROWS)).cpu_s_per_request,
                                                           rel=1e-3)
-    assert any(line.startswith("what-if: recommended: this host's") for line in lines)
+    assert cores["recommended"]["sentence"].startswith("recommended: this host's")  # said once, in the ending
+    assert not any(line.startswith("what-if:") for line in lines)
     assert what_if_cores({"x": Trial(qps=1.0, p99_ms=1.0)}, "label") == {}  # no thread table: nothing to say
 
 
