@@ -53,11 +53,14 @@ def test_a_parameter_the_points_cannot_tell_keeps_its_prior():
 
 
 def test_points_that_determine_a_parameter_get_it_with_a_narrow_interval():
+    """Points made by a card the fit's own (flat) form describes exactly: up to 128x256, compute shows."""
     minilm = embedded_model_profile()
+    flat = H200.replace(sm_count=0, gemm_efficiency={}, flops_efficiency=0.4, graph_min_kernel_s=None)
     shapes = [(b, t) for b in (1, 8, 32, 128) for t in (64, 256)]
-    points = [Point(b, t, "bf16", g, predict(minilm, H200, b, t, "bf16", g, host_dispatch_s=8e-6).call_s * 1e3)
+    points = [Point(b, t, "bf16", g, predict(minilm, flat, b, t, "bf16", g, host_dispatch_s=8e-6).call_s * 1e3)
               for b, t in shapes for g in ("eager", "cuda_graph")]
     profile, _ = calibrate(points, minilm, "cuda", "fit", device_name="NVIDIA H200", host_dispatch_s=8e-6,
                            host_dispatch_kind="model")
     assert "peak_flops" not in unidentified(profile), profile.sources["peak_flops"]
     assert "bootstrap interval" in profile.sources["peak_flops"]
+    assert profile.peak_flops["bf16"] == pytest.approx(H200.flops_for("bf16") * 0.4, rel=0.05)
