@@ -366,10 +366,12 @@ def format_tune(result: Any, unit: str = "req/s", command: str = "tune") -> str:
                      f"x{fixed(c.get('ratio'), '.3f')} [{fixed(c.get('low'), '.3f')}-{fixed(c.get('high'), '.3f')}]")
     for c in s["target_checks"]:
         cap, probes = c.get("capacity"), c.get("probes") or []
-        open_ = sum(p.get("verdict") == "indeterminate" for p in probes)
+        undecided = [p for p in probes if p.get("verdict") == "indeterminate"]
+        why = sorted({str(p["by"]) for p in undecided if p.get("by")})
         lines.append(f"target check of {c['configuration']}: "
                      + (f"capacity {cap:.1f} {unit}" if cap is not None else "no rate tried met the target")
-                     + (f" ({open_} of {len(probes)} windows indeterminate: not passed)" if open_ else ""))
+                     + (f" ({len(undecided)} of {len(probes)} windows indeterminate"
+                        + (f", by {' and '.join(why)}" if why else "") + ": not passed)" if undecided else ""))
     if s.get("indeterminate"):
         lines.append(f"indeterminate: {s['indeterminate']}")
     if result.interrupted:
