@@ -167,9 +167,12 @@ def regeneration_cycles(latencies_ms: Sequence[float], arrivals_s: Sequence[floa
     regeneration cycle, the last one still open when the window ended. A cycle starts at an arrival that finds
     nothing in flight: every earlier request answered. The client knows that without the server's help, and
     what follows such a moment does not depend on what came before it, so cycles are independent units
-    (regenerative simulation: Crane and Iglehart); the first and last segments are not complete cycles. A
-    failure's answer time is not kept: it counts as in flight for the window's longest answered latency (fewer
-    regenerations: wider bounds)."""
+    (regenerative simulation: Crane and Iglehart); the first and last segments are not complete cycles.
+    The window's fastest answer is a delay every request pays side by side (the network, a fixed stage), and
+    requests overlapping only in it do not wait for each other: a request counts as in flight for its latency
+    over the fastest, so that a service whose answers take longer than the gap between arrivals still has
+    cycles. A failure's answer time is not kept: it counts as in flight for the window's longest answered
+    latency (fewer regenerations: wider bounds)."""
     lat = np.asarray(latencies_ms, dtype=float)
     arr = np.asarray(arrivals_s, dtype=float)
     if lat.shape != arr.shape:
@@ -178,8 +181,8 @@ def regeneration_cycles(latencies_ms: Sequence[float], arrivals_s: Sequence[floa
     if not lat.size:
         return np.zeros(0, dtype=int)
     finite = lat[np.isfinite(lat)]
-    longest = float(finite.max()) if finite.size else 0.0
-    busy_until = np.maximum.accumulate(arr + np.where(np.isfinite(lat), lat, longest) / 1000.0)
+    fastest, longest = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
+    busy_until = np.maximum.accumulate(arr + (np.where(np.isfinite(lat), lat, longest) - fastest) / 1000.0)
     return np.cumsum(np.r_[False, arr[1:] >= busy_until[:-1]])
 
 
