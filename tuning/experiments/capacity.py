@@ -201,18 +201,18 @@ def pooled_figures(trials: list[Trial], target_p99_ms: float) -> dict[str, Any]:
 
 def probe_of(rate: float, trial: Trial | None, figures: Any, target_p99_ms: float, error_budget: float,
              lag_p99_ms: float | None = None) -> Probe:
-    """A window's verdict and figures: judged on its outcomes when it has them (on their regeneration cycles when
-    their arrival times are known: ``by``), else on what its log kept (a resumed run), else on its p99 alone
-    (``by`` says "p99 only": no bound)."""
-    if trial is not None and trial.latencies_ms is not None and len(trial.latencies_ms):
+    """A window's verdict and figures: the verdict the runner gave it (logged, so a resumed run has it too),
+    else judged on its outcomes (on their regeneration cycles when their arrival times are known: ``by``), else
+    on its p99 alone (``by`` says "p99 only": no bound)."""
+    if figures is not None and getattr(figures, "verdict", None):  # the runner judged it (blocks or cycles)
+        v = TargetVerdict(figures.verdict, figures.over / figures.n if figures.n else math.nan, figures.share_low,
+                          figures.share_high, figures.n, figures.over, figures.errors, figures.fastest_ms,
+                          figures.cycles, figures.judged_by or "blocks")
+        by = v.by
+    elif trial is not None and trial.latencies_ms is not None and len(trial.latencies_ms):
         v = target_verdict(trial.latencies_ms, target_p99_ms, trial.failed, error_budget,
                            arrivals_s=getattr(trial, "arrivals_s", None))
         by = v.by
-    elif figures is not None and getattr(figures, "verdict", None):
-        v = TargetVerdict(figures.verdict, figures.over / figures.n if figures.n else math.nan, figures.share_low,
-                          figures.share_high, figures.n, figures.over, figures.errors, figures.fastest_ms,
-                          figures.cycles)
-        by = "cycles (logged)"
     else:
         v, by = _p99_verdict(figures, target_p99_ms), "p99 only"
     f = pooled_figures([trial], target_p99_ms) if trial is not None else {}
@@ -245,7 +245,8 @@ def check_target(run_window: Callable[[float, int], Any], throughput: float, tar
     too (the search chose it among several looks: the fresh one alone is the test). When the first fraction
     is claimed, the check climbs through ``climb`` (multiples of the throughput: a closed loop can undercount
     what open arrivals get, a batcher's for one) while each rate is claimed the same way; a claim at the top
-    is "at least". ``run_window(rate, seed) -> Window`` measures one (the engine's runner); ``stop(probe)``
+    is "at least" (as is a claim at the first fraction when ``climb`` is empty: the check looks no higher).
+    ``run_window(rate, seed) -> Window`` measures one (the engine's runner); ``stop(probe)``
     returning True ends the check early (Ctrl-C's caller, a test); ``can_pass(rate)`` False skips a rate whose
     window cannot hold the independent cycles a pass needs (near saturation, within the window's longest)."""
     probes: list[Probe] = []

@@ -24,6 +24,7 @@ from tuning.experiments.judge import MIN_PASS_CYCLES, Sequential, client_lagged,
 from tuning.experiments.trial import Trial
 
 OBJECTIVES = ("target", "qps")
+VERDICTS = ("blocks", "cycles")  # how a target window is judged (docs/deciding.md, stage 3)
 # of the sustained throughput, highest first. None above 0.90: a queue that near saturation does not reach its steady
 # state within any window the engine can afford (its relaxation time grows as 1 / (1 - sqrt(load))^2), so a pass
 # there would not hold for an hour
@@ -48,16 +49,15 @@ class EngineSettings:
     max_pairs: int = 16  # the confirmation's cap, looked at every look_every pairs
     look_every: int = 4
     alpha: float = 0.025  # the confirmation's false 'better' rate over all its looks
-    # a window passes only with 150 independent cycles, and at a load f about a share 1 - f of arrivals start one:
-    # 1,500 arrivals hold them up to f = 0.9 (judge.MIN_PASS_CYCLES)
-    target_outcomes: int = 3000  # a target window holds this many arrivals...
-    target_max_s: float = 30.0  # ...or lasts this long, whichever is shorter...
-    target_min_outcomes: int = 400  # ...but at least this many (a window of fewer than 150 cycles cannot pass)
+    target_outcomes: int = 2000  # a target window holds this many arrivals...
+    target_max_s: float = 20.0  # ...or lasts this long, whichever is shorter...
+    target_min_outcomes: int = 400  # ...but at least this many (299 is the fewest with which a window can pass)
     fractions: tuple[float, ...] = FRACTIONS
     candidates: int = 2  # candidates confirmed and checked at the target, in rank order
     min_window_answers: int = 30  # a throughput window with fewer ok answers is measured again, longer
     max_window_factor: int = 8  # ...at most this many times as long
     error_budget: float = 0.001
+    verdict: str = "blocks"  # blocks: 5 consecutive blocks; cycles: regeneration cycles (a service that empties)
     seed: int = 0
     unit: str = "req/s"  # what a rate counts: requests, or texts where configurations send several per request
 
@@ -67,6 +67,9 @@ class EngineSettings:
                              "(closed-loop throughput, for batch jobs)")
         if not 0 < self.min_effect < 1:
             raise ValueError(f"min_effect={self.min_effect!r} must be a share in (0, 1): 0.05 is 5%")
+        if self.verdict not in VERDICTS:
+            raise ValueError(f"verdict={self.verdict!r}: use 'blocks' (any service) or 'cycles' (a service that "
+                             "empties between bursts, judged on its regeneration cycles)")
         if not 0 <= self.error_budget < 1:
             raise ValueError(f"error_budget={self.error_budget!r} must be a share in [0, 1): 0.001 is 0.1%")
         if self.look_every < 2 or self.max_pairs % self.look_every:
@@ -78,7 +81,7 @@ class EngineSettings:
     @classmethod
     def quick(cls, **changes: Any) -> "EngineSettings":
         base = dict(min_effect=0.10, window_s=3.0, screen_runs=16, interactions=False, grid_repeats=2, max_pairs=8,
-                    target_outcomes=1500, target_max_s=20.0, candidates=2)
+                    target_outcomes=1000, target_max_s=10.0, candidates=2)
         return cls(**{**base, **changes})
 
     @classmethod
@@ -94,18 +97,21 @@ class EngineSettings:
         return window_s * min(self.max_window_factor, math.ceil(1.25 * self.min_window_answers / trial.ok))
 
     def target_window_s(self, rate: float, load: float | None = None) -> float:
-        """A target window's length at ``rate``: ``target_outcomes`` arrivals, or enough to hold
-        :data:`CYCLE_MARGIN` x the cycles a pass needs at ``load`` (the rate over the throughput; about a share
-        1 - load of arrivals find nothing in flight), within ``target_max_s``; never fewer than
+        """A target window's length at ``rate``: ``target_outcomes`` arrivals, or (``verdict='cycles'``) enough to
+        hold :data:`CYCLE_MARGIN` x the cycles a pass needs at ``load`` (the rate over the throughput; on one
+        server about a share 1 - load of arrivals find it empty), within ``target_max_s``; never fewer than
         ``target_min_outcomes`` arrivals (a slow service gets long windows)."""
         arrivals = float(self.target_outcomes)
-        if load is not None and math.isfinite(load):
+        if self.verdict == "cycles" and load is not None and math.isfinite(load):
             arrivals = max(arrivals, CYCLE_MARGIN * MIN_PASS_CYCLES / max(1.0 - load, 0.02))
         return max(min(self.target_max_s, arrivals / rate), self.target_min_outcomes / rate)
 
     def can_pass_at(self, rate: float, load: float) -> bool:
-        """Whether a window at ``rate`` and ``load`` can be expected to hold the cycles a pass needs."""
-        return rate * self.target_window_s(rate, load) * max(1.0 - load, 0.0) >= MIN_PASS_CYCLES
+        """Whether a window at ``rate`` and ``load`` can be expected to pass: always on blocks; on cycles, when it
+        can hold the cycles a pass needs (one server's estimate: one that works side by side empties less)."""
+        if self.verdict != "cycles":
+            return True
+        return rate * self.target_window_s(rate, load) * max(1.0 - load, 0.0) >= CYCLE_MARGIN * MIN_PASS_CYCLES
 
 @dataclass
 class Window:
@@ -126,7 +132,8 @@ class Window:
     over: int = 0  # ...the outcomes over the target or failed...
     share_low: float = math.nan  # ...the bounds on their share...
     share_high: float = math.nan
-    cycles: int = 0  # ...and the independent cycles it was judged on
+    cycles: int = 0  # ...the independent cycles it was judged on...
+    judged_by: str | None = None  # ...and how: cycles | blocks
     fastest_ms: float = math.nan
     lag_p99_ms: float = math.nan
     lagged: bool = False
@@ -161,18 +168,19 @@ def _known(x: Any) -> float:
 
 
 def window_of(t: Trial, stage: str, kind: str, config: dict[str, Any], rate: float | None, seed: int,
-              target_ms: float) -> Window:
+              target_ms: float, verdict: str = "blocks") -> Window:
     lat = None if t.latencies_ms is None else np.asarray(t.latencies_ms, dtype=float)
     lags = None if t.lags_ms is None else np.asarray(t.lags_ms, dtype=float)
     finite = lat[np.isfinite(lat)] if lat is not None else np.zeros(0)
     v = None
     if kind == "target" and lat is not None and lat.size:
-        v = target_verdict(lat, target_ms, int(t.failed), arrivals_s=getattr(t, "arrivals_s", None))
+        arrivals = getattr(t, "arrivals_s", None) if verdict == "cycles" else None
+        v = target_verdict(lat, target_ms, int(t.failed), arrivals_s=arrivals)
     lagged = client_lagged(lags, target_ms) and (kind != "target" or lag_explains(lat, lags, target_ms))
     return Window(stage, kind, config, rate, seed, _known(t.qps), _known(t.p50_ms), _known(t.p99_ms),
                   int(t.submitted or (lat.size if lat is not None else 0)), int(t.failed), _known(t.window_s),
                   v.verdict if v else None, v.over if v else 0, v.low if v else math.nan, v.high if v else math.nan,
-                  v.cycles if v else 0, float(finite.min()) if finite.size else math.nan,
+                  v.cycles if v else 0, v.by if v else None, float(finite.min()) if finite.size else math.nan,
                   float(np.percentile(lags, 99)) if lags is not None and lags.size else math.nan,
                   lagged, False, _known(t.model_busy), _known(t.device_busy),
                   _known(t.mean_batch), _known(t.steal_share), _known(getattr(t, "server_queue_ms", math.nan)),
@@ -251,7 +259,7 @@ class Runner:
         except ConfigError as exc:
             return Window(stage, kind, described, rate, seed, math.nan, math.nan, math.nan, 0, 0, math.nan,
                           error=str(exc))
-        return window_of(trial, stage, kind, described, rate, seed, self.target_ms)
+        return window_of(trial, stage, kind, described, rate, seed, self.target_ms, self.settings.verdict)
 
     def throughput(self, stage: str, config: Any, seed: int) -> float:
         """ln(ok answers per second) of one closed-loop window (``-inf`` when none was ok)."""
@@ -386,7 +394,7 @@ def decide(runner: Runner, baseline: Any, explore: Callable[[Runner], Explored],
            label: Callable[[Any], str], decision: Decision | None = None) -> Decision:
     """Run the four stages (``docs/deciding.md``). ``decision`` is filled as it goes, so that a Ctrl-C
     leaves in it what was decided."""
-    from tuning.experiments.capacity import check_target
+    from tuning.experiments.capacity import CLIMB, check_target
 
     d = decision or Decision(baseline, baseline)
     d.explored = explore(runner)
@@ -399,7 +407,8 @@ def decide(runner: Runner, baseline: Any, explore: Callable[[Runner], Explored],
         runner.status(f"target check of {name} from {qps:.1f} {settings.unit}")
         cap = check_target(lambda rate, seed: runner.run("target", config, rate, seed, rate / qps), qps, target,
                            settings.fractions, settings.error_budget, settings.seed, unit=settings.unit,
-                           can_pass=lambda rate: settings.can_pass_at(rate, rate / qps))
+                           can_pass=lambda rate: settings.can_pass_at(rate, rate / qps),
+                           climb=CLIMB if settings.verdict == "cycles" else ())
         d.checks.append((name, cap))
         return cap
 

@@ -16,12 +16,12 @@ from tuning.base.format import rounded
 
 EXCEED_SHARE = 0.01  # a p99 target: at most 1% of outcomes over it
 TARGET_LEVEL = 0.95  # the share's one-sided bounds
-MIN_PASS_CYCLES = 150  # a window passes only with this many independent cycles: with nothing over the target, 299
-# independent outcomes bound a share under 1% (0.99 ** 299 < 0.05), and a cycle is worth at most two
+MIN_PASS_CYCLES = 299  # on cycles a window passes only with this many: with nothing over the target, 299
+# independent units are the fewest that bound a share under 1% (0.99 ** 299 < 0.05), and a cycle holds at least one
 TAIL_SHARE = 0.10  # the tail is extrapolated from the slowest 10% of outcomes (by their cycle's slowest)...
 MIN_TAIL_CYCLES = 5  # ...and at least this many cycles
 BOOTSTRAP = 400  # resamples of the cycles
-NO_ARRIVALS_BATCHES = 20  # without arrival times: batches of consecutive outcomes (the window cannot pass)
+TARGET_BLOCKS = 5  # without arrival times a window is cut into this many consecutive blocks (batch means)
 LAG_MS = 10.0  # a client whose 99th-percentile send lag is over this and over LAG_SHARE of the target lagged
 LAG_SHARE = 0.05
 OUTLIER_SDS = 3.5  # a window (or pair) this many robust SDs from what its stage's model predicts is measured again
@@ -139,7 +139,7 @@ class Sequential:
 class TargetVerdict:
     """One window's target check: the share of outcomes over the target (or failed), its one-sided bounds, and
     the verdict (``pass`` | ``fail`` | ``indeterminate``). ``cycles``: the independent units it was judged on
-    (regeneration cycles, or batches of consecutive outcomes without arrival times: ``by``)."""
+    (regeneration cycles; 0 when judged on blocks: ``by``)."""
 
     verdict: str
     mean: float
@@ -150,7 +150,7 @@ class TargetVerdict:
     errors: int
     fastest_ms: float
     cycles: int = 0
-    by: str = "cycles"  # cycles | batches (no arrival times)
+    by: str = "cycles"  # cycles | blocks (judged without arrival times)
 
     @property
     def passed(self) -> bool:
@@ -168,11 +168,9 @@ def regeneration_cycles(latencies_ms: Sequence[float], arrivals_s: Sequence[floa
     nothing in flight: every earlier request answered. The client knows that without the server's help, and
     what follows such a moment does not depend on what came before it, so cycles are independent units
     (regenerative simulation: Crane and Iglehart); the first and last segments are not complete cycles.
-    The window's fastest answer is a delay every request pays side by side (the network, a fixed stage), and
-    requests overlapping only in it do not wait for each other: a request counts as in flight for its latency
-    over the fastest, so that a service whose answers take longer than the gap between arrivals still has
-    cycles. A failure's answer time is not kept: it counts as in flight for the window's longest answered
-    latency (fewer regenerations: wider bounds)."""
+    A failure's answer time is not kept: it counts as in flight for the window's longest answered latency
+    (fewer regenerations: wider bounds). A server that handles requests side by side rarely empties under
+    load, and then has few cycles (``docs/deciding.md``)."""
     lat = np.asarray(latencies_ms, dtype=float)
     arr = np.asarray(arrivals_s, dtype=float)
     if lat.shape != arr.shape:
@@ -180,15 +178,37 @@ def regeneration_cycles(latencies_ms: Sequence[float], arrivals_s: Sequence[floa
                          "in the same order")
     if not lat.size:
         return np.zeros(0, dtype=int)
+    if np.isnan(arr).any():
+        raise ValueError("arrivals_s holds NaN: give every outcome's scheduled arrival time in seconds")
     finite = lat[np.isfinite(lat)]
-    fastest, longest = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
-    busy_until = np.maximum.accumulate(arr + (np.where(np.isfinite(lat), lat, longest) - fastest) / 1000.0)
+    longest = float(finite.max()) if finite.size else 0.0
+    busy_until = np.maximum.accumulate(arr + np.where(np.isfinite(lat), lat, longest) / 1000.0)
     return np.cumsum(np.r_[False, arr[1:] >= busy_until[:-1]])
 
 
-def batches(n: int, count: int = NO_ARRIVALS_BATCHES) -> np.ndarray:
-    """Without arrival times: ``count`` batches of consecutive outcomes stand in for segments (batch means)."""
-    return (np.arange(n) * count // max(n, 1)).astype(int)
+def block_shares(latencies_ms: Sequence[float], target_ms: float, blocks: int = TARGET_BLOCKS) -> list[float]:
+    """Each consecutive block's share of outcomes over ``target_ms`` (a failure is coded as infinity)."""
+    lat = np.asarray(latencies_ms, dtype=float)
+    return [float((p > target_ms).mean()) for p in np.array_split(lat, blocks) if p.size]
+
+
+def block_bounds(over: int, n: int, shares: Sequence[float], level: float = TARGET_LEVEL) -> tuple[float, float]:
+    """One-sided ``level`` bounds on the share over the target from consecutive blocks: Clopper-Pearson on the
+    effective sample size n / deff, deff (at least 1) the blocks' variance over a binomial's. With no outcome
+    over the target a window needs 299 outcomes to pass, as a binomial count would. Bursts that outlast a block
+    are not seen (``docs/deciding.md`` has its error rates)."""
+    if n == 0:
+        return 0.0, 1.0
+    p = over / n
+    k = len(shares)
+    deff = 1.0
+    if k > 1 and 0 < p < 1:
+        deff = max(1.0, float(np.var(shares, ddof=1)) / (p * (1 - p) / (n / k)))
+    n_eff = n / deff
+    x = p * n_eff
+    low = float(stats.beta.ppf(1 - level, x, n_eff - x + 1)) if x > 0 else 0.0
+    high = float(stats.beta.ppf(level, x + 1, n_eff - x)) if x < n_eff else 1.0
+    return low, high
 
 
 def complete_cycles(segment: np.ndarray) -> int:
@@ -241,12 +261,13 @@ def tail_bound(latencies_ms: np.ndarray, segment: np.ndarray, target_ms: float, 
 def target_verdict(latencies_ms: Sequence[float], target_ms: float, errors: int = 0, error_budget: float = 0.001,
                    *, arrivals_s: Sequence[float] | None = None, level: float = TARGET_LEVEL) -> TargetVerdict:
     """One window judged by itself (``docs/deciding.md``, stage 3): pass when the one-sided upper bound on the
-    share over the target (:func:`tail_bound`) is at most 1%, the window held at least :data:`MIN_PASS_CYCLES`
-    independent cycles and its errors are within the budget; fail when the lower bound is above 1% or the
-    errors are over the budget beyond chance; else indeterminate. ``latencies_ms``: every outcome, a failure as
-    infinity; ``arrivals_s``: their scheduled arrivals, same order, from which the cycles are found (without
-    them, :data:`NO_ARRIVALS_BATCHES` batches of consecutive outcomes stand in, and the window cannot pass)."""
-    lat = np.asarray(latencies_ms, dtype=float)
+    share over the target is at most 1% and the errors are within the budget; fail when the lower bound is above
+    1% or the errors are over the budget beyond chance; else indeterminate. ``latencies_ms``: every outcome, a
+    failure as infinity (NaN counts as a failure). With ``arrivals_s`` (their scheduled arrivals, same order)
+    the bounds come from the window's regeneration cycles (:func:`tail_bound`) and a pass needs
+    :data:`MIN_PASS_CYCLES` of them; without, from :data:`TARGET_BLOCKS` consecutive blocks
+    (:func:`block_bounds`)."""
+    lat = np.where(np.isnan(np.asarray(latencies_ms, dtype=float)), math.inf, np.asarray(latencies_ms, dtype=float))
     finite = lat[np.isfinite(lat)]
     fastest = float(finite.min()) if finite.size else math.inf
     if not lat.size:
@@ -257,14 +278,15 @@ def target_verdict(latencies_ms: Sequence[float], target_ms: float, errors: int 
         lat = lat[order]
         segment, by = regeneration_cycles(lat, arr[order]), "cycles"
         count = complete_cycles(segment)
+        low, high = tail_bound(lat, segment, target_ms, level)
     else:
-        segment, by, count = batches(lat.size), "batches", 0
-    low, high = tail_bound(lat, segment, target_ms, level)
+        by, count = "blocks", 0
+        low, high = block_bounds(int((lat > target_ms).sum()), int(lat.size), block_shares(lat, target_ms), level)
     over = int((lat > target_ms).sum())
     errors_over = errors > 0 and stats.binom.sf(errors - 1, lat.size, error_budget) <= 1 - level
     if low > EXCEED_SHARE or errors_over:
         verdict = "fail"
-    elif (high <= EXCEED_SHARE and by == "cycles" and count >= MIN_PASS_CYCLES
+    elif (high <= EXCEED_SHARE and (by == "blocks" or count >= MIN_PASS_CYCLES)
           and errors <= max(error_budget * lat.size, 0)):
         verdict = "pass"
     else:
