@@ -57,3 +57,34 @@ def installed_by_test_extra(module: str):
         if in_ci():
             pytest.fail(f"{module} is missing in CI ({exc}); pip install -e '.[test]' installs it", pytrace=False)
         pytest.skip(f"{module} is not installed ({exc}): pip install -e '.[test]'", allow_module_level=True)
+
+
+def investigate_on(monkeypatch, tmp_path, measure, *extra, target_ms: float):
+    """``python -m tuning investigate --quick`` through ``cli.main`` on a simulated ``measure`` (a world of
+    tests.worlds), screening the tokenizer and precision only: the exit code, stdout, stderr and the output
+    folder."""
+    import contextlib
+    import io
+
+    from tuning import cli
+    from tuning.experiments import investigate as inv_module
+
+    class Closing:
+        def __call__(self, knobs, **kw):
+            return measure(knobs, **kw)
+
+        def close(self):
+            pass
+    original = inv_module.run_ladder
+
+    def run(*a, **k):
+        k.update(factors=("tokenizer", "precision"), lengths=[12, 20, 31], accuracy=lambda d: {"bf16": 0.99999})
+        return original(*a, **k)
+    monkeypatch.setattr(inv_module, "run_ladder", run)
+    monkeypatch.setattr(inv_module, "measure_for", lambda *a, **k: Closing())
+    out = tmp_path / "out"
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = cli.main(["investigate", "--quick", "--limit", "20", "--device", "cpu", "--what-if", "none",
+                         "--target-p99-ms", str(target_ms), "--out", str(out), *extra])
+    return code, stdout.getvalue(), stderr.getvalue(), out

@@ -12,6 +12,7 @@ import re
 
 import pytest
 
+from tests.helpers import investigate_on
 from tests.investigation_run import MALFORMED
 from tests.worlds import TARGET_MS, World, seam_kwargs
 from tuning.experiments.engine import EngineSettings
@@ -54,35 +55,7 @@ def test_bad_arguments_name_the_value():
 # --- the command: exit codes, files and resume ----------------------------------------------------------
 
 def _cli(monkeypatch, tmp_path, measure, *extra):
-    import contextlib
-    import io
-
-    from tuning import cli
-    from tuning.experiments import investigate as inv_module
-    from tuning.experiments import ladder as ladder_module
-
-    class Closing:
-        def __init__(self, fn):
-            self.fn = fn
-
-        def __call__(self, knobs, **kw):
-            return self.fn(knobs, **kw)
-
-        def close(self):
-            pass
-    original = ladder_module.run_ladder
-
-    def run(*a, **k):
-        k.update(factors=("tokenizer", "precision"), lengths=[12, 20, 31], accuracy=lambda d: {"bf16": 0.99999})
-        return original(*a, **k)
-    monkeypatch.setattr(inv_module, "run_ladder", run)
-    monkeypatch.setattr(inv_module, "measure_for", lambda *a, **k: Closing(measure))
-    out = tmp_path / "out"
-    stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        code = cli.main(["investigate", "--quick", "--limit", "20", "--device", "cpu", "--what-if", "none",
-                         "--target-p99-ms", str(TARGET_MS), "--out", str(out), *extra])
-    return code, stdout.getvalue(), stderr.getvalue(), out
+    return investigate_on(monkeypatch, tmp_path, measure, *extra, target_ms=TARGET_MS)
 
 
 def test_exit_3_when_no_configuration_meets_the_target(monkeypatch, tmp_path):

@@ -14,37 +14,14 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.helpers import investigate_on
+
 TARGET_MS = 200.0
-
-
-def _closing(fn):
-    class Closing:
-        def __call__(self, knobs, **kw):
-            return fn(knobs, **kw)
-
-        def close(self):
-            pass
-    return Closing()
 
 
 def _investigate(monkeypatch, tmp_path, measure, *extra):
     """``python -m tuning investigate --quick`` on a simulated world (tests.worlds), through ``cli.main``."""
-    from tuning import cli
-    from tuning.experiments import investigate as inv_module
-
-    original = inv_module.run_ladder
-
-    def run(*a, **k):
-        k.update(factors=("tokenizer", "precision"), lengths=[12, 20, 31], accuracy=lambda d: {"bf16": 0.99999})
-        return original(*a, **k)
-    monkeypatch.setattr(inv_module, "run_ladder", run)
-    monkeypatch.setattr(inv_module, "measure_for", lambda *a, **k: _closing(measure))
-    out = tmp_path / "out"
-    stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        code = cli.main(["investigate", "--quick", "--limit", "20", "--device", "cpu", "--what-if", "none",
-                         "--target-p99-ms", str(TARGET_MS), "--out", str(out), *extra])
-    return code, stdout.getvalue(), stderr.getvalue(), out
+    return investigate_on(monkeypatch, tmp_path, measure, *extra, target_ms=TARGET_MS)
 
 
 def _world(**kw):

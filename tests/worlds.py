@@ -34,6 +34,11 @@ def served(arrivals: np.ndarray, service_s: float, start_free: float) -> np.ndar
     return np.maximum.accumulate(shifted) + (i + 1) * service_s
 
 
+def paced(base_rate: float, rules: list[tuple[Callable[[Any], bool], float]], knobs: Any) -> float:
+    """``base_rate`` times the factor of every rule whose test holds for ``knobs``."""
+    return base_rate * math.prod(factor for test, factor in rules if test(knobs))
+
+
 @dataclass
 class World:
     """``rules``: (test(knobs), factor) pairs multiplying the service rate; ``floor_ms(knobs)``: a fixed
@@ -60,11 +65,7 @@ class World:
         self.calls = 0
 
     def service_rate(self, knobs: Any) -> float:
-        mu = self.base_rate
-        for test, factor in self.rules:
-            if test(knobs):
-                mu *= factor
-        return mu
+        return paced(self.base_rate, self.rules, knobs)
 
     def _pace(self, knobs: Any) -> float:
         mu = self.service_rate(knobs) * math.exp(self.rng.normal(0.0, self.noise))

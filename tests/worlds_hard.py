@@ -41,6 +41,7 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from tests.worlds import paced
 from tuning.experiments.trial import Trial, p99_of
 from tuning.knobs import Knobs
 
@@ -330,11 +331,7 @@ class QueueWorld(_Truths):
         return ()
 
     def service_rate(self, knobs: Any) -> float:
-        mu = self.base_rate
-        for test, factor in self.rules:
-            if test(knobs):
-                mu *= factor
-        return mu
+        return paced(self.base_rate, self.rules, knobs)
 
     def saturation(self, knobs: Any) -> float:
         return self.service_rate(knobs)
