@@ -7,12 +7,12 @@ drains. The target is placed so that the steady-state share of outcomes over it 
 quantile of a long run of each service and load). The verdict claims "at most 1% over"; a window that passes
 where the true share is 1.5% or more is the error the claim must hold to 5%.
 
-Per cell: P(pass) with its 95% Wilson interval (on the window's regeneration cycles, and beside it on 5
-consecutive blocks, the engine's default verdict, for the same windows), the shares of fail and indeterminate,
-and the share over the target pooled over the cell's windows: a window starts empty and is cut in the middle
-of a busy period, so at high load and heavy tails it sees much less than the steady state. Beside it, the pooled share of windows that
-run on until the server first empties (whole regeneration cycles, which estimate the steady state), and how
-long that run-on takes.
+Per cell: P(pass) with its 95% Wilson interval (on the window's regeneration cycles, and beside it on 5 consecutive
+blocks, the engine's default verdict, for the same windows), the shares of fail and indeterminate, and the share
+over the target pooled over the cell's windows: a window starts empty and is cut in the middle of a busy period, so
+at high load and heavy tails it sees much less than the steady state. Beside it, the pooled share of windows that
+run on until the server first empties (whole regeneration cycles, which estimate the steady state), and how long
+that run-on takes.
 
     python bench/verdict_bench.py [--windows 400] [--quick]
 
