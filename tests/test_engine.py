@@ -578,7 +578,7 @@ def test_a_resume_whose_log_ends_on_a_lagged_window_measures_its_re_run():
     def measure(config, *, rate=None, seed=None, window_s=None):
         calls.append(seed)
         return _trial(lags=np.zeros(200))
-    lagged = Window("target", "target", {}, 50.0, 7, 50.0, 10.0, 10.0, 200, 0, 2.0, [0.0] * 5, lagged=True)
+    lagged = Window("target", "target", {}, 50.0, 7, 50.0, 10.0, 10.0, 200, 0, 2.0, "pass", lagged=True)
     runner = Runner(measure, dict, EngineSettings.quick(), 300.0, replay=[lagged.to_dict()])
     w = runner.run("target", {}, 50.0, 7)
     assert calls == [7 + 1_000_033] and w.rerun and not w.lagged
