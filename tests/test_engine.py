@@ -131,6 +131,8 @@ def test_nan_latencies_count_as_failures_and_nan_arrivals_are_refused():
     assert target_verdict(np.full(1000, math.nan), 100.0, arrivals_s=a).verdict == "fail"
     with pytest.raises(ValueError, match="NaN"):
         target_verdict(np.full(1000, 2.0), 100.0, arrivals_s=np.full(1000, math.nan))
+    with pytest.raises(ValueError, match="999 values for 1000 latencies"):
+        target_verdict(np.full(1000, 2.0), 100.0, arrivals_s=np.arange(999.0))
 
 
 def test_a_window_without_arrival_times_is_judged_on_five_blocks():

@@ -1,5 +1,5 @@
 """The engine's judges (``docs/deciding.md``): the confirmation's group-sequential test, the target check's
-verdict on a window's regeneration cycles, and the client-lag flag. Pure statistics over figures; no timing.
+verdict on a window's blocks or regeneration cycles, and the client-lag flag. Pure statistics over figures; no timing.
 """
 
 from __future__ import annotations
@@ -274,6 +274,9 @@ def target_verdict(latencies_ms: Sequence[float], target_ms: float, errors: int 
         return TargetVerdict("fail", math.nan, math.nan, math.nan, 0, 0, errors, fastest, 0)
     if arrivals_s is not None:
         arr = np.asarray(arrivals_s, dtype=float)
+        if arr.shape != lat.shape:
+            raise ValueError(f"arrivals_s has {arr.size} values for {lat.size} latencies: give one arrival per "
+                             "outcome, in the same order")
         order = np.argsort(arr, kind="stable")
         lat = lat[order]
         segment, by = regeneration_cycles(lat, arr[order]), "cycles"
