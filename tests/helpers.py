@@ -88,3 +88,17 @@ def investigate_on(monkeypatch, tmp_path, measure, *extra, target_ms: float):
         code = cli.main(["investigate", "--quick", "--limit", "20", "--device", "cpu", "--what-if", "none",
                          "--target-p99-ms", str(target_ms), "--out", str(out), *extra])
     return code, stdout.getvalue(), stderr.getvalue(), out
+
+
+def short_tune_windows(monkeypatch) -> None:
+    """``tune --quick`` with target windows of 400 arrivals or 4 s: for tests of process handling and resume on
+    real services, not of the engine's statistics (bench/keep_rule.py measures those)."""
+    import dataclasses
+
+    from tuning.experiments import tune
+    from tuning.experiments.engine import EngineSettings
+
+    quick = tune.TuneSettings.quick()
+    short = dataclasses.replace(quick, engine=dataclasses.replace(quick.engine, target_outcomes=400, target_max_s=4.0))
+    monkeypatch.setattr(tune.TuneSettings, "quick", classmethod(lambda cls: short))
+    assert isinstance(short.engine, EngineSettings)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import installed_by_test_extra
+from tests.helpers import installed_by_test_extra, short_tune_windows
 from tuning.base.net import free_port
 
 installed_by_test_extra("litserve")
@@ -109,7 +109,7 @@ def test_litserve_openai_embedding_spec():
     assert _group_gone(proc.pid)
 
 
-def test_tune_over_litserves_batching_knobs_leaves_no_process():
+def test_tune_over_litserves_batching_knobs_leaves_no_process(monkeypatch):
     """``tune`` over 2 x 2 of LitServe's batching knobs in quick mode: the structure of the result, the stages the
     engine ran, and that no LitServe process is left, not which configuration wins (bench/tune_repeat.py runs it
     twice and compares)."""
@@ -118,6 +118,7 @@ def test_tune_over_litserves_batching_knobs_leaves_no_process():
     def litserve_pids() -> set[int]:
         return {p.pid for p in psutil.process_iter(["cmdline"]) if str(APP) in " ".join(p.info["cmdline"] or [])}
     before = litserve_pids()
+    short_tune_windows(monkeypatch)
     code, out, err = _run("tune", "--cmd", f"{sys.executable} {APP} --port {{port}} --max-batch-size {{batch}} "
                           "--batch-timeout {timeout}", "--space", "batch=1,8", "--space", "timeout=0.002,0.02",
                           "--url", "http://127.0.0.1:{port}/predict", "--body", '{"input": "{text}"}',

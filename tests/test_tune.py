@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import short_tune_windows
 from tuning import cli
 from tuning.experiments.tune import fill, parse_space
 
@@ -33,7 +34,8 @@ def _run(*argv):
 
 
 @pytest.mark.slow
-def test_tune_finds_the_faster_configuration_and_reports_a_crash(tmp_path):
+def test_tune_finds_the_faster_configuration_and_reports_a_crash(tmp_path, monkeypatch):
+    short_tune_windows(monkeypatch)
     code, out, err = _run("tune", "--cmd", f"{sys.executable} {APP} --port {{port}} --service-ms {{ms}} --crash {{crash}}",
                           "--space", "ms=16,4", "--space", "crash=no,yes", "--url", "http://127.0.0.1:{port}/predict",
                           "--body", '{"input": "{text}"}', "--target-p99-ms", "200", "--quick", "--limit", "20",
@@ -243,9 +245,10 @@ def test_resume_needs_an_earlier_tune_json(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_partial_tune_json_is_resumed_against_a_real_service(tmp_path):
+def test_a_partial_tune_json_is_resumed_against_a_real_service(tmp_path, monkeypatch):
     """The queue service over ms=16,4: tune.json cut after its first windows (what Ctrl-C leaves), resumed:
     the logged windows are replayed, the rest measured, and the table holds both."""
+    short_tune_windows(monkeypatch)
     argv = ("tune", "--cmd", f"{sys.executable} {APP} --port {{port}} --service-ms {{ms}}", "--space", "ms=16,4",
             "--url", "http://127.0.0.1:{port}/predict", "--body", '{"input": "{text}"}', "--target-p99-ms", "200",
             "--quick", "--limit", "20", "--startup-timeout", "60")
