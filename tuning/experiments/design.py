@@ -99,24 +99,16 @@ class Effects:
         least-squares fit would spread two such runs over the effects and hide them."""
         from scipy.optimize import least_squares
 
-        from tuning.experiments.judge import outlying
+        from tuning.experiments.judge import outlying, robust_sd
 
         x = model_matrix(levels, None if order is None else np.asarray(order), self.interactions)
         y = np.asarray(log_y, dtype=float)
         start = np.linalg.lstsq(x, y, rcond=None)[0]
-        scale = robust_scale(y - x @ start)
+        scale = robust_sd(y - x @ start)  # the data's own spread: the least-squares residuals' robust SD
         if not scale > 0:
             return []
         fit = least_squares(lambda b: x @ b - y, start, loss="soft_l1", f_scale=scale)
         return outlying(y - x @ fit.x, floor=scale)
-
-
-def robust_scale(residuals: np.ndarray) -> float:
-    """One window's spread from the data: 1.4826 x the median absolute residual of the least-squares fit (a
-    robust SD that two lost windows do not inflate). The soft-L1 fit weighs residuals beyond it less, and an
-    outlier must lie beyond :data:`~tuning.experiments.judge.OUTLIER_SDS` of them."""
-    r = np.asarray(residuals, dtype=float)
-    return 1.4826 * float(np.median(np.abs(r - np.median(r)))) if r.size else math.nan
 
 
 def fit_effects(factors: Sequence[str], levels: np.ndarray, log_y: Sequence[float],

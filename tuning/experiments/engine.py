@@ -113,6 +113,7 @@ class EngineSettings:
             return True
         return rate * self.target_window_s(rate, load) * max(1.0 - load, 0.0) >= CYCLE_MARGIN * MIN_PASS_CYCLES
 
+
 @dataclass
 class Window:
     """One load test's figures as the engine keeps them (the raw outcomes are not kept)."""
@@ -469,12 +470,15 @@ def _changes(runner: Runner, baseline: Any, config: Any) -> set[tuple[str, str]]
     return {(k, json.dumps(v, default=str)) for k, v in runner.describe(config).items() if base.get(k) != v}
 
 
-def _without_one_first(runner: Runner, baseline: Any, lost: Candidate, queue: list[Candidate]) -> list[Candidate]:
-    """The candidates still to check, those that are ``lost``'s bundle less one of its changes first (in rank
+def _without_one_first(runner: Runner, baseline: Any, checked: Candidate, queue: list[Candidate]) -> list[Candidate]:
+    """The candidates still to check, those that are ``checked``'s bundle less one of its changes first (in rank
     order): a knob that raises throughput and lowers capacity at the target must not ride along in a bundle."""
-    bundle = _changes(runner, baseline, lost.config)
-    less_one = [c for c in queue if len(_changes(runner, baseline, c.config)) == len(bundle) - 1
-                and _changes(runner, baseline, c.config) < bundle]
+    bundle = _changes(runner, baseline, checked.config)
+    less_one = []
+    for c in queue:
+        changes = _changes(runner, baseline, c.config)
+        if len(changes) == len(bundle) - 1 and changes < bundle:
+            less_one.append(c)
     return less_one + [c for c in queue if c not in less_one]
 
 

@@ -27,19 +27,24 @@ LAG_SHARE = 0.05
 OUTLIER_SDS = 3.5  # a window (or pair) this many robust SDs from what its stage's model predicts is measured again
 
 
+def robust_sd(values: Sequence[float]) -> float:
+    """1.4826 x the median absolute deviation from the median: an SD that a few lost windows do not inflate."""
+    r = np.asarray(values, dtype=float)
+    return 1.4826 * float(np.median(np.abs(r - np.median(r)))) if r.size else math.nan
+
+
 def outlying(residuals: Sequence[float], floor: float = 0.0, limit: float = OUTLIER_SDS,
              sd: float | None = None) -> list[int]:
     """Indices of ``residuals`` beyond ``limit`` SDs from their median: a window the machine took away, not the
-    configuration's pace. The SD is ``sd`` when known from elsewhere, else 1.4826 x the median absolute
-    deviation, at least ``floor``."""
+    configuration's pace. The SD is ``sd`` when known from elsewhere, else :func:`robust_sd`, at least
+    ``floor``."""
     r = np.asarray(residuals, dtype=float)
     if r.size < 3:
         return []
-    centre = float(np.median(r))
-    scale = sd if sd is not None else max(1.4826 * float(np.median(np.abs(r - centre))), floor)
+    scale = sd if sd is not None else max(robust_sd(r), floor)
     if not scale > 0:
         return []
-    return [int(i) for i in np.flatnonzero(np.abs(r - centre) > limit * scale)]
+    return [int(i) for i in np.flatnonzero(np.abs(r - float(np.median(r))) > limit * scale)]
 
 
 @functools.lru_cache(maxsize=None)
@@ -229,17 +234,13 @@ def tail_bound(latencies_ms: np.ndarray, segment: np.ndarray, target_ms: float, 
     burst counts as one unit; the first and last segments are resampled too, so that a queue still growing at
     the end of the window weighs in. The lower bound is the share actually over the target; a window of one
     segment (it never emptied) has no spread, and its share over the target is its lower bound."""
-    units = int(segment.max()) + 1 if segment.size else 0
+    units = int(segment.max()) + 1 if segment.size else 0  # segments are numbered 0, 1, ... with none empty
     if units < 2:
         return float((latencies_ms > target_ms).mean()) if latencies_ms.size else 0.0, 1.0
     size = np.bincount(segment, minlength=units).astype(float)
-    keep = size > 0
-    size = size[keep]
-    over = np.bincount(segment, weights=(latencies_ms > target_ms).astype(float), minlength=units)[keep]
+    over = np.bincount(segment, weights=(latencies_ms > target_ms).astype(float), minlength=units)
     slowest = np.full(units, -np.inf)
     np.maximum.at(slowest, segment, latencies_ms)
-    slowest = slowest[keep]
-    units = int(keep.sum())
     rng = np.random.default_rng(units)  # the same window gives the same bounds (a resumed run, a test)
     weights = rng.multinomial(units, np.full(units, 1.0 / units), size=resamples).astype(float)
     outcomes = weights @ size
@@ -267,7 +268,8 @@ def target_verdict(latencies_ms: Sequence[float], target_ms: float, errors: int 
     the bounds come from the window's regeneration cycles (:func:`tail_bound`) and a pass needs
     :data:`MIN_PASS_CYCLES` of them; without, from :data:`TARGET_BLOCKS` consecutive blocks
     (:func:`block_bounds`)."""
-    lat = np.where(np.isnan(np.asarray(latencies_ms, dtype=float)), math.inf, np.asarray(latencies_ms, dtype=float))
+    lat = np.asarray(latencies_ms, dtype=float)
+    lat = np.where(np.isnan(lat), math.inf, lat)
     finite = lat[np.isfinite(lat)]
     fastest = float(finite.min()) if finite.size else math.inf
     if not lat.size:
@@ -319,7 +321,7 @@ def lag_explains(latencies_ms: Any, lags_ms: Any, target_ms: float) -> bool:
     lags = np.asarray(lags_ms, dtype=float)
     if lat.size == 0:
         return False
-    if lags.shape != lat.shape:  # lags not per outcome: nothing to take off, the lag is flagged as before
+    if lags.shape != lat.shape:  # lags not per outcome: nothing to take off each one, so the lag cannot be ruled out
         return True
     return bool((lat > target_ms).mean() > EXCEED_SHARE >= (lat - lags > target_ms).mean())
 
