@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from typing import Any
 
 
@@ -39,8 +40,6 @@ TERMINAL_WIDTH = 100  # every line printed for a reader fits this many columns
 def fit(text: str, width: int = TERMINAL_WIDTH, indent: str = "    ") -> str:
     """``text`` with each line longer than ``width`` wrapped at word boundaries, its continuation lines
     indented (a single word longer than the width, a long path, stays whole)."""
-    import textwrap
-
     out = []
     for line in text.split("\n"):
         if len(line) <= width:
@@ -55,8 +54,6 @@ def fit(text: str, width: int = TERMINAL_WIDTH, indent: str = "    ") -> str:
 def command_lines(command: str, width: int = TERMINAL_WIDTH, lead: str = "") -> str:
     """A shell command wrapped at word boundaries with `` \\`` line continuations, so that it still runs as
     printed when pasted whole; ``lead`` (e.g. ``ship: ``) opens its first line."""
-    import textwrap
-
     room = width - 2  # each line but the last ends with " \"
     lines = textwrap.wrap(command, room, initial_indent=lead, subsequent_indent=" " * len(lead) + "    ",
                           break_long_words=False, break_on_hyphens=False)

@@ -79,8 +79,7 @@ def knob_line(knobs: Any, mode: str = "offline") -> str:
     """The ``knobs:`` line of a run: every declared knob that matters in ``mode``, in declaration order, in
     ``--set`` form, so that a knob added to :mod:`tuning.knobs` shows here without an edit."""
     parts = [f"{name}={_set_form(v)}" for name, v in settings(knobs, mode).items()]
-    return textwrap.fill("knobs: " + " ".join(parts), width=TERMINAL_WIDTH, subsequent_indent="    ", break_long_words=False,
-                         break_on_hyphens=False)
+    return fit("knobs: " + " ".join(parts))
 
 
 def format_run(result) -> str:
