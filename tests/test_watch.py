@@ -5,6 +5,7 @@ import json
 import math
 import os
 import socket
+import time
 
 import pytest
 
@@ -261,11 +262,17 @@ def test_a_command_line_with_empty_arguments_is_described_without_their_padding(
     import subprocess
     import sys
 
+    import psutil
+
     from tuning.experiments.watch import describe_process
 
     proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", *[""] * 200],
                             stdin=subprocess.PIPE)
     try:
+        child = psutil.Process(proc.pid)
+        deadline = time.monotonic() + 30
+        while "-c" not in child.cmdline() and time.monotonic() < deadline:  # until the child has exec'd
+            time.sleep(0.01)
         text = describe_process(proc.pid)
     finally:
         proc.communicate(b"")
