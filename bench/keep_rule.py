@@ -32,6 +32,7 @@ from common import write
 
 from tests.worlds import TARGET_MS, WORLDS, World, best_rate, seam_kwargs, steady_capacity
 from tests.worlds_hard import BF16_TAIL_HEAVY, HARD_WORLDS, BatchingWorld, target_for
+from tuning.experiments.engine import VERDICTS, EngineSettings
 from tuning.experiments.judge import wilson
 from tuning.experiments.ladder import LadderSettings, run_ladder
 from tuning.knobs import preset
@@ -132,7 +133,7 @@ def _summary(ratios: list[float], runs: int) -> dict:
             "over_5pct": over, "over_low": low and round(low, 4), "over_high": high and round(high, 4)}
 
 
-def hard_capacity_case(name: str, load: float, runs: int, settings: LadderSettings, verdict: str = "blocks") -> dict:
+def hard_capacity_case(name: str, load: float, runs: int, settings: LadderSettings) -> dict:
     """A world of tests.worlds_hard where no knob matters, the target placed so that the truth is ``load`` of
     saturation: the capacity claimed against the truth, and how often a change was shipped."""
     base = preset("baseline")
@@ -145,7 +146,7 @@ def hard_capacity_case(name: str, load: float, runs: int, settings: LadderSettin
         changed += bool(result.changes())
         if result.capacity is not None and result.capacity.met:
             ratios.append(result.capacity.capacity / world.truth(result.recommended, target))
-    return {"world": name, "load": load, "noise": HARD_NOISE, "verdict": verdict, "changed": changed,
+    return {"world": name, "load": load, "noise": HARD_NOISE, "changed": changed,
             **_summary(ratios, runs)}
 
 
@@ -217,13 +218,13 @@ def docs_page(out: dict) -> str:
                   "`tests/worlds_hard.py`: FIFO servers with deterministic, lognormal (sigma 1) and 97/3 short/long "
                   f"service, {100 * HARD_NOISE:.0f}% run-to-run pace noise, no drift or dips, no knob that matters; the "
                   "target placed so that the steady-state truth is the load's share of saturation.", "",
-                  "| verdict | world | load | changes shipped | capacity / truth: median [p10-p90] | over by > 5% [95%] |",
-                  "|---|---|---|---|---|---|"]
+                  "| world | load | changes shipped | capacity / truth: median [p10-p90] | over by > 5% [95%] |",
+                  "|---|---|---|---|---|"]
         for c in hard["capacity"]:
             med = f"{c['median']:.3f} [{c['p10_p90'][0]:.3f}-{c['p10_p90'][1]:.3f}]" if c["met"] else "-"
             over = (f"{c['over_5pct']} of {c['met']} [{100 * c['over_low']:.1f}-{100 * c['over_high']:.1f}%]"
                     if c["met"] else "-")
-            lines.append(f"| {c['verdict']} | {c['world']} | {c['load']} | {c['changed']} of {c['runs']} | {med} | "
+            lines.append(f"| {c['world']} | {c['load']} | {c['changed']} of {c['runs']} | {med} | "
                          f"{over} |")
         lines += ["", "The dynamic batcher (bf16 a call 30% cheaper, 2% of its calls 8x slow):", "",
                   "| load | shipped / best truth: median (min) | within 10% of the best [95%] | bf16 shipped [95%] | "
@@ -238,18 +239,20 @@ def docs_page(out: dict) -> str:
     return "\n".join(lines)
 
 
-def hard_cases(runs: int) -> dict:
-    settings = LadderSettings.quick()
+def with_verdict(settings: LadderSettings, verdict: str) -> LadderSettings:
+    return dataclasses.replace(settings, engine=dataclasses.replace(settings.engine, verdict=verdict))
+
+
+def hard_cases(runs: int, verdict: str) -> dict:
+    settings = with_verdict(LadderSettings.quick(), verdict)
     out: dict = {"capacity": [], "batching": []}
-    for verdict in ("blocks", "cycles"):
-        engine = dataclasses.replace(settings.engine, verdict=verdict)
-        for name in QUEUE_WORLDS:
-            for load in HARD_LOADS:
-                c = hard_capacity_case(name, load, runs, dataclasses.replace(settings, engine=engine), verdict)
-                out["capacity"].append(c)
-                print(f"hard  {verdict:<6} {name:<34} load {load}: capacity/truth {c['median']} {c['p10_p90']}, "
-                      f"over by >5% {c['over_5pct']} of {c['met']}, changes shipped {c['changed']} of {runs}",
-                      flush=True)
+    for name in QUEUE_WORLDS:
+        for load in HARD_LOADS:
+            c = hard_capacity_case(name, load, runs, settings)
+            out["capacity"].append(c)
+            print(f"hard  {name:<34} load {load}: capacity/truth {c['median']} {c['p10_p90']}, "
+                  f"over by >5% {c['over_5pct']} of {c['met']}, changes shipped {c['changed']} of {runs}",
+                  flush=True)
     for load in HARD_LOADS:
         b = batching_case(load, runs, settings)
         out["batching"].append(b)
@@ -264,6 +267,9 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=200)
     ap.add_argument("--quick", action="store_true", help="20 runs a case, a temporary folder")
     ap.add_argument("--modes", default="quick,full", help="settings to run: quick, full or both")
+    ap.add_argument("--verdict", default="blocks", choices=VERDICTS,
+                    help="the target verdict (EngineSettings.verdict); another than the default writes "
+                         "keep_rule_<verdict>.json and no docs page")
     ap.add_argument("--hard-runs", type=int, default=40, help="runs a case on the worlds of tests/worlds_hard.py")
     args = ap.parse_args()
     runs = 20 if args.quick else args.runs
@@ -271,9 +277,9 @@ def main() -> None:
     out: dict = {"what": "SIMULATED: the engine's error rates through run_ladder(measure=world) on tests/worlds.py "
                          "(M/D/1 servers kept warm, lognormal noise, 20% drift, 5% dips, a client lagging in "
                          f"{100 * LAG_SHARE:.0f}% of windows), target p99 {TARGET_MS:.0f} ms",
-                 "simulated": True, "runs": runs, "target_p99_ms": TARGET_MS, "cases": {}}
+                 "simulated": True, "runs": runs, "target_p99_ms": TARGET_MS, "verdict": args.verdict, "cases": {}}
     for mode in args.modes.split(","):
-        settings = LadderSettings.quick() if mode == "quick" else LadderSettings.full()
+        settings = with_verdict(LadderSettings.quick() if mode == "quick" else LadderSettings.full(), args.verdict)
         cases = []
         for name in WORLDS:
             for noise in NOISES:
@@ -288,10 +294,11 @@ def main() -> None:
         for a in out["capacity_accuracy"][mode]:
             print(f"{mode:<5} capacity / steady-state truth, no drift, noise {100 * a['noise']:.0f}%: median "
                   f"{a['median']}, p10-p90 {a['p10_p90']}, over by >5% {a['over_5pct']} of {a['met']}", flush=True)
-    out["hard"] = hard_cases(5 if args.quick else args.hard_runs)
+    out["hard"] = hard_cases(5 if args.quick else args.hard_runs, args.verdict)
     out["wall_s"] = round(time.perf_counter() - t0, 1)
-    write("keep_rule", out, quick=args.quick)
-    if not args.quick:
+    default = args.verdict == EngineSettings().verdict
+    write("keep_rule" if default else f"keep_rule_{args.verdict}", out, quick=args.quick)
+    if not args.quick and default:
         DOCS.write_text(docs_page(out) + "\n")
         print(f"wrote {DOCS}")
 

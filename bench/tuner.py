@@ -89,8 +89,9 @@ def capacity(runner: Runner, knobs: Knobs, seed: int) -> dict[str, Any]:
     """The engine's target check of one configuration: its throughput, then the descending windows."""
     t0 = time.time()
     w = runner.run("grid", knobs, None, seed)
-    cap = check_target(lambda rate, s: runner.run("target", knobs, rate, s), w.qps, runner.target_ms,
-                       runner.settings.fractions, runner.settings.error_budget, seed)
+    cap = check_target(lambda rate, s, arrivals: runner.run("target", knobs, rate, s, arrivals), w.qps,
+                       runner.target_ms, runner.settings.fractions, runner.settings.error_budget, seed,
+                       longest=runner.settings.longest_arrivals)
     return {"throughput": rounded(w.qps), "capacity": rounded(cap.capacity), "windows": 1 + len(cap.probes),
             "device_busy": rounded(w.device_busy), "check": cap.summary(), "seconds": rounded(time.time() - t0)}
 

@@ -1,7 +1,7 @@
 """Capacity at a p99 target (``docs/deciding.md``, stage 3): one configuration on a warm server, a window at
-each of the descending fractions of its sustained throughput, each window judged on its blocks or its
-regeneration cycles (:func:`tuning.experiments.judge.target_verdict`); the capacity is the highest rate
-claimed, in a look and a fresh window.
+each of the descending fractions of its sustained throughput, each window judged on its batches
+(:func:`tuning.experiments.judge.target_verdict`), longer windows where one was too short to tell; the
+capacity is the highest rate claimed, in a look and a fresh window.
 
 :class:`Probe` is one rate's window and verdict, :class:`Capacity` the check's result.
 """
@@ -17,7 +17,7 @@ import numpy as np
 from tuning.base.decide import quantile_interval
 from tuning.base.format import rounded
 from tuning.base.stats import known_median
-from tuning.experiments.judge import TargetVerdict, target_verdict
+from tuning.experiments.judge import METHODS, TargetVerdict, target_verdict
 from tuning.experiments.trial import Trial, late_sends, p99_of
 
 DEFAULT_ERROR_BUDGET = 0.001
@@ -27,7 +27,7 @@ TARGET_SALT = 2_000_003  # the target windows' arrivals: apart from every throug
 @dataclass
 class Probe:
     """One rate's target window: its verdict (``pass`` | ``fail`` | ``indeterminate``), what decided it
-    (``by``: ``blocks``, ``errors``, ``no answers``) and its figures."""
+    (``by``: the verdict's method, ``errors``, ``no answers``, ``client lag``, ``p99 only``) and its figures."""
 
     rate: float
     verdict: str
@@ -45,17 +45,19 @@ class Probe:
     p99_low_ms: float | None
     p99_high_ms: float | None
     trials: list[Trial] = field(default_factory=list, repr=False)
-    share: float | None = None  # the blocks' mean share over the target, and its one-sided bounds
+    share: float | None = None  # the share over the target, and its one-sided bounds
     share_low: float | None = None
     share_high: float | None = None
     lag_p99_ms: float | None = None  # the client's 99th-percentile send lag (reported as the client's)
     fastest_ms: float | None = None
-    cycles: int = 0  # the independent cycles it was judged on
-    role: str = "look"  # look: the search's window at this rate; again: the fresh window a claim needs
+    deff: float | None = None  # the design effect its bounds took (outcomes that count as one)
+    needed: float | None = None  # the arrivals a window at this share and design effect would need to pass
+    role: str = "look"  # look: the search's window at this rate; longer: a longer one after an indeterminate
+    # look; again: the fresh window a claim needs
 
     def row(self) -> dict[str, Any]:
         return {"rate": rounded(self.rate), "verdict": self.verdict, "by": self.by, "passed": self.passed,
-                "role": self.role, "cycles": self.cycles,
+                "role": self.role, "deff": rounded(self.deff), "needed": rounded(self.needed),
                 "windows": self.windows, "n": self.n, "exceed": self.exceed, "errors": self.errors,
                 "offered_rate": rounded(self.offered_rate), "achieved_rate": rounded(self.achieved_rate),
                 "late": self.late, "p50_ms": rounded(self.p50_ms), "p99_ms": rounded(self.p99_ms),
@@ -132,8 +134,7 @@ class Capacity:
         for p in s.get("probes") or []:
             kw = {k: p.get(k) for k in ("rate", "verdict", "by", "passed", "windows", "n", "exceed", "errors", "late",
                                         "p99_low_ms", "p99_high_ms", "share", "share_low", "share_high",
-                                        "lag_p99_ms", "fastest_ms")}
-            kw["cycles"] = p.get("cycles") or 0
+                                        "lag_p99_ms", "fastest_ms", "deff", "needed")}
             kw["role"] = p.get("role") or "look"
             kw.update({k: nan(p.get(k)) for k in ("offered_rate", "achieved_rate", "p50_ms", "p99_ms")})
             probes.append(Probe(**kw))
@@ -203,12 +204,11 @@ def pooled_figures(trials: list[Trial], target_p99_ms: float) -> dict[str, Any]:
 def probe_of(rate: float, trial: Trial | None, figures: Any, target_p99_ms: float, error_budget: float,
              lag_p99_ms: float | None = None) -> Probe:
     """A window's verdict and figures: the verdict the runner gave it (logged, so a resumed run has it too),
-    else judged on its outcomes (on their regeneration cycles when their arrival times are known: ``by``), else
-    on its p99 alone (``by`` says "p99 only": no bound)."""
-    if figures is not None and getattr(figures, "verdict", None):  # the runner judged it (blocks or cycles)
+    else judged on its outcomes, else on its p99 alone (``by`` says "p99 only": no bound)."""
+    if figures is not None and getattr(figures, "verdict", None):  # the runner judged it
         v = TargetVerdict(figures.verdict, figures.over / figures.n if figures.n else math.nan, figures.share_low,
                           figures.share_high, figures.n, figures.over, figures.errors, figures.fastest_ms,
-                          figures.cycles, figures.judged_by or "blocks")
+                          figures.deff, figures.needed, figures.judged_by or "blocks")
         by = v.by
     elif trial is not None and trial.latencies_ms is not None and len(trial.latencies_ms):
         v = target_verdict(trial.latencies_ms, target_p99_ms, trial.failed, error_budget,
@@ -223,7 +223,8 @@ def probe_of(rate: float, trial: Trial | None, figures: Any, target_p99_ms: floa
                  f.get("late", 0), f.get("p50_ms", figures.p50_ms if figures else math.nan),
                  f.get("p99_ms", figures.p99_ms if figures else math.nan), f.get("p99_low_ms"), f.get("p99_high_ms"),
                  [trial] if trial is not None else [], v.mean, v.low, v.high, lag_p99_ms,
-                 v.fastest_ms if math.isfinite(v.fastest_ms) else None, v.cycles)
+                 v.fastest_ms if math.isfinite(v.fastest_ms) else None, v.deff,
+                 v.needed if math.isfinite(v.needed) else None)
 
 
 def _p99_verdict(w: Any, target_p99_ms: float) -> TargetVerdict:
@@ -235,29 +236,42 @@ def _p99_verdict(w: Any, target_p99_ms: float) -> TargetVerdict:
 
 
 CLIMB = (1.0, 1.1, 1.25, 1.5, 2.0)  # of the throughput: where the check climbs after its first fraction held
+LONGER = 4  # a longer window holds at least this many times the last one's arrivals...
+NEEDED_MARGIN = 1.5  # ...and this many times the arrivals the last one said it would need
 
 
-def check_target(run_window: Callable[[float, int], Any], throughput: float, target_p99_ms: float,
+def next_length(verdict: TargetVerdict, arrivals: int, longest: int) -> int | None:
+    """The arrivals of the next, fresh window at a rate whose window of ``arrivals`` was indeterminate: at least
+    :data:`LONGER` times as many and :data:`NEEDED_MARGIN` times what it said it needs, at most ``longest``.
+    None when the window was decided, when even the longest could not pass at its share and design effect
+    (its share is at 1% or more, or its bursts too long), or when the longest has been tried."""
+    if verdict.verdict != "indeterminate" or not verdict.needed <= longest or arrivals >= longest:
+        return None
+    return int(min(longest, max(LONGER * arrivals, NEEDED_MARGIN * verdict.needed)))
+
+
+def check_target(run_window: Callable[[float, int, int | None], Any], throughput: float, target_p99_ms: float,
                  fractions: tuple[float, ...], error_budget: float = DEFAULT_ERROR_BUDGET, seed: int = 0,
                  stop: Callable[[Probe], bool] | None = None, unit: str = "req/s",
-                 climb: tuple[float, ...] = CLIMB, can_pass: Callable[[float], bool] | None = None) -> Capacity:
+                 climb: tuple[float, ...] = CLIMB, longest: Callable[[float], int] | None = None) -> Capacity:
     """The capacity at the target (``docs/deciding.md``, stage 3): a window at each fraction of
-    ``throughput``, highest first, until one passes; a rate is claimed only when a fresh window at it passes
-    too (the search chose it among several looks: the fresh one alone is the test). When the first fraction
-    is claimed, the check climbs through ``climb`` (multiples of the throughput: a closed loop can undercount
-    what open arrivals get, a batcher's for one) while each rate is claimed the same way; a claim at the top
-    is "at least" (as is a claim at the first fraction when ``climb`` is empty: the check looks no higher).
-    ``run_window(rate, seed) -> Window`` measures one (the engine's runner); ``stop(probe)``
-    returning True ends the check early (Ctrl-C's caller, a test); ``can_pass(rate)`` False skips a rate whose
-    window cannot hold the independent cycles a pass needs (near saturation, within the window's longest)."""
+    ``throughput``, highest first, until one passes; a window too short to tell (indeterminate) is followed by
+    fresh, longer ones (:func:`next_length`) up to ``longest(rate)`` arrivals. A rate is claimed only when a
+    fresh window at it, as long as the passing one, passes too (the search chose it among several looks: the
+    fresh one alone is the test). When the first fraction is claimed, the check climbs through ``climb``
+    (multiples of the throughput: a closed loop can undercount what open arrivals get, a batcher's for one)
+    while each rate is claimed the same way; a claim at the top is "at least" (as is a claim at the first
+    fraction when ``climb`` is empty). ``run_window(rate, seed, arrivals) -> Window`` measures one (the
+    engine's runner; ``arrivals`` None: the first look's length); ``stop(probe)`` returning True ends the
+    check early (Ctrl-C's caller, a test)."""
     probes: list[Probe] = []
     if not (throughput > 0 and math.isfinite(throughput)):
         return Capacity(target_p99_ms, error_budget, None, None, None, [], "no sustained throughput to start from",
                         throughput, unit)
-    salt = iter(range(seed + TARGET_SALT, seed + TARGET_SALT + 10 * (len(fractions) + len(climb)) + 10))
+    salt = iter(range(seed + TARGET_SALT, seed + TARGET_SALT + 1_000_000))
 
-    def window(rate: float, role: str) -> Probe:
-        w = run_window(rate, next(salt))
+    def window(rate: float, role: str, arrivals: int | None = None) -> Probe:
+        w = run_window(rate, next(salt), arrivals)
         p = probe_of(rate, w.trial, w, target_p99_ms, error_budget, None if math.isnan(w.lag_p99_ms) else w.lag_p99_ms)
         if w.lagged:  # its re-run lagged too, and the lag explains its exceedances: the client's figure, not the server's
             p.verdict, p.by, p.passed = "indeterminate", "client lag", False
@@ -265,14 +279,27 @@ def check_target(run_window: Callable[[float, int], Any], throughput: float, tar
         probes.append(p)
         return p
 
-    def claimed(rate: float) -> bool | None:
-        """Look at ``rate``, then take a fresh window when the look passed. None: stopped."""
-        look = window(rate, "look")
-        if stop is not None and stop(look):
+    def longer(p: Probe, rate: float) -> int | None:
+        if p.by not in METHODS or longest is None:
             return None
+        v = TargetVerdict(p.verdict, p.share or 0.0, p.share_low or 0.0, p.share_high or 1.0, p.n, p.exceed,
+                          p.errors, math.nan, p.deff or 1.0, p.needed if p.needed is not None else math.inf, p.by)
+        return next_length(v, p.n, longest(rate))
+
+    def claimed(rate: float) -> bool | None:
+        """Look at ``rate`` (longer while too short to tell), then take a fresh window when a look passed.
+        None: stopped."""
+        look = window(rate, "look")
+        while True:
+            if stop is not None and stop(look):
+                return None
+            size = longer(look, rate)
+            if size is None:
+                break
+            look = window(rate, "longer", size)
         if not look.passed:
             return False
-        again = window(rate, "again")
+        again = window(rate, "again", look.n if look.role == "longer" else None)
         if stop is not None and stop(again):
             return None
         return again.passed
@@ -280,21 +307,15 @@ def check_target(run_window: Callable[[float, int], Any], throughput: float, tar
     def result(capacity: float | None, high: float | None, at_least: bool = False) -> Capacity:
         return Capacity(target_p99_ms, error_budget, capacity, capacity, high, probes, "", throughput, unit, at_least)
 
-    tried = [f for f in fractions if can_pass is None or can_pass(f * throughput)] or list(fractions[-1:])
-    skipped = [f for f in fractions if f not in tried and f > (tried[0] if tried else 0)]
-    for i, f in enumerate(tried):
+    for i, f in enumerate(fractions):
         got = claimed(f * throughput)
         if got is None:
             break
         if not got:
             continue
         capacity = f * throughput
-        if i > 0 or skipped:
-            out = result(capacity, (tried[i - 1] if i > 0 else skipped[-1]) * throughput)
-            if skipped and i == 0:
-                out.note = (f"rates from {skipped[-1] * throughput:.1f} {unit} up not tried: a window there could not "
-                            "hold the independent cycles a pass needs within its longest; longer windows may claim more")
-            return out
+        if i > 0:
+            return result(capacity, fractions[i - 1] * throughput)
         for m in climb:
             if m * throughput <= capacity:
                 continue

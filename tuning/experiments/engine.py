@@ -20,18 +20,16 @@ import numpy as np
 
 from tuning.base.decide import Paired
 from tuning.base.format import rounded
-from tuning.experiments.judge import MIN_PASS_CYCLES, Sequential, client_lagged, lag_explains, outlying, target_verdict
+from tuning.experiments.judge import METHODS, Sequential, client_lagged, lag_explains, outlying, target_verdict
 from tuning.experiments.trial import Trial
 
 OBJECTIVES = ("target", "qps")
-VERDICTS = ("blocks", "cycles")  # how a target window is judged (docs/deciding.md, stage 3)
-# of the sustained throughput, highest first. None above 0.90: a queue that near saturation does not reach its steady
-# state within any window the engine can afford (its relaxation time grows as 1 / (1 - sqrt(load))^2), so a pass
-# there would not hold for an hour
+VERDICTS = tuple(METHODS)  # how a target window is judged (docs/deciding.md, stage 3)
+# of the sustained throughput, highest first; above the first, the check climbs only after it was claimed
+# (capacity.CLIMB): a queue near saturation has long bursts, and a window there needs many arrivals to tell
 FRACTIONS = (0.90, 0.85, 0.80, 0.75, 0.70, 0.60, 0.50, 0.40, 0.30)
 LAG_SALT = 1_000_033  # a re-run after the client lagged draws new arrivals
 FRESH = 4  # a configuration's freshest throughput: the median of its last this many windows
-CYCLE_MARGIN = 1.5  # a target window is made to hold this many times the cycles a pass needs
 
 
 @dataclass(frozen=True)
@@ -49,15 +47,16 @@ class EngineSettings:
     max_pairs: int = 16  # the confirmation's cap, looked at every look_every pairs
     look_every: int = 4
     alpha: float = 0.025  # the confirmation's false 'better' rate over all its looks
-    target_outcomes: int = 2000  # a target window holds this many arrivals...
+    target_outcomes: int = 2000  # a rate's first target window holds this many arrivals...
     target_max_s: float = 20.0  # ...or lasts this long, whichever is shorter...
     target_min_outcomes: int = 400  # ...but at least this many (299 is the fewest with which a window can pass)
+    target_longest_s: float = 120.0  # a longer window at a rate whose first was too short to tell lasts at most this
     fractions: tuple[float, ...] = FRACTIONS
     candidates: int = 2  # candidates confirmed and checked at the target, in rank order
     min_window_answers: int = 30  # a throughput window with fewer ok answers is measured again, longer
     max_window_factor: int = 8  # ...at most this many times as long
     error_budget: float = 0.001
-    verdict: str = "blocks"  # blocks: 5 consecutive blocks; cycles: regeneration cycles (a service that empties)
+    verdict: str = "blocks"  # blocks: 5 blocks, the target alone; batches: 20 batches, bursts counted, longer windows
     seed: int = 0
     unit: str = "req/s"  # what a rate counts: requests, or texts where configurations send several per request
 
@@ -68,8 +67,11 @@ class EngineSettings:
         if not 0 < self.min_effect < 1:
             raise ValueError(f"min_effect={self.min_effect!r} must be a share in (0, 1): 0.05 is 5%")
         if self.verdict not in VERDICTS:
-            raise ValueError(f"verdict={self.verdict!r}: use 'blocks' (any service) or 'cycles' (a service that "
-                             "empties between bursts, judged on its regeneration cycles)")
+            raise ValueError(f"verdict={self.verdict!r}: use 'blocks' (5 blocks, the default) or 'batches' (bursts "
+                             "counted, longer windows where a window cannot tell)")
+        if not self.target_longest_s >= self.target_max_s:
+            raise ValueError(f"target_longest_s={self.target_longest_s!r} must be at least target_max_s="
+                             f"{self.target_max_s!r}: a longer window is not shorter than the first")
         if not 0 <= self.error_budget < 1:
             raise ValueError(f"error_budget={self.error_budget!r} must be a share in [0, 1): 0.001 is 0.1%")
         if self.look_every < 2 or self.max_pairs % self.look_every:
@@ -81,7 +83,7 @@ class EngineSettings:
     @classmethod
     def quick(cls, **changes: Any) -> "EngineSettings":
         base = dict(min_effect=0.10, window_s=3.0, screen_runs=16, interactions=False, grid_repeats=2, max_pairs=8,
-                    target_outcomes=1000, target_max_s=10.0, candidates=2)
+                    target_outcomes=1000, target_max_s=10.0, target_longest_s=40.0, candidates=2)
         return cls(**{**base, **changes})
 
     @classmethod
@@ -96,22 +98,17 @@ class EngineSettings:
             return None
         return window_s * min(self.max_window_factor, math.ceil(1.25 * self.min_window_answers / trial.ok))
 
-    def target_window_s(self, rate: float, load: float | None = None) -> float:
-        """A target window's length at ``rate``: ``target_outcomes`` arrivals, or (``verdict='cycles'``) enough to
-        hold :data:`CYCLE_MARGIN` x the cycles a pass needs at ``load`` (the rate over the throughput; on one
-        server about a share 1 - load of arrivals find it empty), within ``target_max_s``; never fewer than
+    def target_window_s(self, rate: float, arrivals: int | None = None) -> float:
+        """A target window's length at ``rate``: a first window holds ``target_outcomes`` arrivals within
+        ``target_max_s``, a longer one ``arrivals`` within ``target_longest_s``; never fewer than
         ``target_min_outcomes`` arrivals (a slow service gets long windows)."""
-        arrivals = float(self.target_outcomes)
-        if self.verdict == "cycles" and load is not None and math.isfinite(load):
-            arrivals = max(arrivals, CYCLE_MARGIN * MIN_PASS_CYCLES / max(1.0 - load, 0.02))
-        return max(min(self.target_max_s, arrivals / rate), self.target_min_outcomes / rate)
+        if arrivals is None:
+            return max(min(self.target_max_s, self.target_outcomes / rate), self.target_min_outcomes / rate)
+        return max(min(self.target_longest_s, arrivals / rate), self.target_min_outcomes / rate)
 
-    def can_pass_at(self, rate: float, load: float) -> bool:
-        """Whether a window at ``rate`` and ``load`` can be expected to pass: always on blocks; on cycles, when it
-        can hold the cycles a pass needs (one server's estimate: one that works side by side empties less)."""
-        if self.verdict != "cycles":
-            return True
-        return rate * self.target_window_s(rate, load) * max(1.0 - load, 0.0) >= CYCLE_MARGIN * MIN_PASS_CYCLES
+    def longest_arrivals(self, rate: float) -> int:
+        """The most arrivals a target window at ``rate`` holds (a longer one's cap)."""
+        return int(max(self.target_longest_s * rate, self.target_min_outcomes))
 
 
 @dataclass
@@ -133,8 +130,9 @@ class Window:
     over: int = 0  # ...the outcomes over the target or failed...
     share_low: float = math.nan  # ...the bounds on their share...
     share_high: float = math.nan
-    cycles: int = 0  # ...the independent cycles it was judged on...
-    judged_by: str | None = None  # ...and how: cycles | blocks
+    deff: float = math.nan  # ...the design effect they took...
+    judged_by: str | None = None  # ...by which method (judge.METHODS)...
+    needed: float = math.nan  # ...and the arrivals a window at its share and design effect would need to pass
     fastest_ms: float = math.nan
     lag_p99_ms: float = math.nan
     lagged: bool = False
@@ -159,7 +157,7 @@ class Window:
         names = {f.name for f in dataclasses.fields(cls)} - {"trial"}
         kw = {k: v for k, v in d.items() if k in names}
         for k in ("qps", "p50_ms", "p99_ms", "window_s", "fastest_ms", "lag_p99_ms", "model_busy", "device_busy",
-                  "share_low", "share_high", "mean_batch", "steal_share", "server_queue_ms", "server_compute_ms"):
+                  "share_low", "share_high", "deff", "needed", "mean_batch", "steal_share", "server_queue_ms", "server_compute_ms"):
             kw[k] = math.nan if kw.get(k) is None else float(kw[k])
         return cls(**kw)
 
@@ -175,13 +173,13 @@ def window_of(t: Trial, stage: str, kind: str, config: dict[str, Any], rate: flo
     finite = lat[np.isfinite(lat)] if lat is not None else np.zeros(0)
     v = None
     if kind == "target" and lat is not None and lat.size:
-        arrivals = getattr(t, "arrivals_s", None) if verdict == "cycles" else None
-        v = target_verdict(lat, target_ms, int(t.failed), arrivals_s=arrivals)
+        v = target_verdict(lat, target_ms, int(t.failed), arrivals_s=getattr(t, "arrivals_s", None), method=verdict)
     lagged = client_lagged(lags, target_ms) and (kind != "target" or lag_explains(lat, lags, target_ms))
     return Window(stage, kind, config, rate, seed, _known(t.qps), _known(t.p50_ms), _known(t.p99_ms),
                   int(t.submitted or (lat.size if lat is not None else 0)), int(t.failed), _known(t.window_s),
                   v.verdict if v else None, v.over if v else 0, v.low if v else math.nan, v.high if v else math.nan,
-                  v.cycles if v else 0, v.by if v else None, float(finite.min()) if finite.size else math.nan,
+                  v.deff if v else math.nan, v.by if v else None, v.needed if v else math.nan,
+                  float(finite.min()) if finite.size else math.nan,
                   float(np.percentile(lags, 99)) if lags is not None and lags.size else math.nan,
                   lagged, False, _known(t.model_busy), _known(t.device_busy),
                   _known(t.mean_batch), _known(t.steal_share), _known(getattr(t, "server_queue_ms", math.nan)),
@@ -226,14 +224,15 @@ class Runner:
             self.on_window(w)
         return w
 
-    def run(self, stage: str, config: Any, rate: float | None, seed: int, load: float | None = None) -> Window:
-        """One window of ``config`` (closed loop when ``rate`` is None), re-run once if the client lagged; a
+    def run(self, stage: str, config: Any, rate: float | None, seed: int, arrivals: int | None = None) -> Window:
+        """One window of ``config`` (closed loop when ``rate`` is None; a target window of ``arrivals`` when
+        given, see :meth:`EngineSettings.target_window_s`), re-run once if the client lagged; a
         :class:`ConfigError` is logged and raised again (and raised again on replay)."""
         described = self.describe(config)
         kind = "throughput" if rate is None else "target"
         first = self._next_logged(stage, kind, described, rate)
         if first is None:
-            first = self._measure(stage, kind, config, described, rate, seed, load)
+            first = self._measure(stage, kind, config, described, rate, seed, arrivals)
         self._record(first)
         if first.error is not None:
             raise ConfigError(first.error)
@@ -241,7 +240,7 @@ class Runner:
             return first
         again = self._next_logged(stage, kind, described, rate)
         if again is None:
-            again = self._measure(stage, kind, config, described, rate, seed + LAG_SALT, load)
+            again = self._measure(stage, kind, config, described, rate, seed + LAG_SALT, arrivals)
             again.rerun = True
         self._record(again)
         if again.error is not None:
@@ -249,8 +248,8 @@ class Runner:
         return again
 
     def _measure(self, stage: str, kind: str, config: Any, described: dict[str, Any], rate: float | None,
-                 seed: int, load: float | None = None) -> Window:
-        window_s = self.settings.window_s if rate is None else self.settings.target_window_s(rate, load)
+                 seed: int, arrivals: int | None = None) -> Window:
+        window_s = self.settings.window_s if rate is None else self.settings.target_window_s(rate, arrivals)
         try:
             trial = self.measure(config, rate=rate, seed=seed, window_s=window_s)
             longer = self.settings.longer_window_s(trial, window_s) if rate is None else None
@@ -406,10 +405,10 @@ def decide(runner: Runner, baseline: Any, explore: Callable[[Runner], Explored],
 
     def check(config: Any, qps: float, name: str) -> Any:
         runner.status(f"target check of {name} from {qps:.1f} {settings.unit}")
-        cap = check_target(lambda rate, seed: runner.run("target", config, rate, seed, rate / qps), qps, target,
-                           settings.fractions, settings.error_budget, settings.seed, unit=settings.unit,
-                           can_pass=lambda rate: settings.can_pass_at(rate, rate / qps),
-                           climb=CLIMB if settings.verdict == "cycles" else ())
+        cap = check_target(lambda rate, seed, arrivals: runner.run("target", config, rate, seed, arrivals), qps,
+                           target, settings.fractions, settings.error_budget, settings.seed, unit=settings.unit,
+                           climb=CLIMB if settings.verdict == "batches" else (),
+                           longest=settings.longest_arrivals if settings.verdict == "batches" else None)
         d.checks.append((name, cap))
         return cap
 

@@ -1,5 +1,5 @@
 """The engine's judges (``docs/deciding.md``): the confirmation's group-sequential test, the target check's
-verdict on a window's blocks or regeneration cycles, and the client-lag flag. Pure statistics over figures; no timing.
+verdict on a window's batches, and the client-lag flag. Pure statistics over figures; no timing.
 """
 
 from __future__ import annotations
@@ -16,12 +16,10 @@ from tuning.base.format import rounded
 
 EXCEED_SHARE = 0.01  # a p99 target: at most 1% of outcomes over it
 TARGET_LEVEL = 0.95  # the share's one-sided bounds
-MIN_PASS_CYCLES = 299  # on cycles a window passes only with this many: with nothing over the target, 299
-# independent units are the fewest that bound a share under 1% (0.99 ** 299 < 0.05), and a cycle holds at least one
-TAIL_SHARE = 0.10  # the tail is extrapolated from the slowest 10% of outcomes (by their cycle's slowest)...
-MIN_TAIL_CYCLES = 5  # ...and at least this many cycles
-BOOTSTRAP = 400  # resamples of the cycles
-TARGET_BLOCKS = 5  # without arrival times a window is cut into this many consecutive blocks (batch means)
+BATCHES = 20  # a target window's outcomes are cut into this many consecutive batches (batch means)...
+DEFF_QUANTILES = (0.98, 0.95)  # ...for the outcomes over the target and over these quantiles of the window
+TARGET_BLOCKS = 5  # the blocks verdict: 5 consecutive blocks, the outcomes over the target alone
+METHODS = {"batches": (BATCHES, DEFF_QUANTILES), "blocks": (TARGET_BLOCKS, ())}  # how a window's design effect is taken
 LAG_MS = 10.0  # a client whose 99th-percentile send lag is over this and over LAG_SHARE of the target lagged
 LAG_SHARE = 0.05
 OUTLIER_SDS = 3.5  # a window (or pair) this many robust SDs from what its stage's model predicts is measured again
@@ -143,8 +141,9 @@ class Sequential:
 @dataclass
 class TargetVerdict:
     """One window's target check: the share of outcomes over the target (or failed), its one-sided bounds, and
-    the verdict (``pass`` | ``fail`` | ``indeterminate``). ``cycles``: the independent units it was judged on
-    (regeneration cycles; 0 when judged on blocks: ``by``)."""
+    the verdict (``pass`` | ``fail`` | ``indeterminate``). ``deff``: the design effect the bounds took (how many
+    outcomes count as one independent one); ``needed``: the arrivals a window would need to pass if its share
+    and design effect held (infinite at a share of 1% or more)."""
 
     verdict: str
     mean: float
@@ -154,8 +153,9 @@ class TargetVerdict:
     over: int
     errors: int
     fastest_ms: float
-    cycles: int = 0
-    by: str = "cycles"  # cycles | blocks (judged without arrival times)
+    deff: float = 1.0
+    needed: float = math.inf
+    by: str = "batches"  # the method (METHODS)
 
     @property
     def passed(self) -> bool:
@@ -164,139 +164,100 @@ class TargetVerdict:
     def row(self) -> dict[str, Any]:
         return {"verdict": self.verdict, "share_over": rounded(self.mean), "share_low": rounded(self.low),
                 "share_high": rounded(self.high), "n": self.n, "over": self.over, "errors": self.errors,
-                "cycles": self.cycles, "by": self.by, "fastest_ms": rounded(self.fastest_ms)}
+                "deff": rounded(self.deff), "needed": rounded(self.needed) if math.isfinite(self.needed) else None,
+                "by": self.by, "fastest_ms": rounded(self.fastest_ms)}
 
 
-def regeneration_cycles(latencies_ms: Sequence[float], arrivals_s: Sequence[float]) -> np.ndarray:
-    """Each outcome's segment (outcomes in arrival order): 0 before the first regeneration, then one per
-    regeneration cycle, the last one still open when the window ended. A cycle starts at an arrival that finds
-    nothing in flight: every earlier request answered. The client knows that without the server's help, and
-    what follows such a moment does not depend on what came before it, so cycles are independent units
-    (regenerative simulation: Crane and Iglehart); the first and last segments are not complete cycles.
-    A failure's answer time is not kept: it counts as in flight for the window's longest answered latency
-    (fewer regenerations: wider bounds). A server that handles requests side by side rarely empties under
-    load, and then has few cycles (``docs/deciding.md``)."""
-    lat = np.asarray(latencies_ms, dtype=float)
-    arr = np.asarray(arrivals_s, dtype=float)
-    if lat.shape != arr.shape:
-        raise ValueError(f"arrivals_s has {arr.size} values for {lat.size} latencies: give one arrival per outcome, "
-                         "in the same order")
-    if not lat.size:
-        return np.zeros(0, dtype=int)
-    if np.isnan(arr).any():
-        raise ValueError("arrivals_s holds NaN: give every outcome's scheduled arrival time in seconds")
-    finite = lat[np.isfinite(lat)]
-    longest = float(finite.max()) if finite.size else 0.0
-    busy_until = np.maximum.accumulate(arr + np.where(np.isfinite(lat), lat, longest) / 1000.0)
-    return np.cumsum(np.r_[False, arr[1:] >= busy_until[:-1]])
+def batch_design_effect(over: np.ndarray, batches: int = BATCHES) -> float:
+    """Batch means: the variance of the share over ``batches`` consecutive batches over a binomial's (how many
+    outcomes in a row move together); at least 1. ``over``: 0/1 in arrival order. A window shorter than two
+    outcomes a batch is one unit (its length)."""
+    n = over.size
+    b = n // batches
+    if b < 2:
+        return float(max(n, 1))
+    cut = over[: b * batches].astype(float)
+    p = float(cut.mean())
+    if not 0 < p < 1:
+        return 1.0
+    return max(1.0, b * float(cut.reshape(batches, b).mean(axis=1).var(ddof=1)) / (p * (1 - p)))
 
 
-def block_shares(latencies_ms: Sequence[float], target_ms: float, blocks: int = TARGET_BLOCKS) -> list[float]:
-    """Each consecutive block's share of outcomes over ``target_ms`` (a failure is coded as infinity)."""
-    lat = np.asarray(latencies_ms, dtype=float)
-    return [float((p > target_ms).mean()) for p in np.array_split(lat, blocks) if p.size]
+def design_effect(latencies_ms: np.ndarray, target_ms: float, batches: int = BATCHES,
+                  quantiles: Sequence[float] = DEFF_QUANTILES) -> float:
+    """The window's design effect: the largest batch-means design effect of the outcomes over the target and
+    over the window's own ``quantiles`` (each level at most the target). Exceedances come in bursts (a
+    queue's busy period), and a window with few of them over the target can miss the bursts' length; the lower
+    levels have many exceedances in the same bursts, whose length changes little from level to level in a
+    queue, so the largest of the three is not fooled by a window that held no burst over the target."""
+    levels = [target_ms] + [min(target_ms, float(np.quantile(latencies_ms, q, method="inverted_cdf")))
+                            for q in quantiles]
+    return max(batch_design_effect(latencies_ms > level, batches) for level in levels)
 
 
-def block_bounds(over: int, n: int, shares: Sequence[float], level: float = TARGET_LEVEL) -> tuple[float, float]:
-    """One-sided ``level`` bounds on the share over the target from consecutive blocks: Clopper-Pearson on the
-    effective sample size n / deff, deff (at least 1) the blocks' variance over a binomial's. With no outcome
-    over the target a window needs 299 outcomes to pass, as a binomial count would. Bursts that outlast a block
-    are not seen (``docs/deciding.md`` has its error rates)."""
-    if n == 0:
+def share_bounds(over: float, n: float, level: float = TARGET_LEVEL) -> tuple[float, float]:
+    """One-sided ``level`` Clopper-Pearson bounds on a share from ``over`` of ``n`` (effective counts: they
+    need not be whole)."""
+    if n <= 0:
         return 0.0, 1.0
-    p = over / n
-    k = len(shares)
-    deff = 1.0
-    if k > 1 and 0 < p < 1:
-        deff = max(1.0, float(np.var(shares, ddof=1)) / (p * (1 - p) / (n / k)))
-    n_eff = n / deff
-    x = p * n_eff
-    low = float(stats.beta.ppf(1 - level, x, n_eff - x + 1)) if x > 0 else 0.0
-    high = float(stats.beta.ppf(level, x + 1, n_eff - x)) if x < n_eff else 1.0
+    low = float(stats.beta.ppf(1 - level, over, n - over + 1)) if over > 0 else 0.0
+    high = float(stats.beta.ppf(level, over + 1, n - over)) if over < n else 1.0
     return low, high
 
 
-def complete_cycles(segment: np.ndarray) -> int:
-    """The complete cycles among :func:`regeneration_cycles`' segments (all but the first and the last)."""
-    return max(int(segment.max()) - 1, 0) if segment.size else 0
-
-
-def tail_bound(latencies_ms: np.ndarray, segment: np.ndarray, target_ms: float, level: float = TARGET_LEVEL,
-               resamples: int = BOOTSTRAP) -> tuple[float, float]:
-    """One-sided ``level`` bounds on the share of outcomes over ``target_ms``.
-
-    Every outcome over the target lies in a segment whose slowest outcome is over it, so the share of outcomes
-    in such segments bounds the share over the target from above, whatever the server does inside one. Where
-    the target lies beyond the window's slowest :data:`TAIL_SHARE` of outcomes (counted by their segment's
-    slowest), that share is extrapolated with an exponential tail fitted to the segments' slowest outcomes above
-    that level (peaks over a threshold; a queue's latency has an exponential tail when its service times do not
-    have a heavy one). Both bounds come from resampling whole segments (a regenerative bootstrap), so that a
-    burst counts as one unit; the first and last segments are resampled too, so that a queue still growing at
-    the end of the window weighs in. The lower bound is the share actually over the target; a window of one
-    segment (it never emptied) has no spread, and its share over the target is its lower bound."""
-    units = int(segment.max()) + 1 if segment.size else 0  # segments are numbered 0, 1, ... with none empty
-    if units < 2:
-        return float((latencies_ms > target_ms).mean()) if latencies_ms.size else 0.0, 1.0
-    size = np.bincount(segment, minlength=units).astype(float)
-    over = np.bincount(segment, weights=(latencies_ms > target_ms).astype(float), minlength=units)
-    slowest = np.full(units, -np.inf)
-    np.maximum.at(slowest, segment, latencies_ms)
-    rng = np.random.default_rng(units)  # the same window gives the same bounds (a resumed run, a test)
-    weights = rng.multinomial(units, np.full(units, 1.0 / units), size=resamples).astype(float)
-    outcomes = weights @ size
-    direct = (weights @ over) / outcomes
-    order = np.argsort(-slowest, kind="stable")
-    reach = np.cumsum(size[order]) / size.sum()
-    k = max(int(np.searchsorted(reach, TAIL_SHARE)) + 1, MIN_TAIL_CYCLES)
-    high = direct
-    if k < units and np.isfinite(slowest[order[k]]) and target_ms > slowest[order[k]]:
-        u = float(slowest[order[k]])
-        above = slowest > u
-        reached = weights @ (size * above)
-        excess = weights @ (size * np.where(above, np.minimum(slowest, 1e12) - u, 0.0))
-        scale = excess / np.maximum(reached, 1e-12)
-        high = np.maximum(direct, reached / outcomes * np.exp(-(target_ms - u) / np.maximum(scale, 1e-12)))
-    return float(np.quantile(direct, 1 - level)), float(np.quantile(high, level))
+def arrivals_needed(share: float, deff: float, level: float = TARGET_LEVEL) -> float:
+    """The arrivals a window needs for its upper bound to reach 1% if its share and design effect hold (299 x
+    deff at a share of 0): what a window too short to pass would need, for sizing a longer one."""
+    if not share < EXCEED_SHARE:
+        return math.inf
+    lo, hi = 1.0, 1e9
+    if share_bounds(share * hi, hi, level)[1] > EXCEED_SHARE:
+        return math.inf
+    while hi / lo > 1.01:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if share_bounds(share * mid, mid, level)[1] <= EXCEED_SHARE else (mid, hi)
+    return hi * deff
 
 
 def target_verdict(latencies_ms: Sequence[float], target_ms: float, errors: int = 0, error_budget: float = 0.001,
-                   *, arrivals_s: Sequence[float] | None = None, level: float = TARGET_LEVEL) -> TargetVerdict:
+                   *, arrivals_s: Sequence[float] | None = None, level: float = TARGET_LEVEL,
+                   method: str = "batches") -> TargetVerdict:
     """One window judged by itself (``docs/deciding.md``, stage 3): pass when the one-sided upper bound on the
     share over the target is at most 1% and the errors are within the budget; fail when the lower bound is above
-    1% or the errors are over the budget beyond chance; else indeterminate. ``latencies_ms``: every outcome, a
-    failure as infinity (NaN counts as a failure). With ``arrivals_s`` (their scheduled arrivals, same order)
-    the bounds come from the window's regeneration cycles (:func:`tail_bound`) and a pass needs
-    :data:`MIN_PASS_CYCLES` of them; without, from :data:`TARGET_BLOCKS` consecutive blocks
-    (:func:`block_bounds`)."""
+    1% or the errors are over the budget beyond chance; else indeterminate. ``latencies_ms``: every outcome in
+    arrival order, a failure as infinity (NaN counts as a failure); ``arrivals_s``, when given, puts them in
+    that order. The bounds are Clopper-Pearson on the effective counts, the counts over the
+    :func:`design_effect`: on ``method`` "batches", :data:`BATCHES` batches and the largest of the target's and
+    :data:`DEFF_QUANTILES`' design effects (valid under bursts, ``docs/deciding.md``); on "blocks",
+    :data:`TARGET_BLOCKS` blocks and the target's alone (bursts longer than a block are not seen)."""
+    if method not in METHODS:
+        raise ValueError(f"method={method!r}: use 'batches' (bursts counted) or 'blocks' (5 blocks, the target alone)")
     lat = np.asarray(latencies_ms, dtype=float)
     lat = np.where(np.isnan(lat), math.inf, lat)
-    finite = lat[np.isfinite(lat)]
-    fastest = float(finite.min()) if finite.size else math.inf
-    if not lat.size:
-        return TargetVerdict("fail", math.nan, math.nan, math.nan, 0, 0, errors, fastest, 0)
     if arrivals_s is not None:
         arr = np.asarray(arrivals_s, dtype=float)
         if arr.shape != lat.shape:
             raise ValueError(f"arrivals_s has {arr.size} values for {lat.size} latencies: give one arrival per "
                              "outcome, in the same order")
-        order = np.argsort(arr, kind="stable")
-        lat = lat[order]
-        segment, by = regeneration_cycles(lat, arr[order]), "cycles"
-        count = complete_cycles(segment)
-        low, high = tail_bound(lat, segment, target_ms, level)
-    else:
-        by, count = "blocks", 0
-        low, high = block_bounds(int((lat > target_ms).sum()), int(lat.size), block_shares(lat, target_ms), level)
+        if np.isnan(arr).any():
+            raise ValueError("arrivals_s holds NaN: give every outcome's scheduled arrival time in seconds")
+        lat = lat[np.argsort(arr, kind="stable")]
+    finite = lat[np.isfinite(lat)]
+    fastest = float(finite.min()) if finite.size else math.inf
+    if not lat.size:
+        return TargetVerdict("fail", math.nan, math.nan, math.nan, 0, 0, errors, fastest)
     over = int((lat > target_ms).sum())
+    deff = design_effect(lat, target_ms, *METHODS[method])
+    low, high = share_bounds(over / deff, lat.size / deff, level)
     errors_over = errors > 0 and stats.binom.sf(errors - 1, lat.size, error_budget) <= 1 - level
     if low > EXCEED_SHARE or errors_over:
         verdict = "fail"
-    elif (high <= EXCEED_SHARE and (by == "blocks" or count >= MIN_PASS_CYCLES)
-          and errors <= max(error_budget * lat.size, 0)):
+    elif high <= EXCEED_SHARE and errors <= max(error_budget * lat.size, 0):
         verdict = "pass"
     else:
         verdict = "indeterminate"
-    return TargetVerdict(verdict, over / lat.size, low, high, int(lat.size), over, errors, fastest, count, by)
+    return TargetVerdict(verdict, over / lat.size, low, high, int(lat.size), over, errors, fastest, deff,
+                         arrivals_needed(over / lat.size, deff, level), method)
 
 
 def client_lagged(lags_ms: Any, target_ms: float | None) -> bool:

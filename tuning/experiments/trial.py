@@ -50,8 +50,8 @@ class Trial:
     server_compute_ms: float = math.nan  # the server's own mean inference time per request (its metrics)
     latencies_ms: Any = field(default=None, repr=False, compare=False)
     lags_ms: Any = field(default=None, repr=False, compare=False)  # open loop: each send's lag after its schedule
-    # each measured outcome's scheduled arrival (seconds, any clock), in the order of ``latencies_ms``: with them a
-    # window shows when nothing was in flight (bench/verdict_bench.py judges windows on those regeneration cycles)
+    # each measured outcome's scheduled arrival (seconds, any clock), in the order of ``latencies_ms``: the target
+    # verdict's batches follow arrival order
     arrivals_s: Any = field(default=None, repr=False, compare=False)
     first_error: str | None = None
     load: Any = field(default=None, repr=False, compare=False)

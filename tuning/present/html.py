@@ -206,8 +206,8 @@ def capacity_sentence(caps: dict[str, Any]) -> str:
             text += f" ({cap.note})"
         open_ = [p for p in cap.probes if p.verdict == "indeterminate"]
         if open_:
-            text += (f"; {len(open_)} of {len(cap.probes)} windows were indeterminate (the blocks' interval held "
-                     "the 1% share), which does not pass")
+            text += (f"; {len(open_)} of {len(cap.probes)} windows were indeterminate (the share's interval held "
+                     "1%), which does not pass")
         parts.append(text)
     return "; ".join(parts) + "."
 
