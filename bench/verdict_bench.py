@@ -10,8 +10,8 @@ error the claim must hold to 5%.
 Per cell and window length (1,000, 10,000 and 200,000 arrivals), P(pass) with its 95% Wilson interval, and the
 share failed and indeterminate; then the engine's claim at one rate (a look of 2,000 arrivals; while it is
 indeterminate, fresh, longer windows sized by what it says it needs, at most 200,000; then a fresh window of
-the passing one's length): P(claim) and the median arrivals it took. How long a window must be to pass near the target is the point:
-certifying a p99 on a bursty server takes a long hold, and the verdict says how long.
+the passing one's length): P(claim) and the median arrivals it took. How long a window must be to pass near the
+target is the point: certifying a p99 on a bursty server takes a long hold, and the verdict says how long.
 
     python bench/verdict_bench.py [--windows 400] [--quick]
 

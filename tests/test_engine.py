@@ -408,7 +408,8 @@ def test_the_check_descends_until_a_rate_is_claimed_by_a_fresh_window():
 
     world = World(noise=0.0, drift=0.0, dip_share=0.0, seed=2)
     runner = Runner(world, lambda k: {}, EngineSettings.full(), TARGET_MS)
-    cap = check_target(lambda rate, seed, arrivals: runner.run("target", preset("baseline"), rate, seed, arrivals), 100.0, TARGET_MS,
+    cap = check_target(lambda rate, seed, arrivals: runner.run("target", preset("baseline"), rate, seed, arrivals),
+                       100.0, TARGET_MS,
                        (0.90, 0.85, 0.80, 0.70, 0.60))
     truth = steady_capacity(100.0, TARGET_MS)
     assert 0.85 * truth <= cap.capacity <= truth
