@@ -66,6 +66,8 @@ BAD_INPUTS = [
     ("loadtest --concurrency 1.5 --requests 2", USAGE, "not an integer"),
     ("loadtest --url {dead} --set batch_size=4 --requests 2", USAGE, "--set does not apply"),
     ("loadtest --url {dead} --requests 2 --warmup 0", NOTHING, "no answer from"),
+    ("loadtest --target-p99-ms 100 --requests 2", USAGE, "give --rate R"),
+    ("loadtest --target-p99-ms 100 --rate 5 --duration 2 --engine locust", USAGE, "scheduled arrival"),
     ("profile --interval 0.01", USAGE, ">= 0.1"),
     ("run --data {dir}", USAGE, "is a directory"),
     ("run --data {missing}", USAGE, "no such file"),

@@ -820,3 +820,52 @@ def test_without_a_climb_the_check_looks_no_higher_than_its_first_fraction_and_s
     cap = check_target(lambda rate, seed, arrivals=None: _open_window(rate, 2.0), 100.0, 100.0, (0.9, 0.8), climb=())
     assert cap.capacity == pytest.approx(90.0) and cap.at_least and cap.sentence().startswith("at least 90.0")
     assert max(p.rate for p in cap.probes) == pytest.approx(90.0)
+
+
+# --- a held rate (loadtest --target-p99-ms) ---------------------------------------------------------
+
+def _hold(lat, rate=100.0, lags=None):
+    lat = np.asarray(lat, dtype=float)
+    return Trial(qps=rate, p99_ms=float(np.percentile(lat, 99)), ok=int(np.isfinite(lat).sum()), submitted=lat.size,
+                 window_s=lat.size / rate, rate=rate, offered_rate=rate, latencies_ms=lat,
+                 lags_ms=None if lags is None else np.asarray(lags, dtype=float),
+                 arrivals_s=np.arange(lat.size) / rate)
+
+
+def test_a_hold_is_judged_with_its_bursts_counted_and_says_how_long_it_would_need():
+    from tuning.experiments.capacity import hold_check
+
+    lat = np.full(1000, 2.0)
+    for start in range(0, 1000, 200):
+        lat[start:start + 10] = 80.0  # bursts under a 100 ms target
+    h = hold_check(_hold(lat), 100.0)
+    assert h["verdict"] == "indeterminate" and h["deff"] > 3 and h["independent"] < 600
+    assert h["needed_s"] == pytest.approx(arrivals_needed(0.0, h["deff"]) / 100.0, rel=0.01)
+    assert h["p99_high_ms"] is None  # under 368 independent outcomes the p99 has no upper bound
+    clear = hold_check(_hold(np.full(5000, 2.0)), 100.0)
+    assert clear["verdict"] == "pass" and clear["needed_s"] is None and clear["p99_high_ms"] == 2.0
+    spread = np.full(5000, 2.0)
+    spread[::25] = 500.0
+    over = hold_check(_hold(spread), 100.0)
+    assert over["verdict"] == "fail" and over["share"] == pytest.approx(0.04)
+
+
+def test_a_hold_whose_client_lagged_says_so_as_the_client_s():
+    from tuning.experiments.capacity import hold_check
+
+    lat, lags = np.full(5000, 20.0), np.zeros(5000)
+    lat[::50], lags[::50] = 140.0, 60.0  # 2% over 100 ms, each of them sent 60 ms late by the client
+    h = hold_check(_hold(lat, lags=lags), 100.0)
+    assert h["verdict"] == "fail" and h["lag_p99_ms"] == pytest.approx(60.0) and h["lag_explains"]
+    assert not hold_check(_hold(lat, lags=np.zeros(5000)), 100.0)["lag_explains"]
+
+
+def test_the_p99_interval_widens_with_the_design_effect():
+    from tuning.base.decide import quantile_interval
+
+    x = np.random.default_rng(0).exponential(1.0, 10_000)
+    lo1, hi1 = quantile_interval(x)
+    lo20, hi20 = quantile_interval(x, deff=20.0)
+    assert lo20 <= lo1 < hi1 <= hi20 and (hi20 - lo20) > 3 * (hi1 - lo1)
+    with pytest.raises(ValueError, match="deff=0.5"):
+        quantile_interval(x, deff=0.5)

@@ -14,14 +14,19 @@ from scipy import stats
 P99_LEVEL = 0.95  # the p99 interval's coverage
 
 
-def quantile_interval(values: Sequence[float], q: float = 0.99,
-                      level: float = P99_LEVEL) -> tuple[float | None, float | None]:
+def quantile_interval(values: Sequence[float], q: float = 0.99, level: float = P99_LEVEL,
+                      deff: float = 1.0) -> tuple[float | None, float | None]:
     """Distribution-free interval of the ``q`` quantile from order statistics (None where the sample cannot
-    bound it: an upper bound of the p99 at 95% needs at least 368 values)."""
+    bound it: an upper bound of the p99 at 95% needs at least 368 values). ``deff``: the values' design effect
+    (outcomes that move together in bursts): the order statistics' ranks are taken on n / deff independent
+    values and read at the same fraction of the whole sample."""
     x = np.sort(np.asarray(values, dtype=float))
-    n = x.size
-    if n == 0:
+    total = x.size
+    if total == 0:
         return None, None
+    if not deff >= 1:
+        raise ValueError(f"deff={deff!r}: a design effect is at least 1 (1: independent values)")
+    n = max(int(total / deff), 1)
     a = (1 - level) / 2
     # lower: the largest k with P(Bin(n, q) < k) <= a, i.e. x_(k) (1-based) is below the quantile with 1 - a
     k_lo = int(stats.binom.ppf(a, n, q))
@@ -30,8 +35,9 @@ def quantile_interval(values: Sequence[float], q: float = 0.99,
     k_hi = int(stats.binom.ppf(1 - a, n, q)) + 1
     while k_hi <= n and stats.binom.cdf(k_hi - 1, n, q) < 1 - a:
         k_hi += 1
-    lo = float(x[k_lo - 1]) if k_lo >= 1 else None
-    hi = float(x[k_hi - 1]) if k_hi <= n else None
+    rank = lambda k: min(max(math.ceil(k * total / n), 1), total) - 1  # noqa: E731 (k of n, at its fraction)
+    lo = float(x[rank(k_lo)]) if k_lo >= 1 else None
+    hi = float(x[rank(k_hi)]) if k_hi <= n else None
     return lo, hi
 
 

@@ -376,6 +376,9 @@ def cmd_loadtest_any(args: argparse.Namespace) -> int:
         if args.locust_workers is not None or args.remote_workers:
             raise UsageError("loadtest: --locust-workers and --remote-workers go with --engine locust")
         return cmd_loadtest(args)
+    if args.target_p99_ms is not None:
+        raise UsageError("loadtest --engine locust: --target-p99-ms needs each request's scheduled arrival, which "
+                         "locust does not keep; hold the rate with the default engine")
     if "--workers" in _given(args):
         warnings.warn("--workers is now --locust-workers (locust's processes, not the knob num_workers); the old "
                       "name still works", UserWarning, stacklevel=2)
@@ -427,6 +430,10 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         raise UsageError("loadtest: give exactly one of --requests N or --duration S")
     if args.profile and args.url:
         raise UsageError("loadtest: --profile records this process; with --url run `profile` where the server runs")
+    if args.target_p99_ms is not None and (args.rate is None or args.duration is None):
+        raise UsageError(f"loadtest --target-p99-ms {args.target_p99_ms:g}: a target is held open-loop for a time; "
+                         "give --rate R (the rate to hold) and --duration S (how long: a bursty server needs "
+                         "minutes, and the result says how long when it could not tell)")
     inputs = _inputs(args)
     load = dict(concurrency=args.concurrency, requests=args.requests, duration_s=args.duration, rate=args.rate,
                 warmup_requests=args.warmup, warmup_s=args.warmup_s or 0.0)
@@ -469,6 +476,11 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     if args.profile and not args.url:
         profile = recorder.join(result).summary()
         summary.update({key: profile[key] for key in ("diagnosis", "threads", "gpu")})
+    if args.target_p99_ms is not None:
+        from tuning.experiments.capacity import hold_check
+        from tuning.experiments.trial import Trial
+
+        summary["hold"] = hold_check(Trial.from_load(result), args.target_p99_ms)
     return _emit(args, summary, lambda: format_load(summary))
 
 
@@ -1103,6 +1115,10 @@ def _add_loadtest_flags(p: argparse.ArgumentParser) -> None:
     shape.add_argument("--requests", type=_positive_int, default=None, help="measured requests")
     shape.add_argument("--duration", type=_positive_float, default=None, help="measured seconds")
     shape.add_argument("--rate", type=_positive_float, default=None, help="open loop: Poisson arrivals per second")
+    shape.add_argument("--target-p99-ms", type=_positive_float, default=None,
+                       help="hold --rate for --duration and judge it against this p99 target: pass, fail or "
+                            "indeterminate, the share over it with its bounds, the p99 with its interval (bursts "
+                            "counted), the client's lag (the check a claimed capacity is held to)")
     shape.add_argument("--warmup", type=_count, default=16, help="warm-up requests excluded from the figures")
     shape.add_argument("--warmup-s", type=_nonneg_seconds, default=None,
                        help="warm-up seconds excluded from the figures (our engine: besides --warmup; locust: "
@@ -1257,6 +1273,8 @@ COMMANDS: dict[str, Command] = {
         (("python -m tuning loadtest --requests 500 --concurrency 16", "the in-process server, closed loop"),
          ("python -m tuning loadtest --url http://127.0.0.1:8000/embed --rate 50 --duration 30",
           "a running server, open loop at 50 requests/s"),
+         ("python -m tuning loadtest --url http://127.0.0.1:8000/embed --rate 90 --duration 180 --target-p99-ms 300",
+          "hold a claimed capacity for 3 minutes and judge it against the p99 target"),
          ("python -m tuning loadtest --url http://127.0.0.1:8080/embed --api tei --engine locust "
           "--locust-workers 2 --duration 30", "text-embeddings-inference, driven by locust"))),
     "sweep": Command(

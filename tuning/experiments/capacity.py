@@ -17,7 +17,7 @@ import numpy as np
 from tuning.base.decide import quantile_interval
 from tuning.base.format import rounded
 from tuning.base.stats import known_median
-from tuning.experiments.judge import METHODS, TargetVerdict, target_verdict
+from tuning.experiments.judge import METHODS, TargetVerdict, lag_explains, target_verdict
 from tuning.experiments.trial import Trial, late_sends, p99_of
 
 DEFAULT_ERROR_BUDGET = 0.001
@@ -325,3 +325,25 @@ def check_target(run_window: Callable[[float, int, int | None], Any], throughput
             capacity = m * throughput
         return result(capacity, None, at_least=True)
     return result(None, probes[-1].rate if probes else None)
+
+
+def hold_check(trial: Trial, target_p99_ms: float, error_budget: float = DEFAULT_ERROR_BUDGET) -> dict[str, Any]:
+    """One open-loop hold judged against the target (``loadtest --rate R --target-p99-ms T``, the check a
+    claimed capacity is held to): the batches verdict, the share over the target with its one-sided bounds,
+    the p99 with its interval (both with the outcomes' bursts counted), the hold a verdict would need when
+    this one could not tell, and the client's send lag (the client's figure, not the server's)."""
+    lat = None if trial.latencies_ms is None else np.asarray(trial.latencies_ms, dtype=float)
+    if lat is None or not lat.size:
+        raise ValueError("the hold has no outcomes to judge: run it with --duration S at --rate R")
+    v = target_verdict(lat, target_p99_ms, trial.failed, error_budget, arrivals_s=trial.arrivals_s)
+    rate = trial.offered_rate if math.isfinite(trial.offered_rate) else (trial.rate or math.nan)
+    lo, hi = quantile_interval(lat, 0.99, deff=v.deff)
+    lags = None if trial.lags_ms is None else np.asarray(trial.lags_ms, dtype=float)
+    needed_s = v.needed / rate if math.isfinite(v.needed) and rate > 0 else None
+    return {"target_p99_ms": target_p99_ms, "verdict": v.verdict, "n": v.n, "over": v.over, "errors": v.errors,
+            "share": rounded(v.mean), "share_low": rounded(v.low), "share_high": rounded(v.high),
+            "deff": rounded(v.deff), "independent": rounded(v.n / v.deff), "p99_ms": rounded(p99_of(lat)),
+            "p99_low_ms": rounded(lo), "p99_high_ms": rounded(hi), "rate": rounded(rate),
+            "needed_s": rounded(needed_s) if v.verdict == "indeterminate" else None,
+            "lag_p99_ms": rounded(float(np.percentile(lags, 99))) if lags is not None and lags.size else None,
+            "lag_explains": bool(lags is not None and lag_explains(lat, lags, target_p99_ms))}

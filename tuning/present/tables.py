@@ -171,6 +171,8 @@ def format_load(s: dict) -> str:
     m = s.get("server_metrics")
     if m:
         lines.append(server_metrics_line(m))
+    if s.get("hold"):
+        lines += ["", *hold_lines(s["hold"])]
     if any(v.get("p99_ms") for v in s["stages"].values()):  # locust does not read the server's stage timings
         lines += ["", "stage ledger (ok requests, ms)",
                   table([{"stage": st, **v} for st, v in s["stages"].items()], ["stage", "p50_ms", "p99_ms", "share"])]
@@ -183,6 +185,27 @@ def format_load(s: dict) -> str:
                   "threads by CPU", table(s["threads"], ["name", "pid", "tid", "cpu_mean", "cpu_max", "wait_mean"]),
                   f"GPU: {'sampled' if s['gpu']['available'] else 'none sampled: ' + str(s['gpu']['reason'])}"]
     return fit("\n".join(lines))
+
+
+def hold_lines(h: dict) -> list[str]:
+    """A held rate judged against the target: the verdict first, then its evidence, then what to do."""
+    pct = lambda x: "n/a" if x is None else f"{100 * x:.2f}%"  # noqa: E731
+    head = (f"TARGET {'MET' if h['verdict'] == 'pass' else 'NOT MET' if h['verdict'] == 'fail' else 'NOT DECIDED'}: "
+            f"p99 <= {h['target_p99_ms']:g} ms at {number(h['rate'], 1)} req/s ({h['verdict']})")
+    lines = [head,
+             f"  {pct(h['share'])} of {h['n']} outcomes over the target or failed, 95% bounds "
+             f"[{pct(h['share_low'])}, {pct(h['share_high'])}] (at most 1% to pass); p99 {number(h['p99_ms'], 0)} ms "
+             f"[{number(h['p99_low_ms'], 0)}, {'unbounded' if h['p99_high_ms'] is None else number(h['p99_high_ms'], 0)}]",
+             f"  outcomes move together in bursts: {h['n']} outcomes count as {number(h['independent'], 0)} independent "
+             f"ones (design effect {number(h['deff'], 1)})"]
+    if h.get("needed_s") is not None:
+        lines.append(f"  too short to tell: at this share and burst length a hold of about {h['needed_s']:.0f} s "
+                     "would (give --duration)")
+    if h.get("lag_p99_ms") is not None:
+        lines.append(f"  the client's send lag p99 {h['lag_p99_ms']:.1f} ms"
+                     + (" explains the exceedances: the client's figure, not the server's (a faster client, or "
+                        "--client-procs)" if h.get("lag_explains") else ""))
+    return lines
 
 
 def server_metrics_line(m: dict) -> str:
