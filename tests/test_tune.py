@@ -311,3 +311,24 @@ def test_tune_waits_while_a_server_loads_its_model_and_names_a_wrong_request_at_
     got = tune._wait_ready(group, measure, None, timeout_s=30.0, poll_s=0.0)
     assert (got is None) if error is None else got.startswith(error), got
     assert queue == [] or error is not None
+
+
+def test_the_hold_line_holds_the_claimed_rate_at_the_run_s_url_and_api():
+    """The printed `loadtest --target-p99-ms` line runs as printed: the --cmd run's throwaway port becomes
+    {port}, the API flags and body template come along (quoted for the shell), and a capacity in texts/s is
+    held in requests/s."""
+    import shlex
+
+    from tuning.present.tables import HOLD_S, hold_command
+
+    s = {"url": "http://127.0.0.1:43117/predict", "cmd": "python svc.py {port}",
+         "api": {"name": "custom", "template": {"input": "{text}"}, "client_batch": 1}, "best": {}}
+    line = hold_command(s, 512.34, 50.0)
+    assert line == ("python -m tuning loadtest --url http://127.0.0.1:{port}/predict --api custom "
+                    f"""--body '{{"input": "{{text}}"}}' --rate 512.3 --duration {HOLD_S} --target-p99-ms 50""")
+    assert shlex.split(line)[shlex.split(line).index("--body") + 1] == '{"input": "{text}"}'
+    texts = {"url": "http://10.0.0.5:8000/embed", "api": {"name": "tuning", "client_batch": 1},
+             "best": {"client_batch": 16}}
+    assert hold_command(texts, 640.0, 50.0, "texts/s") == ("python -m tuning loadtest --url http://10.0.0.5:8000/embed "
+                                                          "--client-batch 16 --rate 40.0 --duration 180 "
+                                                          "--target-p99-ms 50")

@@ -325,6 +325,10 @@ def format_investigation(inv: Investigation) -> str:
         why = ladder.why_unchanged()
         lines += ["", command_lines(f"python -m tuning serve {ladder.set_line()}", lead="ship: ") + closest,
                   f"      {ladder.python_call()}", *([f"      (the baseline stays: {why})"] if why else [])]
+        cap = ladder.capacity
+        if cap is not None and cap.met:
+            lines.append(command_lines(f"python -m tuning loadtest {ladder.set_line()} --rate {cap.capacity:.1f} "
+                                       f"--duration {HOLD_S} --target-p99-ms {t:g}", lead="hold it: "))
     for v in inv.what_if.get("verdicts", []):
         lines.append(f"what-if: {v}")
     for c in (inv.what_if.get("host_cores") or {}).values():
@@ -410,7 +414,38 @@ def format_tune(result: Any, unit: str = "req/s", command: str = "tune") -> str:
                      f"{shown(' '.join(f'{k}={v}' for k, v in best.values.items()))}")
         how, what = run_it(s)
         lines.append(command_lines(what, lead="run it: ") if how == "run it" else f"{how}: {what}")
+        if s.get("url"):
+            lines.append(command_lines(hold_command(s, best.capacity.capacity, result.target_p99_ms, unit),
+                                       lead="hold it: "))
     return fit("\n".join(lines))
+
+
+HOLD_S = 180  # the hold a printed `loadtest --target-p99-ms` line asks for: minutes, for a bursty server's tail
+
+
+def hold_command(s: dict[str, Any], rate: float, target_p99_ms: float, unit: str = "req/s") -> str:
+    """``loadtest --target-p99-ms`` holding the shipped configuration's claimed rate (``unit``: texts/s is
+    turned into requests/s), runnable as printed: the run's URL (``{port}`` where the run chose a throwaway
+    port for ``--cmd``) and the API flags it used."""
+    import json
+    import shlex
+    from urllib.parse import urlsplit, urlunsplit
+
+    url = s["url"]
+    if s.get("cmd"):
+        parts = urlsplit(url)
+        url = urlunsplit(parts._replace(netloc=f"{parts.hostname}:{{port}}"))
+    api = s.get("api") or {}
+    flags = [f"--api {api['name']}"] if api.get("name") not in (None, "tuning") else []
+    flags += [f"--{k.replace('_', '-')} {api[k]}" for k in ("model_name", "input_name", "output_name") if api.get(k)]
+    if api.get("template") is not None:
+        flags.append(f"--body {shlex.quote(json.dumps(api['template']))}")
+    batch = (s.get("best") or {}).get("client_batch") or api.get("client_batch")
+    if batch and int(batch) > 1:
+        flags.append(f"--client-batch {batch}")
+    unit_rate = rate / int(batch) if unit == "texts/s" and batch and int(batch) > 1 else rate
+    return (f"python -m tuning loadtest --url {url} {' '.join(flags) + ' ' if flags else ''}--rate {unit_rate:.1f} "
+            f"--duration {HOLD_S} --target-p99-ms {target_p99_ms:g}")
 
 
 def run_it(s: dict[str, Any]) -> tuple[str, str]:
