@@ -178,3 +178,20 @@ def test_report_is_offline_with_a_chart_per_section(run):
     cores = summary["what_if"]["host_cores"]["baseline"]  # the cores needed, in the JSON and on the page
     assert cores["simulated"] and cores["cores"] > 0 and cores["processes"] >= 1
     assert "Host cores needed" in sections["what-if"] and "would keep it 70% busy" in sections["what-if"]
+
+
+def test_the_environment_table_says_each_fact_once_and_has_no_empty_rows():
+    """Issue 58, finding 9: the table had empty rows (cuda_version, gpu on a CPU machine) and repeated the
+    simulated profile's source (in its source and again in its label) and the device's banner."""
+    from tuning.present.html import environment_rows
+
+    source = "datasheet estimate (NVIDIA H200 SXM 141 GB: datasheet peaks)"
+    env = {"schema_version": 1, "python": "3.11.7", "cuda_available": False, "cuda_version": None, "gpu": None,
+           "device": {"kind": "cpu", "label": "cpu (measured)", "banner": "Running on the CPU: every figure ..."},
+           "contended": "another process keeps the cores busy", "machine": {"cpu": {"model": "x"}},
+           "sim_profile": {"name": "h200-sxm-estimate", "source": source, "label": f"simulated h200 ({source})",
+                           "used_for": "the what-if section"}, "load_average_at_start": []}
+    rows = {r["what"]: str(r["value"]) for r in environment_rows(env)}
+    assert set(rows) == {"python", "cuda_available", "device", "sim_profile"}
+    assert rows["device"] == "cpu (measured)" and rows["sim_profile"].count(source) == 1
+    assert all(v not in ("", "None") for v in rows.values())

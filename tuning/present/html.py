@@ -449,8 +449,7 @@ def render_report(inv: Any) -> str:
     sections.append(_section("ship", "What to ship", "".join(body)))
 
     # environment
-    # the machine is in the header; the rest of environment.json here
-    env_rows = [{"what": k, "value": _knob(v)} for k, v in inv.environment.items() if k != "machine"]
+    env_rows = environment_rows(inv.environment)
     data_rows = [{"what": k, "value": _knob(v)} for k, v in inv.data.items()]
     sections.append(_section("environment", "Environment and input", _table(env_rows, [("what", ""), ("value", "")])
                              + _table(data_rows, [("what", ""), ("value", "")])))
@@ -586,6 +585,25 @@ def render_tune(result: Any, resume_dir: Any = None, title: str = "tune: the ser
                f'{best["capacity"]:.1f} {unit}.</p>' if best else ""))
     return _page("tuning tune report", head.replace("<h1>tune: the service's own knobs</h1>", f"<h1>{_esc(title)}</h1>")
                  + "".join(top_down(sections + ([extra] if extra else []), SERVICE_ORDER)))
+
+
+ENV_SHOWN_ELSEWHERE = ("machine", "contended", "schema_version")  # the header, its note, the file's own version
+
+
+def environment_rows(environment: dict[str, Any]) -> list[dict[str, Any]]:
+    """environment.json as the report's table: each fact once and only facts (no empty row for what this
+    machine lacks, nothing the header or its notes already say; the device by its label, the simulated
+    profile by its name, source and use)."""
+    rows = []
+    for k, v in environment.items():
+        if k in ENV_SHOWN_ELSEWHERE or v is None or v == "" or v == [] or v == {}:
+            continue
+        if k == "device" and isinstance(v, dict):
+            v = v.get("label") or v.get("name")
+        elif k == "sim_profile" and isinstance(v, dict):
+            v = {key: v[key] for key in ("name", "source", "used_for") if v.get(key)}
+        rows.append({"what": k, "value": _knob(v)})
+    return rows
 
 
 def _knob(v: Any) -> Any:
