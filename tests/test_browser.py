@@ -485,3 +485,48 @@ def test_report_draws_every_chart_offline(browser, report, artifacts):
         page.locator("section#decision figure.chart").first.scroll_into_view_if_needed()
         _shot(page.locator("section#decision figure.chart").first, artifacts / "report-decision-chart.png")
         guard.check()
+
+
+# JS: each chart's title, legend, plot area and annotations, relative to the chart's own box (issue 58,
+# finding 9: at 1,280 px a title ran off the edge, a long legend squeezed the plot, capacity labels overlapped)
+LEGIBLE_JS = """() => Array.from(document.querySelectorAll('figure.chart .js-plotly-plot')).map(gd => {
+  const box = gd.getBoundingClientRect();
+  const rel = el => { const r = el.getBoundingClientRect();
+    return {left: r.left - box.left, right: r.right - box.left, top: r.top - box.top, bottom: r.bottom - box.top}; };
+  const title = gd.querySelector('.gtitle');
+  const plots = Array.from(gd.querySelectorAll('.draglayer .nsewdrag')).map(rel);
+  return {
+    section: gd.closest('section').id, width: box.width,
+    title: title ? rel(title) : null, title_text: title ? title.textContent : '',
+    plot_width: plots.length ? Math.max(...plots.map(p => p.right)) - Math.min(...plots.map(p => p.left)) : 0,
+    annotations: Array.from(gd.querySelectorAll('g.annotation')).map(a => ({...rel(a), text: a.textContent})),
+  };
+})"""
+
+
+def _overlap(a: dict, b: dict) -> bool:
+    return a["left"] < b["right"] - 1 and b["left"] < a["right"] - 1 and a["top"] < b["bottom"] - 1 \
+        and b["top"] < a["bottom"] - 1
+
+
+def test_report_charts_are_legible_at_1280_px(browser, report, artifacts):
+    """Every chart of the report in a 1,280 px window: its title inside its box, its plot area at least half
+    its width (a legend does not squeeze it), and no two annotations printed over each other."""
+    with _watched_page(browser, artifacts, "failure-report-1280.png", viewport=(1280, 900), offline=True,
+                       allow_console=()) as (page, guard):
+        page.goto(report.as_uri(), wait_until="load")
+        figures = page.evaluate("() => document.querySelectorAll('figure.chart').length")
+        page.wait_for_function(f"() => document.querySelectorAll('figure.chart .js-plotly-plot .main-svg').length"
+                               f" >= {figures}", timeout=30_000)
+        charts = page.evaluate(LEGIBLE_JS)
+        assert charts
+        for c in charts:
+            where = f"{c['section']}: {c['title_text'][:60]!r}"
+            if c["title"] is not None:
+                assert c["title"]["left"] >= -1 and c["title"]["right"] <= c["width"] + 1, (where, c["title"])
+            assert c["plot_width"] >= 0.5 * c["width"], (where, c["plot_width"], c["width"])
+            notes = c["annotations"]
+            clash = [(a["text"], b["text"]) for i, a in enumerate(notes) for b in notes[i + 1:] if _overlap(a, b)]
+            assert not clash, (where, clash)
+        _shot(page, artifacts / "report-1280.png", full_page=True)
+        guard.check()

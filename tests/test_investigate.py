@@ -174,6 +174,11 @@ def test_report_is_offline_with_a_chart_per_section(run):
     assert "--preset baseline" in sections["ship"] and "tuning.preset(" in sections["ship"]
     assert "simulated" in sections["what-if"].lower()
     summary = json.loads(stdout)
+    # issue 58, finding 9: the ledger compared a closed loop before with an open loop after; like for like now
+    if summary["recommended"]["changes"]:
+        assert "Both in a closed loop" in sections["ledger"] and summary["after_same_load"]["qps"] > 0
+    else:
+        assert "no change was shipped" in sections["ledger"] and summary["after_same_load"] is None
     assert math.isfinite(summary["what_if"]["runs"]["baseline"]["device_busy"])
     cores = summary["what_if"]["host_cores"]["baseline"]  # the cores needed, in the JSON and on the page
     assert cores["simulated"] and cores["cores"] > 0 and cores["processes"] >= 1
@@ -195,3 +200,23 @@ def test_the_environment_table_says_each_fact_once_and_has_no_empty_rows():
     assert set(rows) == {"python", "cuda_available", "device", "sim_profile"}
     assert rows["device"] == "cpu (measured)" and rows["sim_profile"].count(source) == 1
     assert all(v not in ("", "None") for v in rows.values())
+
+
+def test_a_run_whose_answer_may_change_says_so_in_one_line_at_the_top():
+    """Issue 58, finding 11: three runs under contention shipped two different lines and nothing said the
+    answer was not stable. A run on a busy machine, or one whose two best candidates could not be told apart,
+    says so first in the terminal and at the top of the report."""
+    from types import SimpleNamespace
+
+    from tuning.experiments.investigate import not_stable
+
+    decision = SimpleNamespace(stage="done", indeterminate=None)
+    inv = SimpleNamespace(ladder=SimpleNamespace(decision=decision), environment={})
+    assert not_stable(inv) is None
+    inv.environment["contended"] = "another process keeps the cores busy"
+    assert not_stable(inv).startswith("ANSWER NOT STABLE: the machine was busy with other work;")
+    decision.indeterminate = "a and b are within 2% of each other"
+    line = not_stable(inv)
+    assert "busy with other work and two candidates could not be told apart" in line and "\n" not in line
+    decision.stage = "target"  # not decided yet: nothing to call unstable
+    assert not_stable(inv) is None

@@ -137,15 +137,26 @@ def _short(text: str, limit: int = 100) -> str:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
+TITLE_CHARS = 90  # a title line wraps at a word boundary past this many characters (a 1,280 px page's chart)
+
+
 def _title(text: str, source: Any, device: Any = None) -> str:
+    """The chart's title, wrapped at word boundaries (plotly does not wrap, and cuts a long one at the
+    chart's edge), with the device's label under it."""
+    import textwrap
+
     label = _short(device_label(device if device is not None else source))
-    return f"{text}<br><sup>{_escape(label)}</sup>" if label else text
+    wrapped = "<br>".join(textwrap.wrap(text, TITLE_CHARS, break_long_words=False)) or text
+    return f"{wrapped}<br><sup>{_escape(label)}</sup>" if label else wrapped
 
 
 def _finish(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
     # The legend stands right of the plot, top-aligned: above it, a wrapping legend would cover the
     # title's device line and the subplot titles (seen in a browser); plotly widens the margin to fit.
-    fig.update_layout(title=title, height=height, margin=dict(t=80, l=60, r=30, b=50),
+    # The top margin holds the title's lines.
+    lines = title.count("<br>") + 1
+    fig.update_layout(title=title, height=height + 22 * max(lines - 2, 0),
+                      margin=dict(t=36 + 22 * lines, l=60, r=30, b=50),
                       legend=dict(orientation="v", yanchor="top", y=1.0, xanchor="left", x=1.02))
     return fig
 
@@ -627,9 +638,14 @@ def capacity_chart(capacity: Any, device: Any = None, target_p99_ms: float | Non
                             line=dict(width=1, color=color)),
                 error_y=bars, hovertext=hover, hoverinfo="text"))
         if cap.get("capacity") is not None:
+            # labels stagger by capacity: the lowest reads left of its line, the others right, each lower
+            # than the one before, so that two capacities close together do not print over each other
+            rank = sorted(_num(c["capacity"]) for c in caps.values() if c.get("capacity") is not None).index(
+                _num(cap["capacity"]))
             fig.add_vline(x=_num(cap["capacity"]), line=dict(color=color, dash="dot"),
                           annotation_text=f"{label + ' ' if label else ''}capacity {_num(cap['capacity']):.1f} {unit}",
-                          annotation_position="top left" if i % 2 else "top right")
+                          annotation_position="top left" if rank == 0 else "top right",
+                          annotation_yshift=-18 * rank)
     if target is not None:
         fig.add_hline(y=target, line=dict(color="black", dash="dash"), annotation_text=f"p99 target {target:.0f} ms",
                       annotation_position="top left")
@@ -642,8 +658,12 @@ def capacity_chart(capacity: Any, device: Any = None, target_p99_ms: float | Non
     met = [f"{k + ' ' if k else ''}{_num(c['capacity']):.1f} {unit}" for k, c in caps.items()
            if c.get("capacity") is not None]
     what = f"capacity {', '.join(met)}" if met else "no rate met the target"
-    return _finish(fig, _title(f"Capacity at the p99 target: each probe's p99 and its interval ({what})", None,
-                               device), 460)
+    fig = _finish(fig, _title(f"Capacity at the p99 target: each probe's p99 and its interval ({what})", None,
+                              device), 460)
+    # several configurations' pass/fail entries would squeeze the plot from the right: the legend goes under it
+    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.16, xanchor="left", x=0),
+                      margin=dict(b=90))
+    return fig
 
 
 # --- tune: a service's own knobs -----------------------------------------------------------------

@@ -8,7 +8,8 @@ Phases (a progress bar each, a line per finished ladder step):
    screen of the knobs on throughput, confirmations against the baseline, a target check of each confirmed
    candidate and the baseline on a warm server (the files are rewritten as it goes);
 3. **profile**: the recommended configuration once more under the recorder, at its capacity (the recorder's
-   own cost shows as the difference from the target check's window there);
+   own cost shows as the difference from the target check's window there), and in the baseline's closed loop
+   (its stage ledger beside the baseline's, like for like);
 4. **what-if** (unless on a GPU): baseline and recommended on the simulated accelerator
    (``--what-if PROFILE``): would this host pipeline feed that device, and what starves it first;
 5. **report**: ``report.html`` (self-contained, offline), ``experiments.csv`` (one row per measured
@@ -63,6 +64,7 @@ class Investigation:
     before: Trial  # baseline under the recorder (trial.profile)
     ladder: LadderResult | None
     after: Trial | None = None  # recommended under the recorder (open loop at its capacity: its profile)
+    after_same_load: Trial | None = None  # recommended under the recorder in the baseline's closed loop (the ledger)
     what_if: dict[str, Any] = field(default_factory=dict)
     wall_s: float = math.nan
     files: dict[str, str] = field(default_factory=dict)
@@ -95,10 +97,12 @@ class Investigation:
             "environment": {k: v for k, v in self.environment.items() if k != "machine"},
             "machine": self.environment.get("machine"),
             "target_p99_ms": ladder.pop("target_p99_ms"),
-            "headline": headline(self), "outcome": self.outcome, "interrupted": self.interrupted,
+            "headline": headline(self), "not_stable": not_stable(self), "outcome": self.outcome,
+            "interrupted": self.interrupted,
             "partial": self.partial,
             "diagnosis": _diagnosis(self.before),
             "before": _trial_summary(self.before), "after": _trial_summary(self.after),
+            "after_same_load": _trial_summary(self.after_same_load),
             "recorder_rate": rounded(self.recorder_rate),
             **ladder,
             "what_if": {k: (v if k != "runs" else {n: _trial_summary(t) for n, t in v.items()})
@@ -400,6 +404,9 @@ def _profile_and_what_if(inv: Investigation, measure: Any, base: Any, ladder: La
     status("recommended configuration under the recorder" + (f" at {rate:.1f} req/s" if rate else ""))
     inv.after = measure(ladder.recommended, rate=rate, record=True)
     inv.recorder_rate = rate
+    if ladder.changes():  # the ledger compares like for like: the same closed loop as the baseline's run
+        status("recommended configuration under the recorder in the baseline's closed loop")
+        inv.after_same_load = measure(ladder.recommended, record=True)
     bar.update(1)
     bar.close()
     say(_line("recommended, under the recorder", inv.after))
@@ -425,6 +432,21 @@ def _profile_and_what_if(inv: Investigation, measure: Any, base: Any, ladder: La
         inv.what_if = {"skipped": "the whole run is on the simulated device"}
     else:
         inv.what_if = {"skipped": "no what-if profile given"}
+
+
+def not_stable(inv: Investigation) -> str | None:
+    """Why another run of the same command may ship a different line, in one line (the terminal's first and
+    the report's top), or None: the machine was busy with other work when the run began, or the engine could
+    not tell two candidates apart (at the target or in throughput)."""
+    d = inv.ladder.decision if inv.ladder is not None else None
+    if d is None or d.stage != "done":
+        return None
+    why = (["the machine was busy with other work"] if inv.environment.get("contended") else []) + (
+        ["two candidates could not be told apart"] if d.indeterminate else [])
+    if not why:
+        return None
+    return (f"ANSWER NOT STABLE: {' and '.join(why)}; another run may ship a different line (a quiet machine, or "
+            "--full, decides more)")
 
 
 def headline(inv: Investigation) -> str:

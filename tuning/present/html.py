@@ -303,7 +303,7 @@ def top_down(sections: list[str], order: Sequence[str]) -> list[str]:
 def render_report(inv: Any) -> str:
     """The whole report for an :class:`~tuning.experiments.investigate.Investigation` as one HTML string."""
     from tuning import viz
-    from tuning.experiments.investigate import MET, MISSED, headline
+    from tuning.experiments.investigate import MET, MISSED, headline, not_stable
 
     charts = _Charts()
     ladder = inv.ladder
@@ -328,18 +328,14 @@ def render_report(inv: Any) -> str:
                                  lambda: trend_sentence(pa, "Recommended (its run under the recorder)")))
     sections.append(_section("trends", "Where the time went: trends under load", "".join(body)))
 
-    # ledger before / after
-    loads = {"baseline": inv.before.load}
-    if inv.after is not None and inv.after.load is not None:
-        loads["recommended"] = inv.after.load
+    # ledger before / after, like for like: both in the same closed loop
+    same = getattr(inv, "after_same_load", None)
+    loads = {"baseline": inv.before.load, "recommended": same.load if same is not None else None}
     loads = {k: v for k, v in loads.items() if v is not None}
-    recorder_rate = getattr(inv, "recorder_rate", None)
-    mode = (f"open loop at {recorder_rate:.1f} req/s" if recorder_rate else "closed loop")
     body = ["<p>Per-request time by stage (ok requests), p50 next to p99: where a request spends its time. "
-            f"Baseline: closed loop at concurrency {settings.concurrency}, recorder on"
-            + (f"; recommended: its run under the recorder, {_esc(mode)} (the target check's windows ran with the "
-               "recorder off)" if "recommended" in loads else "")
-            + ".</p>"]
+            f"{'Both' if 'recommended' in loads else 'The baseline'} in a closed loop at concurrency "
+            f"{settings.concurrency}, recorder on (the target check's windows ran with the recorder off)"
+            + ("" if "recommended" in loads else "; no change was shipped, so there is no after") + ".</p>"]
     if loads:
         body.append(charts.block(lambda: viz.ledger_chart(loads, device=dev), lambda: ledger_sentence(loads)))
     sections.append(_section("ledger", "The stage ledger, before and after", "".join(body)))
@@ -473,6 +469,7 @@ def render_report(inv: Any) -> str:
                if inv.environment.get("machine") else "")
             + (f'<p class="note">Note: {_esc(inv.environment["contended"])}.</p>' if inv.environment.get("contended")
                else "")
+            + (f'<div class="banner sim">{_esc(not_stable(inv))}</div>' if not_stable(inv) else "")
             + (f'<p class="headline">{_headline(inv)} Ship: <code>{_esc(rec["set_line"])}</code></p>'
                f'<p class="muted">{_esc(headline(inv))}</p>' if decided
                else f'<p class="headline">{_esc(headline(inv))}</p>'))

@@ -298,12 +298,12 @@ def format_investigation(inv: Investigation) -> str:
     """The terminal ending, from the run's outcome: a TARGET NOT MET banner only after a target check missed,
     the ladder table (each step's paired ratio with its interval), the best configurations, the ship line
     (none before a verdict), where the files are, and the headline."""
-    from tuning.experiments.investigate import CUT_SHORT, MISSED, RUNNING, headline
+    from tuning.experiments.investigate import CUT_SHORT, MISSED, RUNNING, headline, not_stable
 
     ladder = inv.ladder
     t = ladder.target_p99_ms
     decided = inv.outcome not in (RUNNING, CUT_SHORT)
-    lines = []
+    lines = [not_stable(inv)] if not_stable(inv) else []
     if inv.outcome == MISSED:
         lines.append(f"TARGET NOT MET: no configuration kept p99 <= {t:.0f} ms (errors within "
                      f"{100 * ladder.settings.error_budget:.1f}%) at any rate tried; the ship line is the closest, "
