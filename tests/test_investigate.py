@@ -220,3 +220,17 @@ def test_a_run_whose_answer_may_change_says_so_in_one_line_at_the_top():
     assert "busy with other work and two candidates could not be told apart" in line and "\n" not in line
     decision.stage = "target"  # not decided yet: nothing to call unstable
     assert not_stable(inv) is None
+
+
+def test_compile_on_a_cpu_is_asked_for_with_a_flag_the_message_names():
+    """Issue 58, finding 8: the reason torch.compile was not screened named a Python setting
+    (LadderSettings(compile_on_cpu=True)) to a command-line user; it names the flag, and the flag sets it."""
+    from tuning.experiments.factors import Context, screened
+    from tuning.experiments.investigate import _settings
+
+    _, why = screened(Context(device="cpu", cores=2), ("graph",))
+    assert "investigate --compile-on-cpu" in why["graph"] and "LadderSettings" not in why["graph"]
+    assert _settings(None, True, compile_on_cpu=True).compile_on_cpu is True
+    assert _settings(None, True, compile_on_cpu=None).compile_on_cpu is False
+    on, _ = screened(Context(device="cpu", cores=2, compile_on_cpu=True), ("graph",))
+    assert on["graph"] == {"graph": "compile"}

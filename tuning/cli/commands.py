@@ -716,7 +716,7 @@ def cmd_investigate(args: argparse.Namespace) -> int:
         inv = investigate(data, args.device, args.quick, what_if, args.out, args.target_p99_ms,
                           progress=not args.json, limit=args.limit, objective=args.objective,
                           error_budget=args.error_budget, seed=args.seed, concurrency=args.concurrency,
-                          resume=args.resume, **extra)
+                          compile_on_cpu=args.compile_on_cpu or None, resume=args.resume, **extra)
     except LadderError as exc:
         raise cliguard.NothingAchieved(str(exc)) from exc
     code = _emit(args, inv.summary(), lambda: format_investigation(inv))
@@ -1020,6 +1020,8 @@ def _add_investigate_flags(p: argparse.ArgumentParser) -> None:
     engine.add_argument("--concurrency", type=_positive_int, default=None,
                         help="the closed loop's clients (the throughput windows); default 16")
     engine.add_argument("--seed", type=int, default=None, help="the open loop's arrival seed (default 0)")
+    engine.add_argument("--compile-on-cpu", action="store_true",
+                        help="screen torch.compile on a CPU too (off by default: it costs tens of seconds a shape)")
     service = p.add_argument_group("your service (instead of the embedded pipeline: docs/your-service.md)")
     service.add_argument("--url", default=None, help="a running service at this endpoint (its capacity at the "
                          "target, the client's levers, a diagnosis), or with --cmd the endpoint with {port}")

@@ -111,7 +111,7 @@ def _graph(c: Context) -> dict[str, Any] | NotApplicable:
         return {"graph": CAPTURE, "padding": BUCKET, "buckets": tuple(c.plan["buckets"])}
     if not c.compile_on_cpu:
         return NotApplicable("torch.compile costs tens of seconds per shape on a CPU: screened only when asked "
-                             "(LadderSettings(compile_on_cpu=True))")
+                             "(investigate --compile-on-cpu)")
     return {"graph": COMPILE}
 
 

@@ -265,7 +265,7 @@ def _write_files(inv: "Investigation", env: dict[str, Any], render: Callable[["I
 def _settings(settings: LadderSettings | None, quick: bool, **overrides: Any) -> LadderSettings:
     """The run's settings with the command's overrides (the engine's own go to the engine)."""
     settings = settings or (LadderSettings.quick() if quick else LadderSettings.full())
-    own = {k: overrides[k] for k in ("limit", "concurrency") if overrides.get(k) is not None}
+    own = {k: overrides[k] for k in ("limit", "concurrency", "compile_on_cpu") if overrides.get(k) is not None}
     engine = {k: overrides[k] for k in ("objective", "error_budget", "seed") if overrides.get(k) is not None}
     return dataclasses.replace(settings, engine=dataclasses.replace(settings.engine, **engine), **own)
 
@@ -320,15 +320,15 @@ def run_investigation(data: Any = None, device: str = "auto", quick: bool = Fals
                       settings: LadderSettings | None = None, limit: int | None = None,
                       render: Callable[[Investigation], str] | None = None, objective: str | None = None,
                       error_budget: float | None = None, seed: int | None = None, concurrency: int | None = None,
-                      model: Any = None, tokenizer: Any = None, formatter: Any = None,
+                      compile_on_cpu: bool | None = None, model: Any = None, tokenizer: Any = None, formatter: Any = None,
                       resume: str | Path | None = None, measure: Any = None) -> Investigation:
     """Run the whole investigation and write its files under ``out``; returns the :class:`Investigation`.
 
     ``render``: the report renderer (``report.html`` only with one; :func:`tuning.investigate` passes the HTML
     one, so that measuring imports no presentation). ``device``: ``auto`` (CUDA, else the real CPU), ``cpu``,
     ``cuda`` or ``sim`` (the whole run on the simulated ``what_if`` profile; ``what_if`` None: no what-if,
-    which is left out on a GPU). ``objective``, ``error_budget``, ``seed`` and ``concurrency`` override the
-    settings'; ``model``/``tokenizer``/``formatter``: the user's own; ``resume``: the folder of an unfinished
+    which is left out on a GPU). ``objective``, ``error_budget``, ``seed``, ``concurrency`` and ``compile_on_cpu``
+    override the settings'; ``model``/``tokenizer``/``formatter``: the user's own; ``resume``: the folder of an unfinished
     run. The files are rewritten after every window (``"partial": true``): a crash or Ctrl-C leaves a valid
     report of what was measured. Raises :class:`~tuning.experiments.ladder.LadderError` when the baseline gets
     no ok answer.
@@ -336,7 +336,7 @@ def run_investigation(data: Any = None, device: str = "auto", quick: bool = Fals
     t_start = time.perf_counter()
     watch = MachineWatch()
     settings = _settings(settings, quick, limit=limit, concurrency=concurrency, objective=objective,
-                         error_budget=error_budget, seed=seed)
+                         error_budget=error_budget, seed=seed, compile_on_cpu=compile_on_cpu)
     dev = device_for(device, what_if if device == "sim" else None, fallback="cpu")
     env = environment(dev, what_if)  # checks the what-if profile before anything is written
     previous = _previous(resume)
