@@ -332,3 +332,13 @@ def test_the_hold_line_holds_the_claimed_rate_at_the_run_s_url_and_api():
     assert hold_command(texts, 640.0, 50.0, "texts/s") == ("python -m tuning loadtest --url http://10.0.0.5:8000/embed "
                                                           "--client-batch 16 --rate 40.0 --duration 180 "
                                                           "--target-p99-ms 50")
+
+
+def test_every_reason_a_target_window_cannot_tell_has_words_for_the_user():
+    """Issue 58, finding 8: "indeterminate by client lag" was the engine's name for it. Each way a window can be
+    indeterminate (each verdict method, the client's lag) is said in words, the client's lag as the client's."""
+    from tuning.experiments.judge import METHODS
+    from tuning.present.tables import UNDECIDED_BECAUSE
+
+    assert set(METHODS) | {"client lag"} <= set(UNDECIDED_BECAUSE)
+    assert "the client's figure, not the server's" in UNDECIDED_BECAUSE["client lag"]

@@ -393,11 +393,11 @@ def format_tune(result: Any, unit: str = "req/s", command: str = "tune") -> str:
     for c in s["target_checks"]:
         cap, probes = c.get("capacity"), c.get("probes") or []
         undecided = [p for p in probes if p.get("verdict") == "indeterminate"]
-        why = sorted({str(p["by"]) for p in undecided if p.get("by")})
+        why = sorted({UNDECIDED_BECAUSE.get(str(p.get("by")), UNDECIDED_BECAUSE["batches"]) for p in undecided})
         lines.append(f"target check of {c['configuration']}: "
                      + (f"capacity {cap:.1f} {unit}" if cap is not None else "no rate tried met the target")
-                     + (f" ({len(undecided)} of {len(probes)} windows indeterminate"
-                        + (f", by {' and '.join(why)}" if why else "") + ": not passed)" if undecided else ""))
+                     + (f" ({len(undecided)} of {len(probes)} windows could not tell, which does not pass: "
+                        f"{'; '.join(why)})" if undecided else ""))
     if s.get("indeterminate"):
         lines.append(f"indeterminate: {s['indeterminate']}")
     if result.interrupted:
@@ -446,6 +446,14 @@ def hold_command(s: dict[str, Any], rate: float, target_p99_ms: float, unit: str
     unit_rate = rate / int(batch) if unit == "texts/s" and batch and int(batch) > 1 else rate
     return (f"python -m tuning loadtest --url {url} {' '.join(flags) + ' ' if flags else ''}--rate {unit_rate:.1f} "
             f"--duration {HOLD_S} --target-p99-ms {target_p99_ms:g}")
+
+
+UNDECIDED_BECAUSE = {  # why a target window could not tell, in the user's words (its ``by``)
+    "client lag": "the load generator fell behind its schedule, and its lag explains the slow answers (the "
+                  "client's figure, not the server's)",
+    "batches": "the share over the target was too close to 1% for the window's length",
+    "blocks": "the share over the target was too close to 1% for the window's length",
+}
 
 
 def run_it(s: dict[str, Any]) -> tuple[str, str]:
