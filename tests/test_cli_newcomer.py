@@ -67,6 +67,7 @@ BAD_INPUTS = [
     ("loadtest --url {dead} --set batch_size=4 --requests 2", USAGE, "--set does not apply"),
     ("loadtest --url {dead} --requests 2 --warmup 0", NOTHING, "no answer from"),
     ("loadtest --target-p99-ms 100 --requests 2", USAGE, "give --rate R"),
+    ("loadtest --url {dead} --metrics-map queue --requests 2", USAGE, "KEY=NAME"),
     ("loadtest --target-p99-ms 100 --rate 5 --duration 2 --engine locust", USAGE, "scheduled arrival"),
     ("profile --interval 0.01", USAGE, ">= 0.1"),
     ("run --data {dir}", USAGE, "is a directory"),

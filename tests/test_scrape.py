@@ -138,3 +138,78 @@ def test_an_ensemble_s_other_models_are_not_summed_into_the_model_under_test():
     mine = derive(parse(exposition(1), "minilm"), parse(exposition(2), "minilm"), 1.0)
     assert mine.values["inference_ms"] == 8.0 and mine.values["queue_ms"] == 0.5  # 80000 us / 10 requests
     assert whole.values["inference_ms"] == 4.05  # both models summed over twice the requests: about half
+
+
+RAY = """# TYPE ray_serve_http_request_latency_ms histogram
+ray_serve_http_request_latency_ms_bucket{{application="app",route="/",le="+Inf"}} {requests}
+ray_serve_http_request_latency_ms_sum{{application="app",route="/"}} {request_ms}
+ray_serve_http_request_latency_ms_count{{application="app",route="/"}} {requests}
+# TYPE ray_serve_deployment_processing_latency_ms histogram
+ray_serve_deployment_processing_latency_ms_bucket{{deployment="Embed",replica="r1",le="+Inf"}} {requests}
+ray_serve_deployment_processing_latency_ms_sum{{deployment="Embed",replica="r1"}} {processing_ms}
+ray_serve_deployment_processing_latency_ms_count{{deployment="Embed",replica="r1"}} {requests}
+# TYPE ray_serve_actual_batch_size histogram
+ray_serve_actual_batch_size_bucket{{deployment="Embed",le="+Inf"}} {batches}
+ray_serve_actual_batch_size_sum{{deployment="Embed"}} {batched}
+ray_serve_actual_batch_size_count{{deployment="Embed"}} {batches}
+# TYPE ray_serve_deployment_queued_queries gauge
+ray_serve_deployment_queued_queries{{deployment="Embed"}} {queued}
+"""
+
+
+def test_ray_serve_splits_the_time_before_the_replica_from_the_replica_s():
+    """Issue 60: on a real Ray Serve app about 400 ms of a 759 ms mean was queueing before the model, and the
+    report left it inside "network". The proxy's whole request less the replica's processing is that time;
+    the batch the replica actually ran is its own histogram."""
+    before = parse(RAY.format(requests=0, request_ms=0, processing_ms=0, batches=0, batched=0, queued=0))
+    after = parse(RAY.format(requests=100, request_ms=75_900, processing_ms=35_900, batches=37, batched=100,
+                             queued=12))
+    m = derive(before, after, window_s=10.0)
+    assert m.exporter == "ray" and not m.lacked
+    assert m.values["request_ms"] == pytest.approx(759.0) and m.values["inference_ms"] == pytest.approx(359.0)
+    assert m.values["queue_ms"] == pytest.approx(400.0) and m.values["mean_batch"] == pytest.approx(100 / 37)
+    assert m.values["queue_depth"] == 12
+    assert m.sources["queue_ms"] == "ray_serve_http_request_latency_ms - ray_serve_deployment_processing_latency_ms"
+
+
+def test_mlserver_reads_its_rest_time_and_its_batching_queue():
+    text = """# TYPE model_infer_request_success counter
+model_infer_request_success_total{{model="minilm"}} {n}
+# TYPE rest_server_requests_duration_seconds histogram
+rest_server_requests_duration_seconds_bucket{{le="+Inf"}} {n}
+rest_server_requests_duration_seconds_sum {s}
+rest_server_requests_duration_seconds_count {n}
+# TYPE batch_request_queue histogram
+batch_request_queue_bucket{{le="+Inf"}} {n}
+batch_request_queue_sum {q}
+batch_request_queue_count {n}
+"""
+    m = derive(parse(text.format(n=0, s=0, q=0)), parse(text.format(n=50, s=2.5, q=150)), window_s=5.0)
+    assert m.exporter == "mlserver"
+    assert m.values["request_ms"] == pytest.approx(50.0) and m.values["queue_depth"] == pytest.approx(3.0)
+
+
+def test_any_exporter_reads_through_a_metrics_map():
+    from tuning.load.scrape import parse_metrics_map
+
+    text = """# TYPE svc_wait_seconds histogram
+svc_wait_seconds_sum {w}
+svc_wait_seconds_count {n}
+# TYPE svc_model_ms histogram
+svc_model_ms_sum {c}
+svc_model_ms_count {n}
+# TYPE svc_batch histogram
+svc_batch_sum {b}
+svc_batch_count {n}
+"""
+    mapping = parse_metrics_map("queue=svc_wait_seconds, compute=svc_model_ms,batch=svc_batch")
+    before, after = parse(text.format(w=0, c=0, b=0, n=0)), parse(text.format(w=0.4, c=900, b=160, n=20))
+    assert derive(before, after, 2.0).exporter is None  # unknown without the map
+    m = derive(before, after, 2.0, mapping=mapping)
+    assert m.exporter == "mapped" and m.values == pytest.approx({"queue_ms": 20.0, "inference_ms": 45.0,
+                                                                "mean_batch": 8.0})
+    assert parse_metrics_map("compute=svc_time:us")["inference_ms"].scale == pytest.approx(1e-3)
+    for bad, says in (("queue", "KEY=NAME"), ("latency=x_seconds", "KEY=NAME"), ("queue=svc_wait", ":s"),
+                      ("", "at least one")):
+        with pytest.raises(ValueError, match=says):
+            parse_metrics_map(bad)

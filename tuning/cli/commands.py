@@ -149,6 +149,10 @@ def _add_metrics_flag(p: Any) -> None:
                    help="the service's Prometheus metrics, scraped as the measured window opens and closes (default: "
                         "/metrics beside --url, where this package's server and TEI export them; Triton: "
                         "http://HOST:8002/metrics)")
+    p.add_argument("--metrics-map", default=None, metavar="KEY=NAME,...",
+                   help="read any exporter: queue=NAME,compute=NAME,request=NAME,batch=NAME, each a histogram "
+                        "(its mean per request; a time's unit from its name's _seconds/_ms/_us, or NAME:s). Known "
+                        "without it: this package's server, TEI, Triton, Ray Serve, MLServer")
 
 
 def _add_api_flags(p: Any) -> None:
@@ -190,8 +194,16 @@ def api_from_args(args: argparse.Namespace, recipe: Any = None) -> Any:
     given = {"route": args.route, "model_name": args.model_name, "output_name": args.output_name,
              "input_name": args.input_name if args.input_name != "TEXT" else None}
     fields = {**defaults, **{k: v for k, v in given.items() if v is not None}}
+    metrics_map = getattr(args, "metrics_map", None)
+    if metrics_map is not None:
+        from tuning.load.scrape import parse_metrics_map
+
+        try:
+            parse_metrics_map(metrics_map)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
     return Api(name, template=template, headers=parse_headers(args.header), client_batch=args.client_batch,
-               validate=not args.no_validate, timeout_s=args.timeout, **fields)
+               validate=not args.no_validate, timeout_s=args.timeout, metrics_map=metrics_map, **fields)
 
 
 def _api_inputs(args: argparse.Namespace, api: Any, inputs: list[Any]) -> list[Any]:
@@ -442,9 +454,9 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         api = api_from_args(args)
         url = api.url(args.url)
         from tuning.load.procs import run_load_procs
-        from tuning.load.scrape import MetricsProbe, metrics_url
+        from tuning.load.scrape import MetricsProbe, mapping_of, metrics_url
 
-        probe = MetricsProbe(metrics_url(url, args.metrics_url), model=api.model_name)
+        probe = MetricsProbe(metrics_url(url, args.metrics_url), model=api.model_name, mapping=mapping_of(api))
         try:
             result, notes = run_load_procs(url, _api_inputs(args, api, inputs), args.client_procs, busy_probe=probe,
                                            api=api, **load)

@@ -45,7 +45,7 @@ from tuning.experiments.search import SEARCHES, combos, strategy_for
 from tuning.experiments.trial import Trial
 from tuning.load.proctree import ServiceTree, StopGrace
 from tuning.load.ready import READY_URL_HINT, protocol_ready_url, still_loading
-from tuning.load.scrape import MetricsProbe
+from tuning.load.scrape import MetricsProbe, mapping_of
 
 CHECKPOINT = "tune.json"  # what ``--out DIR`` writes after every window and ``--resume DIR`` reads
 KEEP_WARM = 2  # servers kept running at once: the two arms of the confirmation's pairs
@@ -384,7 +384,8 @@ class HttpMeasure:
 
         s = self.settings
         self.runs += 1
-        probe = (MetricsProbe(self.metrics_url, background=True, model=getattr(self.api, "model_name", None))
+        probe = (MetricsProbe(self.metrics_url, background=True, model=getattr(self.api, "model_name", None),
+                              mapping=mapping_of(self.api))
                  if self.metrics_url else None)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)

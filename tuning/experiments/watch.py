@@ -27,7 +27,7 @@ import psutil
 from tuning.base import clock as _clock
 from tuning.base.machine import RESERVED_CORES_ENV, reserved_cores
 from tuning.base.net import is_local_host, listening_pid, url_host_port
-from tuning.load.scrape import MetricsProbe, ServerMetrics
+from tuning.load.scrape import MetricsProbe, ServerMetrics, mapping_of
 from tuning.load.scrape import metrics_url as _metrics_url
 from tuning.profile.gpu import GpuSampler, GpuSeries
 from tuning.profile.host import HostSampler, HostSeries
@@ -360,7 +360,8 @@ def watch(pid: int | None = None, url: str | None = None, inputs: Sequence[Any] 
             own0 = sum(me.cpu_times()[:2])
             t_start = _clock.now()
             if url is not None:
-                probe = (MetricsProbe(_metrics_url(url, metrics_url), model=getattr(api, "model_name", None))
+                probe = (MetricsProbe(_metrics_url(url, metrics_url), model=getattr(api, "model_name", None),
+                                      mapping=mapping_of(api))
                          if busy_probe is None else None)
                 load = run_load(url_target(url, api), list(inputs), concurrency=concurrency, duration_s=duration_s,
                                 warmup_requests=warmup_requests, busy_probe=busy_probe or probe, api=api)

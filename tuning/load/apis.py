@@ -255,6 +255,7 @@ class Api:
     client_batch: int = 1
     validate: bool = True
     timeout_s: float = 60.0
+    metrics_map: str | None = None  # --metrics-map: how its own Prometheus metrics read (tuning.load.scrape)
     _has_texts: bool = field(default=False, repr=False)
 
     def __post_init__(self) -> None:

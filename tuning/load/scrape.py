@@ -1,6 +1,7 @@
 """The service's own Prometheus metrics, scraped before and after a load window and read as server-side signals.
 
-Three exporters are understood, by the names their documentation gives:
+These exporters are understood (:data:`EXPORTERS`), by the names their documentation or source gives, and any
+other by ``--metrics-map`` (:func:`parse_metrics_map`):
 
 - this package's server (``/metrics`` beside the endpoint, found by itself): ``tuning_model_busy_seconds_total``
   (model busy), ``tuning_batch_size`` (mean batch), ``tuning_request_queue_duration_seconds`` and
@@ -11,7 +12,11 @@ Three exporters are understood, by the names their documentation gives:
   wait and inference time per request);
 - Triton / KServe (its own port, 8002 by default: give ``--metrics-url``): ``nv_inference_queue_duration_us``
   and ``nv_inference_compute_infer_duration_us`` (cumulative microseconds over requests), the mean batch as
-  ``nv_inference_count / nv_inference_exec_count``, ``nv_gpu_utilization`` (0-1).
+  ``nv_inference_count / nv_inference_exec_count``, ``nv_gpu_utilization`` (0-1);
+- Ray Serve: ``ray_serve_http_request_latency_ms`` (the proxy's whole request) less
+  ``ray_serve_deployment_processing_latency_ms`` (the replica's) as the time before the replica,
+  ``ray_serve_actual_batch_size``, ``ray_serve_deployment_queued_queries``;
+- Seldon MLServer: ``rest_server_requests_duration_seconds`` and ``batch_request_queue``.
 
 Counters and histograms are read as differences over the window (a scrape before, one after), gauges at the
 end. Every derived signal names the metrics it came from; the ones an exporter lacks are listed, so that the
@@ -28,18 +33,96 @@ from urllib.parse import urlsplit
 
 Samples = dict[str, float]  # metric sample name (``_total`` stripped) -> the sum over its label sets
 
-# signal -> (how it is derived, the metrics it needs), per exporter
-SIGNALS = {
-    "tuning": {"model_busy": "tuning_model_busy_seconds", "mean_batch": "tuning_batch_size",
-               "queue_ms": "tuning_request_queue_duration_seconds",
-               "inference_ms": "tuning_request_inference_duration_seconds", "queue_depth": "tuning_queue_depth"},
-    "tei": {"queue_depth": "te_queue_size", "mean_batch": "te_batch_next_size",
-            "queue_ms": "te_request_queue_duration", "inference_ms": "te_request_inference_duration"},
-    "triton": {"queue_ms": "nv_inference_queue_duration_us", "inference_ms": "nv_inference_compute_infer_duration_us",
-               "request_ms": "nv_inference_request_duration_us",
-               "mean_batch": "nv_inference_count / nv_inference_exec_count", "gpu_util": "nv_gpu_utilization"},
+
+@dataclass(frozen=True)
+class Read:
+    """How one signal is read from an exporter's samples over a window: ``mean`` (a histogram's, or a
+    sum/count pair's, mean: of ``names[0]``, then less the mean of ``names[1]`` where given), ``gauge``
+    (its value at the end; a histogram's mean where the exporter made it one), ``per_request`` (a counter's
+    growth per growth of ``names[1]``, the requests), ``ratio`` (the same, for a mean batch), ``busy``
+    (seconds of a counter per second of the window); times ``scale``."""
+
+    kind: str
+    names: tuple[str, ...]
+    scale: float = 1.0
+
+    @property
+    def source(self) -> str:
+        sep = {"mean": " - ", "per_request": " / ", "ratio": " / "}.get(self.kind, ", ")
+        return sep.join(self.names)
+
+
+@dataclass(frozen=True)
+class Exporter:
+    """A server family's metrics: the name prefixes that identify it and how each signal is read."""
+
+    markers: tuple[str, ...]
+    reads: dict[str, Read]
+
+
+# metric names from each server's documentation or source (docs/your-service.md says which were tried)
+EXPORTERS = {
+    "tuning": Exporter(("tuning_",), {
+        "model_busy": Read("busy", ("tuning_model_busy_seconds",)),
+        "mean_batch": Read("mean", ("tuning_batch_size",)),
+        "queue_ms": Read("mean", ("tuning_request_queue_duration_seconds",), 1000.0),
+        "inference_ms": Read("mean", ("tuning_request_inference_duration_seconds",), 1000.0),
+        "queue_depth": Read("gauge", ("tuning_queue_depth",))}),
+    "tei": Exporter(("te_",), {
+        "queue_depth": Read("gauge", ("te_queue_size",)),
+        "mean_batch": Read("mean", ("te_batch_next_size",)),
+        "queue_ms": Read("mean", ("te_request_queue_duration",), 1000.0),
+        "inference_ms": Read("mean", ("te_request_inference_duration",), 1000.0)}),
+    "triton": Exporter(("nv_",), {  # cumulative microseconds over the requests that succeeded
+        "queue_ms": Read("per_request", ("nv_inference_queue_duration_us", "nv_inference_request_success"), 1e-3),
+        "inference_ms": Read("per_request", ("nv_inference_compute_infer_duration_us",
+                                             "nv_inference_request_success"), 1e-3),
+        "request_ms": Read("per_request", ("nv_inference_request_duration_us", "nv_inference_request_success"),
+                           1e-3),  # queue, input, compute, output
+        "mean_batch": Read("ratio", ("nv_inference_count", "nv_inference_exec_count")),
+        "gpu_util": Read("gauge", ("nv_gpu_utilization",))}),
+    # Ray Serve: the proxy's whole request less the replica's processing is the time before the replica (proxy,
+    # router and the replica's queue); the replica's processing holds @serve.batch's wait
+    "ray": Exporter(("ray_serve_",), {
+        "request_ms": Read("mean", ("ray_serve_http_request_latency_ms",)),
+        "inference_ms": Read("mean", ("ray_serve_deployment_processing_latency_ms",)),
+        "queue_ms": Read("mean", ("ray_serve_http_request_latency_ms", "ray_serve_deployment_processing_latency_ms")),
+        "mean_batch": Read("mean", ("ray_serve_actual_batch_size",)),
+        "queue_depth": Read("gauge", ("ray_serve_deployment_queued_queries",))}),
+    # Seldon MLServer: its REST server's request time and its adaptive batching queue (it exports no compute time)
+    "mlserver": Exporter(("model_infer_request_", "batch_request_queue", "parallel_request_queue"), {
+        "request_ms": Read("mean", ("rest_server_requests_duration_seconds",), 1000.0),
+        "queue_depth": Read("gauge", ("batch_request_queue",))}),
 }
-_PREFIX = {"tuning": "tuning_", "tei": "te_", "triton": "nv_"}
+SIGNALS = {name: {signal: r.source for signal, r in e.reads.items()} for name, e in EXPORTERS.items()}
+MAP_KEYS = {"queue": "queue_ms", "compute": "inference_ms", "request": "request_ms", "batch": "mean_batch"}
+UNITS = {"s": 1000.0, "ms": 1.0, "us": 1e-3}
+_SUFFIX_UNITS = (("_seconds", "s"), ("_ms", "ms"), ("_milliseconds", "ms"), ("_us", "us"), ("_microseconds", "us"))
+
+
+def parse_metrics_map(text: str) -> dict[str, Read]:
+    """``--metrics-map queue=NAME,compute=NAME,request=NAME,batch=NAME``: any Prometheus histogram (or sum/count
+    pair) read as the server's mean queue wait, compute, whole request, or batch size per request. A time's
+    unit comes from the name's suffix (``_seconds``, ``_ms``, ``_us``) or ``NAME:s|ms|us``."""
+    reads: dict[str, Read] = {}
+    for part in filter(None, (p.strip() for p in (text or "").split(","))):
+        key, eq, name = part.partition("=")
+        key, name = key.strip(), name.strip()
+        if not eq or key not in MAP_KEYS or not name:
+            raise ValueError(f"--metrics-map {text!r}: {part!r} is not KEY=NAME with KEY one of "
+                             f"{', '.join(MAP_KEYS)} (e.g. queue=my_queue_seconds,compute=my_infer_seconds)")
+        name, _, unit = name.partition(":")
+        if key == "batch":
+            reads[MAP_KEYS[key]] = Read("mean", (name,))
+            continue
+        unit = unit or next((u for suffix, u in _SUFFIX_UNITS if name.endswith(suffix)), "")
+        if unit not in UNITS:
+            raise ValueError(f"--metrics-map: the unit of {name!r} is not known from its name: give it as "
+                             f"{key}={name}:s (or :ms, :us)")
+        reads[MAP_KEYS[key]] = Read("mean", (name,), UNITS[unit])
+    if not reads:
+        raise ValueError(f"--metrics-map {text!r}: give at least one KEY=NAME ({', '.join(MAP_KEYS)})")
+    return reads
 
 
 def metrics_url(url: str, given: str | None = None) -> str:
@@ -104,8 +187,8 @@ class ServerMetrics:
 
 
 def exporter_of(samples: Samples) -> str | None:
-    for name, prefix in _PREFIX.items():
-        if any(k.startswith(prefix) for k in samples):
+    for name, exporter in EXPORTERS.items():
+        if any(k.startswith(exporter.markers) for k in samples):
             return name
     return None
 
@@ -124,45 +207,50 @@ def _mean(before: Samples, after: Samples, name: str, scale: float = 1.0) -> flo
     return total / count * scale
 
 
-def derive(before: Samples, after: Samples, window_s: float, url: str = "") -> ServerMetrics:
-    """The signals of the window between two scrapes ``window_s`` apart."""
-    exporter = exporter_of(after)
+def _read(r: Read, before: Samples, after: Samples, window_s: float) -> float | None:
+    if r.kind == "mean":
+        first = _mean(before, after, r.names[0], r.scale)
+        if len(r.names) == 1 or first is None:
+            return first
+        less = _mean(before, after, r.names[1], r.scale)
+        return None if less is None else first - less
+    if r.kind == "gauge":
+        mean = _mean(before, after, r.names[0], r.scale)
+        return mean if mean is not None else (after[r.names[0]] * r.scale if r.names[0] in after else None)
+    if r.kind in ("per_request", "ratio"):
+        top, bottom = _delta(before, after, r.names[0]), _delta(before, after, r.names[1])
+        return top / bottom * r.scale if top is not None and bottom else None
+    if r.kind == "busy":
+        busy = _delta(before, after, r.names[0])
+        return busy / window_s * r.scale if busy is not None and window_s > 0 else None
+    raise ValueError(f"Read.kind {r.kind!r}")
+
+
+def derive(before: Samples, after: Samples, window_s: float, url: str = "",
+           mapping: dict[str, Read] | None = None) -> ServerMetrics:
+    """The signals of the window between two scrapes ``window_s`` apart: by the exporter the samples are
+    from, or by ``mapping`` (:func:`parse_metrics_map`) for any other."""
+    exporter = "mapped" if mapping else exporter_of(after)
     out = ServerMetrics(url, exporter)
     if exporter is None:
-        out.reason = "no metrics of a known exporter (tuning_*, te_*, nv_*)"
+        out.reason = (f"no metrics of a known exporter ({', '.join(EXPORTERS)}): name yours with --metrics-map "
+                      "queue=NAME,compute=NAME")
         return out
-    got: dict[str, float | None] = {}
-    if exporter == "tuning":
-        busy = _delta(before, after, "tuning_model_busy_seconds")
-        got["model_busy"] = busy / window_s if busy is not None and window_s > 0 else None
-        got["mean_batch"] = _mean(before, after, "tuning_batch_size")
-        got["queue_ms"] = _mean(before, after, "tuning_request_queue_duration_seconds", 1000.0)
-        got["inference_ms"] = _mean(before, after, "tuning_request_inference_duration_seconds", 1000.0)
-        got["queue_depth"] = after.get("tuning_queue_depth")
-    elif exporter == "tei":
-        got["queue_depth"] = after.get("te_queue_size")
-        got["mean_batch"] = _mean(before, after, "te_batch_next_size")
-        got["queue_ms"] = _mean(before, after, "te_request_queue_duration", 1000.0)
-        got["inference_ms"] = _mean(before, after, "te_request_inference_duration", 1000.0)
-    else:  # triton: cumulative microseconds over the requests that succeeded
-        requests = _delta(before, after, "nv_inference_request_success")
-        queue = _delta(before, after, "nv_inference_queue_duration_us")
-        compute = _delta(before, after, "nv_inference_compute_infer_duration_us")
-        got["queue_ms"] = queue / requests / 1000.0 if queue is not None and requests else None
-        got["inference_ms"] = compute / requests / 1000.0 if compute is not None and requests else None
-        whole = _delta(before, after, "nv_inference_request_duration_us")  # queue, input, compute, output
-        got["request_ms"] = whole / requests / 1000.0 if whole is not None and requests else None
-        inferences, executions = _delta(before, after, "nv_inference_count"), _delta(before, after, "nv_inference_exec_count")
-        got["mean_batch"] = inferences / executions if inferences is not None and executions else None
-        gpu = [v for k, v in after.items() if k == "nv_gpu_utilization"]
-        got["gpu_util"] = gpu[0] if gpu else None
-    for signal, value in got.items():
+    reads = mapping if mapping else EXPORTERS[exporter].reads
+    for signal, r in reads.items():
+        value = _read(r, before, after, window_s)
         if value is None or not math.isfinite(value):
             out.lacked.append(signal)
         else:
             out.values[signal] = float(value)
-            out.sources[signal] = SIGNALS[exporter][signal]
+            out.sources[signal] = r.source
     return out
+
+
+def mapping_of(api: Any) -> dict[str, Read] | None:
+    """The ``--metrics-map`` an :class:`~tuning.load.apis.Api` carries, parsed (None: by the exporter)."""
+    text = getattr(api, "metrics_map", None)
+    return parse_metrics_map(text) if text else None
 
 
 class MetricsProbe:
@@ -171,8 +259,10 @@ class MetricsProbe:
     busy seconds (None for other exporters); :meth:`result` reads the window between the first and the last
     scrape."""
 
-    def __init__(self, url: str, timeout_s: float = 5.0, background: bool = False, model: str | None = None):
+    def __init__(self, url: str, timeout_s: float = 5.0, background: bool = False, model: str | None = None,
+                 mapping: dict[str, Read] | None = None):
         self.url, self.timeout_s, self.background, self.model = url, timeout_s, background, model
+        self.mapping = mapping
         self.scrapes: list[tuple[float, Samples | None]] = []
         self.reason: str | None = None
         self._threads: list[Any] = []
@@ -206,4 +296,4 @@ class MetricsProbe:
         if len(ok) < 2:
             return ServerMetrics(self.url, reason=self.reason or "fewer than two scrapes (the window never opened)")
         (t0, before), (t1, after) = ok[0], ok[-1]
-        return derive(before, after, t1 - t0, self.url)
+        return derive(before, after, t1 - t0, self.url, self.mapping)
