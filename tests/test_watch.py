@@ -316,3 +316,40 @@ def test_the_busiest_thread_is_one_thread_not_the_sum_of_those_sharing_its_name(
                                for t in (1.0, 2.0) for tid, cpu in ((11, 48.0), (12, 40.0))])
     result = WatchResult(7, "infinity_emb", 1.0, host, GpuSeries(False, "none"), 0.0, 2.0)
     assert result.trend_frame()["busiest_thread"].tolist() == ["infinity_emb 48%"] * 2
+
+
+def test_a_port_held_by_one_part_of_a_service_is_watched_as_the_whole_service(tmp_path):
+    """Issue 60: Ray Serve's proxy holds the port while the replica, its sibling under the same script, does the
+    work; `watch --url` followed the port to the proxy and read the replica as other processes competing. The
+    port's process is climbed to the service's top process (not past a shell or this process), and its tree
+    is watched."""
+    import subprocess
+    import sys
+
+    port_file = tmp_path / "port"
+    child = (f"import socket, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+             f"open({str(port_file)!r}, 'w').write(str(s.getsockname()[1])); time.sleep(120)")
+    parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"
+    proc = subprocess.Popen([sys.executable, "-c", parent])
+    try:
+        deadline = time.monotonic() + 60
+        while not (port_file.exists() and port_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        port = int(port_file.read_text())
+        holder = listening_pid(f"http://127.0.0.1:{port}/")
+        assert holder is not None and holder != proc.pid
+        subject = watch_subject(None, f"http://127.0.0.1:{port}/")
+        assert subject.pid == proc.pid, (subject, holder)
+        assert f"(pid {holder}:" in subject.pid_from and f"under pid {proc.pid}" in subject.pid_from
+    finally:
+        import psutil
+
+        for p in [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]:
+            p.kill()
+        proc.wait()
+
+
+def test_the_climb_stops_at_a_launcher_and_at_this_process():
+    from tuning.load.proctree import service_root
+
+    assert service_root(os.getpid()) == os.getpid()  # its parents are this process's own: never climbed

@@ -27,6 +27,7 @@ import psutil
 from tuning.base import clock as _clock
 from tuning.base.machine import RESERVED_CORES_ENV, reserved_cores
 from tuning.base.net import is_local_host, listening_pid, url_host_port
+from tuning.load.proctree import service_root
 from tuning.load.scrape import MetricsProbe, ServerMetrics, mapping_of
 from tuning.load.scrape import metrics_url as _metrics_url
 from tuning.profile.gpu import GpuSampler, GpuSeries
@@ -177,6 +178,12 @@ def watch_subject(pid: int | None, url: str | None) -> Subject:
         reason = (f"port {port} is forwarded by {command.split(':', 1)[0]} (pid {found}) to the service behind it "
                   "(a container, a pod, another host); give --pid of the service's process where it is local")
         return Subject(None, "no local process", process_reason=reason)
+    root = service_root(found)
+    if root != found:  # the port's process is one part of a service: watch the whole of it
+        root_command = _visible_command(root)
+        if root_command is not None:
+            return Subject(root, root_command, pid_from=f"listening port {port} (pid {found}: {command[:80]}), "
+                                                        f"under pid {root}, the service's top process")
     return Subject(found, command, pid_from=f"listening port {port}")
 
 

@@ -129,6 +129,39 @@ class ServiceTree:
             psutil.wait_procs(live, timeout=min(left, 0.5))
 
 
+LAUNCHERS = frozenset({  # what starts a service without being part of it: shells, terminals, supervisors, init
+    "bash", "sh", "dash", "zsh", "fish", "ksh", "tcsh", "csh", "tmux", "tmux: server", "screen", "sshd", "login", "su",
+    "sudo", "nohup", "systemd", "init", "launchd", "tini", "dumb-init", "docker-init", "containerd-shim",
+    "containerd-shim-runc-v2", "supervisord", "runsv", "s6-supervise", "conmon"})
+
+
+def service_root(pid: int) -> int:
+    """The top of the service that ``pid`` (a process found listening on the service's port) belongs to: its
+    highest ancestor that is not a launcher (:data:`LAUNCHERS`, a Jupyter server, pid 1) and not this process
+    or one of its own ancestors. A port is often held by one part of a service: Ray Serve's proxy (the replica
+    is its sibling under the raylet, all under ``serve run``), or ``tritonserver`` under the PyTriton script
+    where the model runs; the root's whole tree is the service."""
+    mine = {os.getpid()}
+    with contextlib.suppress(psutil.Error):
+        mine |= {p.pid for p in psutil.Process().parents()}
+    root = pid
+    with contextlib.suppress(psutil.Error):
+        for parent in psutil.Process(pid).parents():
+            if parent.pid <= 1 or parent.pid in mine or _launcher(parent):
+                break
+            root = parent.pid
+    return root
+
+
+def _launcher(proc: psutil.Process) -> bool:
+    try:
+        name = proc.name()
+        command = " ".join(proc.cmdline())
+    except psutil.Error:  # not ours to read: not ours to count either
+        return True
+    return name in LAUNCHERS or "jupyter" in command or "ipykernel" in command
+
+
 def _alive(proc: psutil.Process) -> bool:
     try:
         return proc.status() != psutil.STATUS_ZOMBIE
