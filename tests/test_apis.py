@@ -242,3 +242,20 @@ def test_a_kserve_url_naming_another_model_than_model_name_is_refused():
     assert Api("kserve", model_name="minilm").url("http://h:1/v2/models/minilm/versions/2/infer") == \
         "http://h:1/v2/models/minilm/versions/2/infer"
     assert api.url("http://127.0.0.1:8000") == "http://127.0.0.1:8000/v2/models/foo/infer"
+
+
+def test_a_full_kserve_url_carries_its_model_name():
+    """Issue 60: `--api kserve --url http://h:8000/v2/models/minilm/infer` asked for --model-name, though the
+    URL names the model; a URL without it still asks, and a contradicting --model-name is still an error."""
+    from tuning.cli.commands import api_from_args, build_parser
+
+    def api(*argv):
+        return api_from_args(build_parser().parse_args(["loadtest", "--requests", "2", *argv]))
+
+    assert api("--api", "kserve", "--url", "http://h:8000/v2/models/minilm/infer").model_name == "minilm"
+    assert api("--api", "triton", "--url", "http://h:8000/v2/models/m2/versions/1/infer").model_name == "m2"
+    with pytest.raises(ApiError, match="--model-name"):
+        api("--api", "kserve", "--url", "http://h:8000/")
+    mismatch = api("--api", "kserve", "--model-name", "other", "--url", "http://h:8000/v2/models/minilm/infer")
+    with pytest.raises(ApiError, match="names the model 'minilm' but --model-name is 'other'"):
+        mismatch.url("http://h:8000/v2/models/minilm/infer")

@@ -184,7 +184,9 @@ def _add_api_flags(p: Any) -> None:
 def api_from_args(args: argparse.Namespace, recipe: Any = None) -> Any:
     """The :class:`tuning.load.apis.Api` the flags describe, a ``--server`` recipe filling in what they leave
     out (an ApiError, exit 2, names a bad one)."""
-    from tuning.load.apis import Api, parse_headers, parse_template
+    from urllib.parse import urlsplit
+
+    from tuning.load.apis import KSERVE_ROUTE, Api, parse_headers, parse_template, schema_name
 
     template = parse_template(getattr(args, "body", None))
     defaults = dict(recipe.api_options) if recipe is not None else {}
@@ -194,6 +196,10 @@ def api_from_args(args: argparse.Namespace, recipe: Any = None) -> Any:
     given = {"route": args.route, "model_name": args.model_name, "output_name": args.output_name,
              "input_name": args.input_name if args.input_name != "TEXT" else None}
     fields = {**defaults, **{k: v for k, v in given.items() if v is not None}}
+    if not fields.get("model_name") and not fields.get("route") and schema_name(name) == "kserve":
+        named = KSERVE_ROUTE.fullmatch(urlsplit(getattr(args, "url", None) or "").path)
+        if named:  # a full KServe URL carries its model's name
+            fields["model_name"] = named.group(1)
     metrics_map = getattr(args, "metrics_map", None)
     if metrics_map is not None:
         from tuning.load.scrape import parse_metrics_map
