@@ -147,6 +147,21 @@ def test_investigate_url_ships_more_texts_per_request_diagnoses_both_and_writes_
     assert order == sorted(order)  # top-down: what to ship, the evidence, what was tried, the diagnosis
 
 
+def test_investigate_url_target_checks_the_runner_up_when_the_top_breaks_the_target(tmp_path):
+    """Issue 57: on a real batching service `investigate --url` confirmed 16 texts a request, saw it fail the
+    target at every rate, and shipped 1 text a request without checking 4, whose throughput was the same as
+    16's. The runner-up is target-checked and ships."""
+    service = Service()
+    service.world = World(rules=[(lambda v: v.get("client_batch") == "4", 3.0),
+                                 (lambda v: v.get("client_batch") == "16", 3.15)],
+                          floor_ms=lambda v: 400.0 if v.get("client_batch") == "16" else 0.0,
+                          base_rate=80.0, noise=0.02, seed=3, dip_share=0.0)
+    inv = _investigate(service, tmp_path)
+    checks = {name: cap for name, cap in inv.tune.decision.checks}
+    assert not checks["client_batch=16"].met and checks["client_batch=4"].met, list(checks)
+    assert inv.tune.best.values["client_batch"] == "4" and inv.target_met
+
+
 def test_a_resumed_investigation_replays_every_window_and_measures_none_again(tmp_path):
     first = Service()
     shipped = _investigate(first, tmp_path).tune.best.values
