@@ -170,15 +170,18 @@ def test_ray_serve_splits_the_time_before_the_replica_from_the_replica_s():
     assert m.values["queue_ms"] == pytest.approx(400.0) and m.values["mean_batch"] == pytest.approx(100 / 37)
     assert m.values["queue_depth"] == 12
     assert m.sources["queue_ms"] == "ray_serve_http_request_latency_ms - ray_serve_deployment_processing_latency_ms"
+    composed = parse(RAY.format(requests=100, request_ms=75_900, processing_ms=95_000, batches=37, batched=100,
+                                queued=0))  # several deployments' processing summed: more than the proxy's time
+    assert "queue_ms" in derive(before, composed, window_s=10.0).lacked
 
 
 def test_mlserver_reads_its_rest_time_and_its_batching_queue():
     text = """# TYPE model_infer_request_success counter
 model_infer_request_success_total{{model="minilm"}} {n}
-# TYPE rest_server_requests_duration_seconds histogram
-rest_server_requests_duration_seconds_bucket{{le="+Inf"}} {n}
-rest_server_requests_duration_seconds_sum {s}
-rest_server_requests_duration_seconds_count {n}
+# TYPE rest_server_request_duration_seconds histogram
+rest_server_request_duration_seconds_bucket{{le="+Inf"}} {n}
+rest_server_request_duration_seconds_sum {s}
+rest_server_request_duration_seconds_count {n}
 # TYPE batch_request_queue histogram
 batch_request_queue_bucket{{le="+Inf"}} {n}
 batch_request_queue_sum {q}
@@ -209,6 +212,11 @@ svc_batch_count {n}
     assert m.exporter == "mapped" and m.values == pytest.approx({"queue_ms": 20.0, "inference_ms": 45.0,
                                                                 "mean_batch": 8.0})
     assert parse_metrics_map("compute=svc_time:us")["inference_ms"].scale == pytest.approx(1e-3)
+    assert parse_metrics_map("queue=job:wait_seconds")["queue_ms"].names == ("job:wait_seconds",)  # its own colon
+    tei = parse(TEI.format(q=3, batches=10, batched=80, requests=80, queue_s=0.8, infer_s=0.4))
+    merged = derive({}, tei, 1.0, mapping=parse_metrics_map("compute=te_request_queue_duration:s"))
+    assert merged.exporter == "tei + mapped" and merged.values["queue_depth"] == 3  # the exporter's others stay
+    assert merged.values["inference_ms"] == pytest.approx(10.0)
     for bad, says in (("queue", "KEY=NAME"), ("latency=x_seconds", "KEY=NAME"), ("queue=svc_wait", ":s"),
                       ("", "at least one")):
         with pytest.raises(ValueError, match=says):

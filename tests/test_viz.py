@@ -260,3 +260,18 @@ def test_the_decision_s_charts_show_effects_confirmation_and_target_checks():
     assert 300.0 in _hlines(target) and len({t.legendgroup for t in target.data}) == checked >= 2
     from_json = viz.target_check_chart(json.loads(json.dumps(result.summary(), default=str)))
     assert [t.name for t in from_json.data] == [t.name for t in target.data]
+
+
+def test_capacity_labels_never_print_over_each_other_even_when_equal():
+    """Issue 58, finding 9 (and the review: two equal capacities took the same place)."""
+    from tuning import viz
+
+    caps = {name: {"capacity": 50.0, "probes": [], "unit": "req/s", "target_p99_ms": 100.0}
+            for name in ("baseline", "recommended")}
+    fig = viz.capacity_chart(caps)
+    notes = [a for a in fig.layout.annotations if (a.text or "").endswith("req/s")]
+    assert len(notes) == 2 and len({(a.xanchor, a.yshift) for a in notes}) == 2
+    assert fig.layout.legend.orientation == "h"  # under the plot: several configurations' entries do not squeeze it
+    long = viz.capacity_chart({f"configuration {i} with a long name": dict(caps["baseline"], capacity=40.0 + i)
+                               for i in range(3)})
+    assert all(len(line) <= viz.TITLE_CHARS + 20 for line in long.layout.title.text.split("<br>"))

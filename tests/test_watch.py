@@ -349,7 +349,45 @@ def test_a_port_held_by_one_part_of_a_service_is_watched_as_the_whole_service(tm
         proc.wait()
 
 
-def test_the_climb_stops_at_a_launcher_and_at_this_process():
-    from tuning.load.proctree import service_root
+def test_the_climb_stops_at_a_shell_at_a_runner_and_at_this_process(tmp_path):
+    """Review: the climb went through any parent (an IDE's java, a Procfile runner). It goes only through the
+    Python script that started the port's process (or Ray's raylet), never a shell, a runner or this process."""
+    import subprocess
+    import sys
+
+    from tuning.load.proctree import _part_of_service, service_root
 
     assert service_root(os.getpid()) == os.getpid()  # its parents are this process's own: never climbed
+    marker = tmp_path / "ready"
+    script = tmp_path / "svc.py"
+    script.write_text(f"import time\nopen({str(marker)!r}, 'w').close()\ntime.sleep(60)\n")
+    proc = subprocess.Popen(["bash", "-c", f"{sys.executable} {script}; true"])  # "; true": bash forks, not execs
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        import psutil
+
+        (child,) = psutil.Process(proc.pid).children()
+        assert service_root(child.pid) == child.pid  # bash started it and is not part of it
+    finally:
+        for p in psutil.Process(proc.pid).children(recursive=True):
+            p.kill()
+        proc.kill()
+        proc.wait()
+
+    class Proc:
+        def __init__(self, name, cmdline):
+            self._name, self._cmdline = name, cmdline
+
+        def name(self):
+            return self._name
+
+        def cmdline(self):
+            return self._cmdline
+
+    assert _part_of_service(Proc("python3", ["python3", "/srv/pytriton_server.py", "--port", "8000"]))
+    assert _part_of_service(Proc("raylet", ["/ray/core/src/ray/raylet/raylet", "--node_ip_address=1"]))
+    assert not _part_of_service(Proc("python3", ["python3", "/usr/bin/honcho", "start"]))
+    assert not _part_of_service(Proc("python", ["python", "-m", "ipykernel_launcher", "-f", "k.json"]))
+    assert not _part_of_service(Proc("java", ["java", "-jar", "pycharm.jar"]))

@@ -640,8 +640,8 @@ def capacity_chart(capacity: Any, device: Any = None, target_p99_ms: float | Non
         if cap.get("capacity") is not None:
             # labels stagger by capacity: the lowest reads left of its line, the others right, each lower
             # than the one before, so that two capacities close together do not print over each other
-            rank = sorted(_num(c["capacity"]) for c in caps.values() if c.get("capacity") is not None).index(
-                _num(cap["capacity"]))
+            rank = sorted((_num(c["capacity"]), k) for k, c in caps.items() if c.get("capacity") is not None).index(
+                (_num(cap["capacity"]), label))
             fig.add_vline(x=_num(cap["capacity"]), line=dict(color=color, dash="dot"),
                           annotation_text=f"{label + ' ' if label else ''}capacity {_num(cap['capacity']):.1f} {unit}",
                           annotation_position="top left" if rank == 0 else "top right",

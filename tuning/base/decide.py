@@ -35,9 +35,9 @@ def quantile_interval(values: Sequence[float], q: float = 0.99, level: float = P
     k_hi = int(stats.binom.ppf(1 - a, n, q)) + 1
     while k_hi <= n and stats.binom.cdf(k_hi - 1, n, q) < 1 - a:
         k_hi += 1
-    rank = lambda k: min(max(math.ceil(k * total / n), 1), total) - 1  # noqa: E731 (k of n, at its fraction)
-    lo = float(x[rank(k_lo)]) if k_lo >= 1 else None
-    hi = float(x[rank(k_hi)]) if k_hi <= n else None
+    # rank k of n read at its fraction of the whole sample: rounded down for the lower end, up for the upper
+    lo = float(x[min(max(math.floor(k_lo * total / n), 1), total) - 1]) if k_lo >= 1 else None
+    hi = float(x[min(max(math.ceil(k_hi * total / n), 1), total) - 1]) if k_hi <= n else None
     return lo, hi
 
 

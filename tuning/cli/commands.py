@@ -148,7 +148,7 @@ def _add_metrics_flag(p: Any) -> None:
     p.add_argument("--metrics-url", default=None,
                    help="the service's Prometheus metrics, scraped as the measured window opens and closes (default: "
                         "/metrics beside --url, where this package's server and TEI export them; Triton: "
-                        "http://HOST:8002/metrics)")
+                        "http://HOST:8002/metrics; MLServer: http://HOST:8082/metrics)")
     p.add_argument("--metrics-map", default=None, metavar="KEY=NAME,...",
                    help="read any exporter: queue=NAME,compute=NAME,request=NAME,batch=NAME, each a histogram "
                         "(its mean per request; a time's unit from its name's _seconds/_ms/_us, or NAME:s). Known "

@@ -17,7 +17,7 @@ import numpy as np
 from tuning.base.decide import quantile_interval
 from tuning.base.format import rounded
 from tuning.base.stats import known_median
-from tuning.experiments.judge import METHODS, TargetVerdict, lag_explains, target_verdict
+from tuning.experiments.judge import EXCEED_SHARE, METHODS, TargetVerdict, lag_explains, target_verdict
 from tuning.experiments.trial import Trial, late_sends, p99_of
 
 DEFAULT_ERROR_BUDGET = 0.001
@@ -237,7 +237,8 @@ def _p99_verdict(w: Any, target_p99_ms: float) -> TargetVerdict:
 
 CLIMB = (1.0, 1.1, 1.25, 1.5, 2.0)  # of the throughput: where the check climbs after its first fraction held
 LONGER = 4  # a longer window holds at least this many times the last one's arrivals...
-NEEDED_MARGIN = 1.5  # ...and this many times the arrivals the last one said it would need
+NEEDED_MARGIN = 1.5  # ...and this many times the arrivals the last one said it would need...
+MAX_LONGER = 3  # ...and a rate gets at most this many, the last of them the longest
 
 
 def next_length(verdict: TargetVerdict, arrivals: int, longest: int) -> int | None:
@@ -279,24 +280,26 @@ def check_target(run_window: Callable[[float, int, int | None], Any], throughput
         probes.append(p)
         return p
 
-    def longer(p: Probe, rate: float) -> int | None:
+    def longer(p: Probe, rate: float, asked: int) -> int | None:
+        """The next longer window's arrivals, judged against what the last one was asked for (a window holds a
+        Poisson count, often under it): None once the longest was asked for."""
         if p.by not in METHODS or longest is None:
             return None
         v = TargetVerdict(p.verdict, p.share or 0.0, p.share_low or 0.0, p.share_high or 1.0, p.n, p.exceed,
                           p.errors, math.nan, p.deff or 1.0, p.needed if p.needed is not None else math.inf, p.by)
-        return next_length(v, p.n, longest(rate))
+        return next_length(v, max(p.n, asked), longest(rate))
 
     def claimed(rate: float) -> bool | None:
-        """Look at ``rate`` (longer while too short to tell), then take a fresh window when a look passed.
-        None: stopped."""
-        look = window(rate, "look")
-        while True:
+        """Look at ``rate`` (longer while too short to tell, :data:`MAX_LONGER` times at most), then take a fresh
+        window when a look passed. None: stopped."""
+        look, asked = window(rate, "look"), 0
+        for turn in range(MAX_LONGER + 1):
             if stop is not None and stop(look):
                 return None
-            size = longer(look, rate)
+            size = longer(look, rate, asked) if turn < MAX_LONGER else None
             if size is None:
                 break
-            look = window(rate, "longer", size)
+            look, asked = window(rate, "longer", size), size
         if not look.passed:
             return False
         again = window(rate, "again", look.n if look.role == "longer" else None)
@@ -339,11 +342,16 @@ def hold_check(trial: Trial, target_p99_ms: float, error_budget: float = DEFAULT
     rate = trial.offered_rate if math.isfinite(trial.offered_rate) else (trial.rate or math.nan)
     lo, hi = quantile_interval(lat, 0.99, deff=v.deff)
     lags = None if trial.lags_ms is None else np.asarray(trial.lags_ms, dtype=float)
-    needed_s = v.needed / rate if math.isfinite(v.needed) and rate > 0 else None
-    return {"target_p99_ms": target_p99_ms, "verdict": v.verdict, "n": v.n, "over": v.over, "errors": v.errors,
+    explains = bool(lags is not None and lag_explains(lat, lags, target_p99_ms))
+    verdict = "indeterminate" if explains else v.verdict  # the client's lag: the client's figure, as the engine says
+    share_open = verdict == "indeterminate" and not explains and v.high > EXCEED_SHARE
+    needed_s = v.needed / rate if share_open and math.isfinite(v.needed) and rate > 0 else None
+    why = ("client lag" if explains else "share" if share_open else "errors" if verdict == "indeterminate" else None)
+    return {"target_p99_ms": target_p99_ms, "verdict": verdict, "undecided_by": why, "n": v.n, "over": v.over,
+            "errors": v.errors, "error_budget": error_budget,
             "share": rounded(v.mean), "share_low": rounded(v.low), "share_high": rounded(v.high),
             "deff": rounded(v.deff), "independent": rounded(v.n / v.deff), "p99_ms": rounded(p99_of(lat)),
             "p99_low_ms": rounded(lo), "p99_high_ms": rounded(hi), "rate": rounded(rate),
-            "needed_s": rounded(needed_s) if v.verdict == "indeterminate" else None,
+            "needed_s": rounded(needed_s),
             "lag_p99_ms": rounded(float(np.percentile(lags, 99))) if lags is not None and lags.size else None,
-            "lag_explains": bool(lags is not None and lag_explains(lat, lags, target_p99_ms))}
+            "lag_explains": explains}

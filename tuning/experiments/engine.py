@@ -163,6 +163,14 @@ class Window:
         return cls(**kw)
 
 
+def same_as_recorded(then: Any, now: Any) -> bool:
+    """Whether settings ``now`` equal those a log recorded (``then``), on the keys it recorded: a setting added
+    since then (its key absent) is not a difference, since the older run's behaviour did not depend on it."""
+    if isinstance(then, dict) and isinstance(now, dict):
+        return all(k in now and same_as_recorded(v, now[k]) for k, v in then.items())
+    return then == now
+
+
 def _known(x: Any) -> float:
     return float(x) if isinstance(x, (int, float)) and x is not None and math.isfinite(x) else math.nan
 

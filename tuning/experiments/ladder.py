@@ -32,7 +32,7 @@ import numpy as np
 from tuning.base.machine import usable_cores
 from tuning.base.progress import progress_bar
 from tuning.experiments.defaults import DEFAULT_TARGET_P99_MS
-from tuning.experiments.engine import OBJECTIVES, Decision, EngineSettings, Runner, Window, decide
+from tuning.experiments.engine import OBJECTIVES, Decision, EngineSettings, Runner, Window, decide, same_as_recorded
 from tuning.experiments.factors import FACTORS, MIN_COSINE, Context, screened
 from tuning.experiments.measure import LoadMeasure
 from tuning.experiments.result import LadderResult, Step, change_text, changes_of, format_step
@@ -267,7 +267,7 @@ def _check_resumable(state: dict[str, Any], settings: LadderSettings, target_p99
     then = {"target_p99_ms": state.get("target_p99_ms"), "settings": state.get("settings"),
             "factors": state.get("factors")}
     now = {"target_p99_ms": target_p99_ms, "settings": settings.as_dict(), "factors": list(names)}
-    differ = [k for k in now if then[k] is not None and then[k] != now[k]]
+    differ = [k for k in now if then[k] is not None and not same_as_recorded(then[k], now[k])]
     if differ or any(then[k] is None for k in now):
         named = ", ".join(differ) or "settings that run did not record"
         raise ValueError(f"--resume: that run's windows were measured with other {named}; give the same "

@@ -40,7 +40,15 @@ from typing import Any, Callable, Sequence
 
 from tuning.base.format import rounded
 from tuning.base.net import free_port
-from tuning.experiments.engine import ConfigError, Decision, EngineSettings, Runner, Window, decide
+from tuning.experiments.engine import (
+    ConfigError,
+    Decision,
+    EngineSettings,
+    Runner,
+    Window,
+    decide,
+    same_as_recorded,
+)
 from tuning.experiments.search import SEARCHES, combos, strategy_for
 from tuning.experiments.trial import Trial
 from tuning.load.proctree import ServiceTree, StopGrace
@@ -350,7 +358,7 @@ def check_resumable(previous: dict[str, Any], cmd: str, space: dict[str, list[st
         fix = "add --quick" if then_quick else "drop --quick"
         differ.append(f"--quick: that run had {_quick_text(then_quick)}, this one {_quick_text(settings.quick_mode)} "
                       f"(other load windows: the capacities are not comparable; {fix} to go on from it)")
-    elif json.loads(json.dumps(settings.windows())) != previous["windows"]:
+    elif not same_as_recorded(previous["windows"], json.loads(json.dumps(settings.windows()))):
         differ.append(f"the load windows: that run had {previous['windows']}, this one {settings.windows()}")
     if bodies is not None:
         then, now = previous.get("requests"), requests_block(bodies)

@@ -129,17 +129,18 @@ class ServiceTree:
             psutil.wait_procs(live, timeout=min(left, 0.5))
 
 
-LAUNCHERS = frozenset({  # what starts a service without being part of it: shells, terminals, supervisors, init
-    "bash", "sh", "dash", "zsh", "fish", "ksh", "tcsh", "csh", "tmux", "tmux: server", "screen", "sshd", "login", "su",
-    "sudo", "nohup", "systemd", "init", "launchd", "tini", "dumb-init", "docker-init", "containerd-shim",
-    "containerd-shim-runc-v2", "supervisord", "runsv", "s6-supervise", "conmon"})
+SERVICE_PARENTS = frozenset({"raylet"})  # programs not in Python that start a service's workers (Ray's replicas)
+RUNNERS = ("honcho", "foreman", "overmind", "circusd", "supervisord", "jupyter", "ipykernel", "pytest", "pm2")
+# Python programs that run several services or other work side by side: a service under one is not all of it
 
 
 def service_root(pid: int) -> int:
-    """The top of the service that ``pid`` (a process found listening on the service's port) belongs to: its
-    highest ancestor that is not a launcher (:data:`LAUNCHERS`, a Jupyter server, pid 1) and not this process
-    or one of its own ancestors. A port is often held by one part of a service: Ray Serve's proxy (the replica
-    is its sibling under the raylet, all under ``serve run``), or ``tritonserver`` under the PyTriton script
+    """The top of the service that ``pid`` (a process found listening on the service's port) belongs to: the
+    port's process climbed while its parent is part of the same service, a Python program (the script that
+    started it: ``serve run``, PyTriton's, gunicorn's master) or a :data:`SERVICE_PARENTS` one (the raylet
+    under ``serve run``), and is neither one of :data:`RUNNERS` nor this process or one of its ancestors. A
+    shell, a supervisor, an IDE or init ends the climb. A port is often held by one part of a service: Ray
+    Serve's proxy (the replica is its sibling under the raylet), ``tritonserver`` under the PyTriton script
     where the model runs; the root's whole tree is the service."""
     mine = {os.getpid()}
     with contextlib.suppress(psutil.Error):
@@ -147,19 +148,26 @@ def service_root(pid: int) -> int:
     root = pid
     with contextlib.suppress(psutil.Error):
         for parent in psutil.Process(pid).parents():
-            if parent.pid <= 1 or parent.pid in mine or _launcher(parent):
+            if parent.pid <= 1 or parent.pid in mine or not _part_of_service(parent):
                 break
             root = parent.pid
     return root
 
 
-def _launcher(proc: psutil.Process) -> bool:
+def _part_of_service(proc: psutil.Process) -> bool:
     try:
         name = proc.name()
-        command = " ".join(proc.cmdline())
+        command = proc.cmdline()
     except psutil.Error:  # not ours to read: not ours to count either
+        return False
+    if name in SERVICE_PARENTS:
         return True
-    return name in LAUNCHERS or "jupyter" in command or "ipykernel" in command
+    program = os.path.basename(command[0]) if command else name
+    if not (name.startswith("python") or program.startswith("python")):
+        return False
+    entry = command[2] if command[1:2] == ["-m"] and len(command) > 2 else (
+        os.path.basename(command[1]) if len(command) > 1 and not command[1].startswith("-") else "")
+    return not any(entry.startswith(r) for r in RUNNERS)  # the script or module it runs
 
 
 def _alive(proc: psutil.Process) -> bool:

@@ -16,7 +16,9 @@ other by ``--metrics-map`` (:func:`parse_metrics_map`):
 - Ray Serve: ``ray_serve_http_request_latency_ms`` (the proxy's whole request) less
   ``ray_serve_deployment_processing_latency_ms`` (the replica's) as the time before the replica,
   ``ray_serve_actual_batch_size``, ``ray_serve_deployment_queued_queries``;
-- Seldon MLServer: ``rest_server_requests_duration_seconds`` and ``batch_request_queue``.
+- Seldon MLServer (its own metrics port, 8082 by default): ``rest_server_request_duration_seconds`` (its
+  starlette exporter's name; its documentation's table says ``requests_duration_seconds``) and
+  ``batch_request_queue``.
 
 Counters and histograms are read as differences over the window (a scrape before, one after), gauges at the
 end. Every derived signal names the metrics it came from; the ones an exporter lacks are listed, so that the
@@ -91,7 +93,7 @@ EXPORTERS = {
         "queue_depth": Read("gauge", ("ray_serve_deployment_queued_queries",))}),
     # Seldon MLServer: its REST server's request time and its adaptive batching queue (it exports no compute time)
     "mlserver": Exporter(("model_infer_request_", "batch_request_queue", "parallel_request_queue"), {
-        "request_ms": Read("mean", ("rest_server_requests_duration_seconds",), 1000.0),
+        "request_ms": Read("mean", ("rest_server_request_duration_seconds",), 1000.0),
         "queue_depth": Read("gauge", ("batch_request_queue",))}),
 }
 SIGNALS = {name: {signal: r.source for signal, r in e.reads.items()} for name, e in EXPORTERS.items()}
@@ -111,7 +113,11 @@ def parse_metrics_map(text: str) -> dict[str, Read]:
         if not eq or key not in MAP_KEYS or not name:
             raise ValueError(f"--metrics-map {text!r}: {part!r} is not KEY=NAME with KEY one of "
                              f"{', '.join(MAP_KEYS)} (e.g. queue=my_queue_seconds,compute=my_infer_seconds)")
-        name, _, unit = name.partition(":")
+        base, colon, unit = name.rpartition(":")
+        if colon and unit in UNITS:  # NAME:unit; a metric name may hold colons of its own (job:wait_seconds)
+            name = base
+        else:
+            unit = ""
         if key == "batch":
             reads[MAP_KEYS[key]] = Read("mean", (name,))
             continue
@@ -229,16 +235,18 @@ def _read(r: Read, before: Samples, after: Samples, window_s: float) -> float | 
 def derive(before: Samples, after: Samples, window_s: float, url: str = "",
            mapping: dict[str, Read] | None = None) -> ServerMetrics:
     """The signals of the window between two scrapes ``window_s`` apart: by the exporter the samples are
-    from, or by ``mapping`` (:func:`parse_metrics_map`) for any other."""
-    exporter = "mapped" if mapping else exporter_of(after)
-    out = ServerMetrics(url, exporter)
-    if exporter is None:
+    from, and by ``mapping`` (:func:`parse_metrics_map`), which adds signals or replaces the exporter's."""
+    known = exporter_of(after)
+    out = ServerMetrics(url, f"{known} + mapped" if known and mapping else "mapped" if mapping else known)
+    if out.exporter is None:
         out.reason = (f"no metrics of a known exporter ({', '.join(EXPORTERS)}): name yours with --metrics-map "
                       "queue=NAME,compute=NAME")
         return out
-    reads = mapping if mapping else EXPORTERS[exporter].reads
+    reads = {**(EXPORTERS[known].reads if known else {}), **(mapping or {})}
     for signal, r in reads.items():
         value = _read(r, before, after, window_s)
+        if signal.endswith("_ms") and value is not None and value < 0:
+            value = None  # a time less another that came out negative: the two do not cover the same requests
         if value is None or not math.isfinite(value):
             out.lacked.append(signal)
         else:

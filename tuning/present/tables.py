@@ -196,11 +196,14 @@ def hold_lines(h: dict) -> list[str]:
              f"  {pct(h['share'])} of {h['n']} outcomes over the target or failed, 95% bounds "
              f"[{pct(h['share_low'])}, {pct(h['share_high'])}] (at most 1% to pass); p99 {number(h['p99_ms'], 0)} ms "
              f"[{number(h['p99_low_ms'], 0)}, {'unbounded' if h['p99_high_ms'] is None else number(h['p99_high_ms'], 0)}]",
-             f"  outcomes move together in bursts: {h['n']} outcomes count as {number(h['independent'], 0)} independent "
-             f"ones (design effect {number(h['deff'], 1)})"]
+             f"  {h['n']} outcomes count as {number(h['independent'], 0)} independent ones (design effect "
+             f"{number(h['deff'], 1)}: outcomes in a burst move together)"]
     if h.get("needed_s") is not None:
         lines.append(f"  too short to tell: at this share and burst length a hold of about {h['needed_s']:.0f} s "
                      "would (give --duration)")
+    elif h.get("undecided_by") == "errors":
+        lines.append(f"  {h['errors']} errors: over the {100 * h['error_budget']:.1f}% budget, not yet beyond "
+                     "chance (a longer hold tells)")
     if h.get("lag_p99_ms") is not None:
         lines.append(f"  the client's send lag p99 {h['lag_p99_ms']:.1f} ms"
                      + (" explains the exceedances: the client's figure, not the server's (a faster client, or "
@@ -393,7 +396,7 @@ def format_tune(result: Any, unit: str = "req/s", command: str = "tune") -> str:
     for c in s["target_checks"]:
         cap, probes = c.get("capacity"), c.get("probes") or []
         undecided = [p for p in probes if p.get("verdict") == "indeterminate"]
-        why = sorted({UNDECIDED_BECAUSE.get(str(p.get("by")), UNDECIDED_BECAUSE["batches"]) for p in undecided})
+        why = sorted({undecided_because(p) for p in undecided})
         lines.append(f"target check of {c['configuration']}: "
                      + (f"capacity {cap:.1f} {unit}" if cap is not None else "no rate tried met the target")
                      + (f" ({len(undecided)} of {len(probes)} windows could not tell, which does not pass: "
@@ -448,12 +451,21 @@ def hold_command(s: dict[str, Any], rate: float, target_p99_ms: float, unit: str
             f"--duration {HOLD_S} --target-p99-ms {target_p99_ms:g}")
 
 
-UNDECIDED_BECAUSE = {  # why a target window could not tell, in the user's words (its ``by``)
+UNDECIDED_BECAUSE = {  # why a target window could not tell, in the user's words
     "client lag": "the load generator fell behind its schedule, and its lag explains the slow answers (the "
                   "client's figure, not the server's)",
-    "batches": "the share over the target was too close to 1% for the window's length",
-    "blocks": "the share over the target was too close to 1% for the window's length",
+    "share": "the share over the target was too close to 1% for the window's length",
+    "errors": "errors over the budget, not yet beyond chance",
 }
+
+
+def undecided_because(probe: dict[str, Any]) -> str:
+    """Why an indeterminate target window could not tell (a probe's row): the client's lag, its share's bounds
+    still holding 1%, or else its errors (over the budget, not beyond chance)."""
+    if probe.get("by") == "client lag":
+        return UNDECIDED_BECAUSE["client lag"]
+    high = probe.get("share_high")
+    return UNDECIDED_BECAUSE["share" if high is None or high > 0.01 else "errors"]
 
 
 def run_it(s: dict[str, Any]) -> tuple[str, str]:
