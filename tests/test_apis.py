@@ -184,6 +184,10 @@ def test_sweep_concurrency_drives_a_running_service(standin):
     s = json.loads(out)
     assert [p["concurrency"] for p in s["points"]] == [1, 4]
     assert all(p["errors"] == 0 and p["ok"] == 20 and p["mean_batch"] == pytest.approx(1.0) for p in s["points"])
+    code, out, err = _run("sweep", "concurrency", "--url", standin, "--api", "tei", "--values", "1,4", "--requests",
+                          "20", "--limit", "20")
+    assert code == 0 and "concurrency" in out
+    assert [line for line in out.splitlines() if len(line) > 100] == []  # issue 58: output fits 100 columns
     code, _, err = _run("sweep", "wait", "--url", standin, "--values", "0,5")
     assert code == 2 and "tune --cmd" in err
 

@@ -770,6 +770,8 @@ def test_the_confirmation_s_false_better_rate_is_the_documented_two_and_a_half_p
 
     assert judge.BATCHES == 20 and "20 consecutive batches" in page
     assert judge.DEFF_QUANTILES == (0.98, 0.95) and "98th and 95th percentiles" in page
+    assert judge.DEFF_LEVEL == 0.75 and "75% upper confidence limit" in page
+    assert capacity.MAX_LONGER == 3 and "3 longer windows at most" in page
     assert capacity.LONGER == 4 and capacity.NEEDED_MARGIN == 1.5 and "4 times as many arrivals" in page
     assert "1.5 times" in page and settings.target_longest_s == 120 and EngineSettings.quick().target_longest_s == 40
     assert "120 / 40 s" in page and settings.verdict == "blocks" and "default verdict is blocks" in page

@@ -541,7 +541,7 @@ _float_list = _number_list(float, 0, "numbers", "0,5,20", "numbers >= 0")
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from tuning.present.tables import table
+    from tuning.present.tables import format_load_sweep, table
     from tuning.present.verdicts import batch_sweep_verdict, load_sweep_verdict
     from tuning.runtime.engine import Engine
 
@@ -558,12 +558,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         if args.json:
             _print_json(summary)
         else:
-            print(f"batch sweep at {args.length} tokens, {summary['device_label']} {summary['dtype']} {summary['graph']}")
+            print(fit(f"batch sweep at {args.length} tokens, {summary['device_label']} {summary['dtype']} "
+                      f"{summary['graph']}"))
             print(table(summary["points"], ["batch_size", "status", "per_batch_ms", "per_sample_ms", "texts_per_s",
                                             "memory_mb"]))
-            print(f"knee (smallest batch within 5% of the best per-sample cost): {summary['knee']}; "
-                  f"marginal gain under 5% from batch {summary['diminishing_returns_at']}")
-            print(batch_sweep_verdict(summary))
+            print(fit(f"knee (smallest batch within 5% of the best per-sample cost): {summary['knee']}; "
+                      f"marginal gain under 5% from batch {summary['diminishing_returns_at']}\n"
+                      + batch_sweep_verdict(summary)))
         return Exit.OK
     from tuning.experiments.sweeps import load_sweep
 
@@ -585,8 +586,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         _print_json({"variable": variable, "device": engine.device_info, "points": points,
                      "verdict": load_sweep_verdict(variable, points)})
     else:
-        print(frame.round(2).to_string(index=False))
-        print(load_sweep_verdict(variable, points))
+        print(format_load_sweep(variable, points, load_sweep_verdict(variable, points)))
     _nothing_done(int(frame["ok"].sum()), int(frame[["ok", "errors", "timeouts", "rejected"]].sum().sum()), [])
     return Exit.OK
 
@@ -594,6 +594,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def _sweep_url(args: argparse.Namespace) -> int:
     """``sweep concurrency --url``: the same sweep against a running service, in its own request schema."""
     from tuning.experiments.sweeps import url_concurrency_sweep
+    from tuning.present.tables import format_load_sweep
     from tuning.present.verdicts import load_sweep_verdict
 
     if args.variable != "concurrency":
@@ -609,8 +610,7 @@ def _sweep_url(args: argparse.Namespace) -> int:
                      "verdict": load_sweep_verdict("concurrency", points)})
     else:
         print(f"target {url}")
-        print(frame.round(2).to_string(index=False))
-        print(load_sweep_verdict("concurrency", points))
+        print(format_load_sweep("concurrency", points, load_sweep_verdict("concurrency", points)))
     _nothing_done(int(frame["ok"].sum()), int(frame[["ok", "errors", "timeouts", "rejected"]].sum().sum()), [], url)
     return Exit.OK
 

@@ -187,6 +187,16 @@ def format_load(s: dict) -> str:
     return fit("\n".join(lines))
 
 
+def format_load_sweep(variable: str, points: list[dict[str, Any]], verdict: str) -> str:
+    """A load sweep's points (the figures that decide; every column is in ``--json``) and its verdict, within
+    the terminal's width."""
+    rows = [{**p, "failed": sum(int(p.get(k) or 0) for k in ("errors", "timeouts", "rejected"))} for p in points]
+    columns = [variable, "qps", "p50_ms", "p99_ms", "ok", "failed", "model_busy", "mean_batch"]
+    if any(p.get("client_cpu") is not None for p in points):
+        columns.append("client_cpu")
+    return fit("\n".join([table(rows, columns), verdict]))
+
+
 def hold_lines(h: dict) -> list[str]:
     """A held rate judged against the target: the verdict first, then its evidence, then what to do."""
     pct = lambda x: "n/a" if x is None else f"{100 * x:.2f}%"  # noqa: E731
