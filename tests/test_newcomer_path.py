@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -310,6 +311,8 @@ def test_the_investigate_output_fits_100_columns_and_says_each_thing_once(monkey
     assert sum(line.startswith("capacity at p99") for line in stdout.splitlines()) == 1  # the headline, once
     flat = " ".join(stdout.split())
     assert "capacity = the highest offered rate" in flat and "throughput = ok answers/s" in flat
+    effects = re.findall(r"main effect x[\d.]+ \[[\d.]+-[\d.]+\]", flat)  # each step's reason, said once
+    assert effects and len(effects) == len(set(effects)), effects
     recorded = next(line for line in stdout.splitlines() if line.startswith("recommended, under the recorder"))
     assert "offered" in recorded and "throughput" in recorded and "QPS" not in recorded
 

@@ -324,7 +324,8 @@ def format_investigation(inv: Investigation) -> str:
     how = ladder_method(ladder)
     lines += [f"decided on {inv.device.get('label', '?')} ({how})" if decided
               else f"measured so far on {inv.device.get('label', '?')} ({how})",
-              table([_step_row(s) for s in ladder.steps], ["step", "change", "status", "ratio [low-high]", "why"])]
+              # each step's reason was printed as the step ended, just above: the table is the overview
+              table([_step_row(s) for s in ladder.steps], ["step", "change", "status", "ratio [low-high]"])]
     top = ladder.top()
     if len(top):
         lines += ["", "configurations ranked by the screen (throughput over the baseline's)",
