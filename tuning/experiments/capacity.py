@@ -1,7 +1,7 @@
 """Capacity at a p99 target (``docs/deciding.md``, stage 3): one configuration on a warm server, a window at
-each of the descending fractions of its sustained throughput, each window judged on its batches
-(:func:`tuning.experiments.judge.target_verdict`), longer windows where one was too short to tell; the
-capacity is the highest rate claimed, in a look and a fresh window.
+each of the descending fractions of its sustained throughput, each window judged on its blocks (the default)
+or its batches (:func:`tuning.experiments.judge.target_verdict`; on batches, longer windows where one was too
+short to tell); the capacity is the highest rate claimed, in a look and a fresh window.
 
 :class:`Probe` is one rate's window and verdict, :class:`Capacity` the check's result.
 """
