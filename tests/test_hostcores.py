@@ -125,7 +125,9 @@ def test_the_investigate_what_if_carries_the_cores_needed(tmp_path):
     lines = []
     _profile_and_what_if(inv, measure, preset("baseline"), ladder, SimpleNamespace(knob="cpu"), "h200-sxm-estimate",
                          False, lines.append)
-    assert seen[1:] == ["sim", "sim"]  # the run under the recorder, then baseline and recommended on the simulated device
+    # the run under the recorder, the same in the baseline's closed loop (the ledger, like for like), then baseline
+    # and recommended on the simulated device
+    assert seen == ["auto", "auto", "sim", "sim"]
     cores = inv.what_if["host_cores"]
     assert set(cores) == {"baseline", "recommended"}
     assert cores["recommended"]["cores"] == pytest.approx(0.7 * 500 * host_cores(_trial(ROWS)).cpu_s_per_request,

@@ -1130,13 +1130,17 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _add_loadtest_flags(p: argparse.ArgumentParser) -> None:
+    from tuning.experiments.defaults import DEFAULT_TARGET_P99_MS
+
     shape = p.add_argument_group("load shape")
     shape.add_argument("--concurrency", type=_positive_int, default=8, help="requests in flight (closed loop)")
     shape.add_argument("--requests", type=_positive_int, default=None, help="measured requests")
     shape.add_argument("--duration", type=_positive_float, default=None, help="measured seconds")
     shape.add_argument("--rate", type=_positive_float, default=None, help="open loop: Poisson arrivals per second")
-    shape.add_argument("--target-p99-ms", type=_positive_float, default=None,
-                       help="hold --rate for --duration and judge it against this p99 target: pass, fail or "
+    shape.add_argument("--target-p99-ms", type=_positive_float, default=None, nargs="?",
+                       const=DEFAULT_TARGET_P99_MS,
+                       help=f"hold --rate for --duration and judge it against this p99 target (alone: "
+                            f"{DEFAULT_TARGET_P99_MS:.0f}, the default target everywhere): pass, fail or "
                             "indeterminate, the share over it with its bounds, the p99 with its interval (bursts "
                             "counted), the client's lag (the check a claimed capacity is held to)")
     shape.add_argument("--warmup", type=_count, default=16, help="warm-up requests excluded from the figures")
@@ -1291,10 +1295,8 @@ COMMANDS: dict[str, Command] = {
         cmd_loadtest_any, "load-test the in-process server (or --url) at fixed concurrency or rate; --engine locust "
                           "for locust with --locust-workers N processes", _add_loadtest_flags,
         (("python -m tuning loadtest --requests 500 --concurrency 16", "the in-process server, closed loop"),
-         ("python -m tuning loadtest --url http://127.0.0.1:8000/embed --rate 50 --duration 30",
-          "a running server, open loop at 50 requests/s"),
          ("python -m tuning loadtest --url http://127.0.0.1:8000/embed --rate 90 --duration 180 --target-p99-ms 300",
-          "hold a claimed capacity for 3 minutes and judge it against the p99 target"),
+          "a running server, open loop at 90 requests/s for 3 minutes, judged against a 300 ms p99 target"),
          ("python -m tuning loadtest --url http://127.0.0.1:8080/embed --api tei --engine locust "
           "--locust-workers 2 --duration 30", "text-embeddings-inference, driven by locust"))),
     "sweep": Command(

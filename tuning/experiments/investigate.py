@@ -404,7 +404,7 @@ def _profile_and_what_if(inv: Investigation, measure: Any, base: Any, ladder: La
     status("recommended configuration under the recorder" + (f" at {rate:.1f} req/s" if rate else ""))
     inv.after = measure(ladder.recommended, rate=rate, record=True)
     inv.recorder_rate = rate
-    if ladder.changes():  # the ledger compares like for like: the same closed loop as the baseline's run
+    if ladder.recommended != base:  # the ledger compares like for like: the same closed loop as the baseline's run
         status("recommended configuration under the recorder in the baseline's closed loop")
         inv.after_same_load = measure(ladder.recommended, record=True)
     bar.update(1)
