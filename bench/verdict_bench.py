@@ -77,7 +77,7 @@ def claimed_at_one_rate(kind: str, load: float, target_ms: float, rng: np.random
     while True:
         v = target_verdict(next(windows_of(kind, load, 1, size, rng)), target_ms)
         used += size
-        longer = next_length(v, size, LENGTHS[-1])
+        longer = next_length(v.verdict, v.needed, size, LENGTHS[-1])
         if v.verdict != "indeterminate" or longer is None:
             break
         size = longer

@@ -452,6 +452,11 @@ def test_a_look_that_passes_and_a_fresh_window_that_fails_claims_nothing_there()
         return _open_window(rate, 500.0 if late else 2.0)
     cap = check_target(window, 100.0, 100.0, (0.9, 0.8))
     assert cap.capacity == pytest.approx(80.0) and looks == pytest.approx([90, 90, 80, 80])
+    assert cap.high == pytest.approx(90.0)  # the rate above the claim, that was not claimed
+    seen = []
+    stopped = check_target(lambda rate, seed, arrivals=None: seen.append(arrivals) or _open_window(rate, 2.0), 100.0,
+                           100.0, (0.9, 0.8), climb=(), stop=lambda probe: probe.role == "again")
+    assert seen == [None, None] and not stopped.met  # a plain look's fresh window: the first look's length
 
 
 def _bursty_window(rate, arrivals=None):
@@ -500,16 +505,25 @@ def test_a_rate_gets_a_bounded_number_of_longer_windows_even_when_each_holds_few
     cap = check_target(window, 100.0, 100.0, (0.9,), climb=(), longest=lambda rate: 3_000,
                        stop=lambda probe: len(asked) > 10)  # without the bound: a crisp failure, not a hang
     assert not cap.met and len(asked) <= 1 + MAX_LONGER and asked[-1] == 3_000 and asked.count(3_000) == 1
+    asked.clear()  # a longest far away: the cap on longer windows ends it
+    check_target(window, 100.0, 100.0, (0.9,), climb=(), longest=lambda rate: 10_000_000,
+                 stop=lambda probe: len(asked) > 10)
+    assert len(asked) == 1 + MAX_LONGER and asked[0] is None and asked[1:] == sorted(asked[1:])
 
 
 def test_the_next_length_grows_fourfold_at_least_and_stops_at_the_longest():
     v = target_verdict(np.full(400, 2.0), 100.0)  # decided: no longer window
-    assert next_length(v, 400, 10_000) is None
+    assert next_length(v.verdict, v.needed, 400, 10_000) is None
     short = target_verdict(np.full(200, 2.0), 100.0)
-    assert short.verdict == "indeterminate" and next_length(short, 200, 10_000) == 800
-    assert next_length(short, 200, 500) == 500 and next_length(short, 500, 500) is None
+    assert short.verdict == "indeterminate" and next_length(short.verdict, short.needed, 200, 10_000) == 800
+    assert next_length("indeterminate", 5_000.0, 200, 10_000) == 7_500  # 1.5 x its need, over 4 x its length
+    assert next_length("indeterminate", 10_000.0, 200, 10_000) == 10_000  # its need at the longest: capped
+    assert next_length("indeterminate", 10_001.0, 200, 10_000) is None  # more than the longest could pass
+    assert next_length(short.verdict, short.needed, 200, 500) == 500
+    assert next_length(short.verdict, short.needed, 500, 500) is None
+    assert next_length("indeterminate", None, 200, 10_000) is None  # a need unknown (an older log)
     over = target_verdict(np.r_[np.full(190, 2.0), np.full(10, 500.0)], 100.0)  # 5% over: no length passes
-    assert next_length(over, 200, 10_000) is None
+    assert next_length(over.verdict, over.needed, 200, 10_000) is None
 
 
 def _open_window(rate, latency_ms, n=400):
@@ -928,3 +942,35 @@ def test_the_p99_interval_widens_with_the_design_effect():
     assert lo20 <= lo1 < hi1 <= hi20 and (hi20 - lo20) > 3 * (hi1 - lo1)
     with pytest.raises(ValueError, match="deff=0.5"):
         quantile_interval(x, deff=0.5)
+
+
+# --- the verdict's arithmetic, pinned (mutmut found these lines untested) ---------------------------
+
+def test_share_bounds_are_clopper_pearson_one_sided():
+    """Integer counts give the exact binomial (Clopper-Pearson) bounds: one-sided 95% each side, the two ends of
+    a two-sided 90% interval; no outcomes: no information."""
+    from tuning.experiments.judge import share_bounds
+
+    for over, n in ((0, 100), (5, 100), (37, 200), (100, 100)):
+        ci = stats.binomtest(over, n).proportion_ci(confidence_level=0.90, method="exact")
+        assert share_bounds(over, n) == pytest.approx((ci.low, ci.high), abs=1e-9), (over, n)
+    assert share_bounds(0, 0) == (0.0, 1.0) and share_bounds(3, 0) == (0.0, 1.0)
+
+
+def test_the_batch_design_effect_of_one_burst_has_its_closed_form():
+    """Every exceedance in one of k batches of m: the batches' variance over a binomial's is m k / (k - 1)."""
+    burst = np.r_[np.ones(50), np.zeros(950)]
+    assert batch_design_effect(burst) == pytest.approx(50 * 20 / 19)
+    block = np.r_[np.ones(200), np.zeros(800)]
+    assert batch_design_effect(block, batches=5) == pytest.approx(200 * 5 / 4)
+    assert batch_design_effect(np.tile([1.0, 0.0], 500)) == 1.0  # every batch alike: no clustering seen
+    # five outcomes: two batches of 3 and 2 (shares 1 and 0), p = 0.6
+    assert batch_design_effect(np.array([1.0, 1.0, 1.0, 0.0, 0.0])) == pytest.approx(0.5 / (0.24 / 2.5))
+    assert batch_design_effect(np.array([1.0, 0.0, 1.0])) == 3.0  # under two batches: one unit, its length
+    lat = np.where(block > 0, 500.0, 2.0)
+    assert target_verdict(lat, 100.0, method="blocks").deff == pytest.approx(200 * 5 / 4)  # 5 blocks
+
+
+def test_arrivals_needed_follows_the_level():
+    assert arrivals_needed(0.0, 1.0, level=0.99) == pytest.approx(math.log(0.01) / math.log(0.99), rel=0.02)
+    assert arrivals_needed(0.005, 1.0) == pytest.approx(1150, rel=0.02)  # the share's own bound reaches 1%

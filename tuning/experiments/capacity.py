@@ -241,14 +241,15 @@ NEEDED_MARGIN = 1.5  # ...and this many times the arrivals the last one said it 
 MAX_LONGER = 3  # ...and a rate gets at most this many, the last of them the longest
 
 
-def next_length(verdict: TargetVerdict, arrivals: int, longest: int) -> int | None:
-    """The arrivals of the next, fresh window at a rate whose window of ``arrivals`` was indeterminate: at least
-    :data:`LONGER` times as many and :data:`NEEDED_MARGIN` times what it said it needs, at most ``longest``.
-    None when the window was decided, when even the longest could not pass at its share and design effect
-    (its share is at 1% or more, or its bursts too long), or when the longest has been tried."""
-    if verdict.verdict != "indeterminate" or not verdict.needed <= longest or arrivals >= longest:
+def next_length(verdict: str, needed: float | None, arrivals: int, longest: int) -> int | None:
+    """The arrivals of the next, fresh window at a rate whose window of ``arrivals`` was ``verdict``
+    (indeterminate) and said it ``needed`` so many: at least :data:`LONGER` times as many and
+    :data:`NEEDED_MARGIN` times its need, at most ``longest``. None when the window was decided, when even the
+    longest could not pass at its share and design effect (its share is at 1% or more, or its bursts too long:
+    ``needed`` over ``longest`` or unknown), or when the longest has been tried."""
+    if verdict != "indeterminate" or needed is None or not needed <= longest or arrivals >= longest:
         return None
-    return int(min(longest, max(LONGER * arrivals, NEEDED_MARGIN * verdict.needed)))
+    return int(min(longest, max(LONGER * arrivals, NEEDED_MARGIN * needed)))
 
 
 def check_target(run_window: Callable[[float, int, int | None], Any], throughput: float, target_p99_ms: float,
@@ -285,9 +286,7 @@ def check_target(run_window: Callable[[float, int, int | None], Any], throughput
         Poisson count, often under it): None once the longest was asked for."""
         if p.by not in METHODS or longest is None:
             return None
-        v = TargetVerdict(p.verdict, p.share or 0.0, p.share_low or 0.0, p.share_high or 1.0, p.n, p.exceed,
-                          p.errors, math.nan, p.deff or 1.0, p.needed if p.needed is not None else math.inf, p.by)
-        return next_length(v, max(p.n, asked), longest(rate))
+        return next_length(p.verdict, p.needed, max(p.n, asked), longest(rate))
 
     def claimed(rate: float) -> bool | None:
         """Look at ``rate`` (longer while too short to tell, :data:`MAX_LONGER` times at most), then take a fresh
