@@ -974,3 +974,16 @@ def test_the_batch_design_effect_of_one_burst_has_its_closed_form():
 def test_arrivals_needed_follows_the_level():
     assert arrivals_needed(0.0, 1.0, level=0.99) == pytest.approx(math.log(0.01) / math.log(0.99), rel=0.02)
     assert arrivals_needed(0.005, 1.0) == pytest.approx(1150, rel=0.02)  # the share's own bound reaches 1%
+
+
+def test_an_empty_window_fails_and_a_window_names_its_fastest_answer():
+    """A window with no outcome cannot meet a target (mutmut: its verdict could be anything); the fastest answer
+    is the fastest finite latency, infinity when every outcome failed."""
+    empty = target_verdict([], 100.0, errors=2)
+    assert (empty.verdict, empty.n, empty.over, empty.errors) == ("fail", 0, 0, 2) and empty.fastest_ms == math.inf
+    mixed = target_verdict([math.inf, 7.0, 3.5, math.nan, 9.0] * 100, 100.0)
+    assert mixed.fastest_ms == 3.5 and mixed.over == 200 and mixed.verdict == "fail"
+    assert target_verdict([math.inf] * 400, 100.0).fastest_ms == math.inf
+    ordered = target_verdict(np.r_[np.full(500, 2.0), np.full(500, 60.0)], 100.0, arrivals_s=np.arange(1000.0))
+    flipped = target_verdict(np.r_[np.full(500, 2.0), np.full(500, 60.0)], 100.0, arrivals_s=-np.arange(1000.0))
+    assert ordered.deff == pytest.approx(flipped.deff)  # the same runs read in either direction
