@@ -333,8 +333,9 @@ def _wait_for_charts(page, name: str, expected: int) -> list[dict]:
         chart = charts.nth(i)
         chart.scroll_into_view_if_needed(timeout=30_000)
         chart.locator(".main-svg").first.wait_for(state="attached", timeout=30_000)
+    # waits on the charts' state: a live kernel's first measurement can take minutes on a loaded 2-core machine
     page.wait_for_function("() => { const c = window.__charts(); return c.length > 0 && c.every(x => x.svg"
-                           " && x.traces > 0 && x.drawn > 0 && x.width > 50 && x.height > 50); }", timeout=30_000)
+                           " && x.traces > 0 && x.drawn > 0 && x.width > 50 && x.height > 50); }", timeout=180_000)
     drawn = page.evaluate("() => window.__charts()")
     assert len(drawn) >= expected and not _blank(drawn), f"{name}: charts not drawn: {drawn}"
     return drawn
