@@ -473,10 +473,12 @@ UNDECIDED_BECAUSE = {  # why a target window could not tell, in the user's words
 def undecided_because(probe: dict[str, Any]) -> str:
     """Why an indeterminate target window could not tell (a probe's row): the client's lag, its share's bounds
     still holding 1%, or else its errors (over the budget, not beyond chance)."""
+    from tuning.experiments.judge import EXCEED_SHARE
+
     if probe.get("by") == "client lag":
         return UNDECIDED_BECAUSE["client lag"]
     high = probe.get("share_high")
-    return UNDECIDED_BECAUSE["share" if high is None or high > 0.01 else "errors"]
+    return UNDECIDED_BECAUSE["share" if high is None or high > EXCEED_SHARE else "errors"]
 
 
 def run_it(s: dict[str, Any]) -> tuple[str, str]:
