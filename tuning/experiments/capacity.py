@@ -88,6 +88,12 @@ class Capacity:
     throughput: float | None = None
     unit: str = "req/s"  # what its rates count (texts/s where a request carries several)
     at_least: bool = False  # the highest rate the check may try passed: the capacity is at least this
+    ceiling: float | None = None  # the open loop's highest rate kept up with: what the fractions were taken of
+
+    @property
+    def judged(self) -> list[Probe]:
+        """The windows judged against the target (the ceiling's are judged on keeping up only)."""
+        return [p for p in self.probes if p.role != "ceiling"]
 
     @property
     def met(self) -> bool:
@@ -99,27 +105,27 @@ class Capacity:
 
     @property
     def decided(self) -> bool:
-        return all(p.verdict != "indeterminate" for p in self.probes)
+        return all(p.verdict != "indeterminate" for p in self.judged)
 
     def at(self, rate: float | None) -> Probe | None:
-        return next((p for p in self.probes if rate is not None and math.isclose(p.rate, rate, rel_tol=1e-9)), None)
+        return next((p for p in self.judged if rate is not None and math.isclose(p.rate, rate, rel_tol=1e-9)), None)
 
     @property
     def best(self) -> Probe | None:
         """The passing window at the capacity, else the one with the lowest p99 (the closest to the target)."""
         if self.capacity is not None:
             return self.at(self.capacity)
-        return min(self.probes, key=lambda p: (p.p99_ms if math.isfinite(p.p99_ms) else math.inf), default=None)
+        return min(self.judged, key=lambda p: (p.p99_ms if math.isfinite(p.p99_ms) else math.inf), default=None)
 
     @property
     def lowest_rate(self) -> float | None:
-        return min((p.rate for p in self.probes), default=None)
+        return min((p.rate for p in self.judged), default=None)
 
     def summary(self) -> dict[str, Any]:
         best = self.best
         return {"capacity": rounded(self.capacity), "met": self.met, "bracket": [rounded(self.low), rounded(self.high)],
                 "target_p99_ms": self.target_p99_ms, "error_budget": self.error_budget,
-                "throughput": rounded(self.throughput),
+                "throughput": rounded(self.throughput), "ceiling": rounded(self.ceiling),
                 "p99_ms": rounded(best.p99_ms) if best else None,
                 "p99_interval_ms": [rounded(best.p99_low_ms), rounded(best.p99_high_ms)] if best else None,
                 "p50_ms": rounded(best.p50_ms) if best else None, "decided": self.decided, "trials": self.trials,
@@ -140,7 +146,8 @@ class Capacity:
             probes.append(Probe(**kw))
         low, high = (s.get("bracket") or [None, None])
         return cls(float(s["target_p99_ms"]), float(s["error_budget"]), s.get("capacity"), low, high, probes,
-                   s.get("note") or "", s.get("throughput"), s.get("unit") or "req/s", bool(s.get("at_least")))
+                   s.get("note") or "", s.get("throughput"), s.get("unit") or "req/s", bool(s.get("at_least")),
+                   s.get("ceiling"))
 
     def sentence(self) -> str:
         if self.capacity is None:
@@ -235,7 +242,12 @@ def _p99_verdict(w: Any, target_p99_ms: float) -> TargetVerdict:
                          w.fastest_ms if w else math.nan)
 
 
-CLIMB = (1.0, 1.1, 1.25, 1.5, 2.0)  # of the throughput: where the check climbs after its first fraction held
+# of the closed-loop throughput: the open loop's rates, each tried while the last was kept up with. A closed loop of
+# a few clients splits a dynamic batcher's batches, so its throughput can be a fraction of what open arrivals get
+CEILING = (1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)
+CEILING_TRIES = 2  # a rate is past the ceiling when this many windows in a row at it fell behind
+KEEP_UP = 0.90  # a window keeps up when its ok answers per second are at least this share of its arrivals per second
+CLIMB = (1.0,)  # of the ceiling: where the check climbs after its first fraction held (batches only)
 LONGER = 4  # a longer window holds at least this many times the last one's arrivals...
 NEEDED_MARGIN = 1.5  # ...and this many times the arrivals the last one said it would need...
 MAX_LONGER = 3  # ...and a rate gets at most this many, the last of them the longest
@@ -252,20 +264,34 @@ def next_length(verdict: str, needed: float | None, arrivals: int, longest: int)
     return int(min(longest, max(LONGER * arrivals, NEEDED_MARGIN * needed)))
 
 
+def keeps_up(w: Any) -> bool:
+    """Whether an open-loop window (a runner's :class:`~tuning.experiments.engine.Window`) answered ok at
+    least :data:`KEEP_UP` of the rate at which its arrivals came: a server past its ceiling answers at its own
+    pace while its queue grows."""
+    if not (w.n > 0 and w.window_s > 0 and math.isfinite(w.qps)):
+        return False
+    return w.qps >= KEEP_UP * w.n / w.window_s
+
+
 def check_target(run_window: Callable[[float, int, int | None], Any], throughput: float, target_p99_ms: float,
                  fractions: tuple[float, ...], error_budget: float = DEFAULT_ERROR_BUDGET, seed: int = 0,
                  stop: Callable[[Probe], bool] | None = None, unit: str = "req/s",
-                 climb: tuple[float, ...] = CLIMB, longest: Callable[[float], int] | None = None) -> Capacity:
-    """The capacity at the target (``docs/deciding.md``, stage 3): a window at each fraction of
-    ``throughput``, highest first, until one passes; a window too short to tell (indeterminate) is followed by
-    fresh, longer ones (:func:`next_length`) up to ``longest(rate)`` arrivals. A rate is claimed only when a
-    fresh window at it, as long as the passing one, passes too (the search chose it among several looks: the
-    fresh one alone is the test). When the first fraction is claimed, the check climbs through ``climb``
-    (multiples of the throughput: a closed loop can undercount what open arrivals get, a batcher's for one)
-    while each rate is claimed the same way; a claim at the top is "at least" (as is a claim at the first
-    fraction when ``climb`` is empty). ``run_window(rate, seed, arrivals) -> Window`` measures one (the
-    engine's runner; ``arrivals`` None: the first look's length); ``stop(probe)`` returning True ends the
-    check early (Ctrl-C's caller, a test)."""
+                 climb: tuple[float, ...] = CLIMB, longest: Callable[[float], int] | None = None,
+                 ceiling: tuple[float, ...] = CEILING, ceiling_arrivals: int | None = None) -> Capacity:
+    """The capacity at the target (``docs/deciding.md``, stage 3). First the open loop's ceiling: windows of
+    ``ceiling_arrivals`` at each multiple in ``ceiling`` of the closed-loop ``throughput``, while each keeps
+    up (:func:`keeps_up`; a rate is past it when :data:`CEILING_TRIES` windows in a row fell behind, since a
+    server just started may be slow for its first seconds). The ceiling is the most ok answers per second any
+    of its windows got (past it a server answers at its own pace), the top multiple when every rate was kept
+    up with. Then a window at
+    each fraction of the ceiling, highest first, until one passes; a window too short to tell
+    (indeterminate) is followed by fresh, longer ones (:func:`next_length`) up to ``longest(rate)`` arrivals.
+    A rate is claimed only when a fresh window at it, as long as the passing one, passes too (the search chose
+    it among several looks: the fresh one alone is the test). When the first fraction is claimed, the check
+    climbs through ``climb`` (multiples of the ceiling) while each rate is claimed the same way; a claim at
+    the top is "at least" (as is a claim at the first fraction when ``climb`` is empty). ``run_window(rate,
+    seed, arrivals) -> Window`` measures one (the engine's runner; ``arrivals`` None: the first look's
+    length); ``stop(probe)`` returning True ends the check early (Ctrl-C's caller, a test)."""
     probes: list[Probe] = []
     if not (throughput > 0 and math.isfinite(throughput)):
         return Capacity(target_p99_ms, error_budget, None, None, None, [], "no sustained throughput to start from",
@@ -277,6 +303,9 @@ def check_target(run_window: Callable[[float, int, int | None], Any], throughput
         p = probe_of(rate, w.trial, w, target_p99_ms, error_budget, None if math.isnan(w.lag_p99_ms) else w.lag_p99_ms)
         if w.lagged:  # its re-run lagged too, and the lag explains its exceedances: the client's figure, not the server's
             p.verdict, p.by, p.passed = "indeterminate", "client lag", False
+        if role == "ceiling":  # judged on keeping up, never claimed
+            p.passed, p.achieved_rate = keeps_up(w) and not w.lagged, w.qps
+            p.verdict, p.by = ("kept up" if p.passed else "fell behind"), "keeping up"
         p.role = role
         probes.append(p)
         return p
@@ -306,27 +335,43 @@ def check_target(run_window: Callable[[float, int, int | None], Any], throughput
             return None
         return again.passed
 
+    top, paces = throughput, []
+    for m in ceiling:
+        for _ in range(CEILING_TRIES):  # a window that fell behind may be a just-started server's: once more
+            p = window(m * throughput, "ceiling", ceiling_arrivals)
+            if stop is not None and stop(p):
+                return Capacity(target_p99_ms, error_budget, None, None, None, probes, "", throughput, unit, False, top)
+            paces += [p.achieved_rate] if p.achieved_rate > 0 else []
+            if p.passed:
+                break
+        if not p.passed:  # past it, where the server answered at its own pace
+            top = max(paces, default=throughput)
+            break
+        top = m * throughput
+
     def result(capacity: float | None, high: float | None, at_least: bool = False) -> Capacity:
-        return Capacity(target_p99_ms, error_budget, capacity, capacity, high, probes, "", throughput, unit, at_least)
+        return Capacity(target_p99_ms, error_budget, capacity, capacity, high, probes, "", throughput, unit, at_least,
+                        top)
 
     for i, f in enumerate(fractions):
-        got = claimed(f * throughput)
+        got = claimed(f * top)
         if got is None:
             break
         if not got:
             continue
-        capacity = f * throughput
+        capacity = f * top
         if i > 0:
-            return result(capacity, fractions[i - 1] * throughput)
+            return result(capacity, fractions[i - 1] * top)
         for m in climb:
-            if m * throughput <= capacity:
+            if m * top <= capacity:
                 continue
-            up = claimed(m * throughput)
+            up = claimed(m * top)
             if not up:
-                return result(capacity, m * throughput)
-            capacity = m * throughput
+                return result(capacity, m * top)
+            capacity = m * top
         return result(capacity, None, at_least=True)
-    return result(None, probes[-1].rate if probes else None)
+    judged = [p for p in probes if p.role != "ceiling"]
+    return result(None, judged[-1].rate if judged else None)
 
 
 def hold_check(trial: Trial, target_p99_ms: float, error_budget: float = DEFAULT_ERROR_BUDGET) -> dict[str, Any]:

@@ -287,6 +287,7 @@ class Candidate:
     low: float = math.nan
     high: float = math.nan
     qps: float = math.nan  # its throughput as explored (the target check starts from a fresher figure)
+    widens: tuple[str, ...] = ()  # its factors that widen the tail (the screen's): checked without them next
 
 
 @dataclass
@@ -417,7 +418,8 @@ def decide(runner: Runner, baseline: Any, explore: Callable[[Runner], Explored],
         cap = check_target(lambda rate, seed, arrivals: runner.run("target", config, rate, seed, arrivals), qps,
                            target, settings.fractions, settings.error_budget, settings.seed, unit=settings.unit,
                            climb=CLIMB if settings.verdict == "batches" else (),
-                           longest=settings.longest_arrivals if settings.verdict == "batches" else None)
+                           longest=settings.longest_arrivals if settings.verdict == "batches" else None,
+                           ceiling_arrivals=settings.target_min_outcomes)
         d.checks.append((name, cap))
         return cap
 
@@ -479,14 +481,17 @@ def _changes(runner: Runner, baseline: Any, config: Any) -> set[tuple[str, str]]
 
 
 def _without_one_first(runner: Runner, baseline: Any, checked: Candidate, queue: list[Candidate]) -> list[Candidate]:
-    """The candidates still to check, those that are ``checked``'s bundle less one of its changes first (in rank
-    order): a knob that raises throughput and lowers capacity at the target must not ride along in a bundle."""
+    """The candidates still to check, those that are ``checked``'s bundle less one of its changes first: those
+    without one of its tail-widening factors before the others, each group in rank order. A knob that raises
+    throughput and lowers capacity at the target must not ride along in a bundle, and the screen's tails say
+    which knob to suspect first."""
     bundle = _changes(runner, baseline, checked.config)
     less_one = []
     for c in queue:
         changes = _changes(runner, baseline, c.config)
         if len(changes) == len(bundle) - 1 and changes < bundle:
             less_one.append(c)
+    less_one.sort(key=lambda c: not set(checked.widens) - set(c.widens))  # stable: rank order within each group
     return less_one + [c for c in queue if c not in less_one]
 
 
