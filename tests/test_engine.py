@@ -484,7 +484,7 @@ def test_a_batcher_s_capacity_is_claimed_near_its_truth_from_a_closed_loop_that_
         runner = Runner(world, lambda k: {}, settings, target)
         cap = check_target(lambda rate, sd, arrivals: runner.run("target", knobs, rate, sd, arrivals), world(knobs).qps,
                            target, settings.fractions, longest=settings.longest_arrivals,
-                           ceiling_arrivals=settings.target_min_outcomes)
+                           ceiling_arrivals=settings.ceiling_arrivals)
         ratios.append(cap.capacity / world.truth(knobs, target))
     assert 0.8 <= float(np.median(ratios)) <= 1.05, ratios
 

@@ -281,9 +281,8 @@ def check_target(run_window: Callable[[float, int, int | None], Any], throughput
     """The capacity at the target (``docs/deciding.md``, stage 3). First the open loop's ceiling: windows of
     ``ceiling_arrivals`` at each multiple in ``ceiling`` of the closed-loop ``throughput``, while each keeps
     up (:func:`keeps_up`; a rate is past it when :data:`CEILING_TRIES` windows in a row fell behind, since a
-    server just started may be slow for its first seconds). The ceiling is the most ok answers per second any
-    of its windows got (past it a server answers at its own pace), the top multiple when every rate was kept
-    up with. Then a window at
+    server just started may be slow for its first seconds). The ceiling is the median pace of the windows that
+    fell behind (past it a server answers at its own pace), the top multiple when every rate was kept up with. Then a window at
     each fraction of the ceiling, highest first, until one passes; a window too short to tell
     (indeterminate) is followed by fresh, longer ones (:func:`next_length`) up to ``longest(rate)`` arrivals.
     A rate is claimed only when a fresh window at it, as long as the passing one, passes too (the search chose
@@ -335,8 +334,9 @@ def check_target(run_window: Callable[[float, int, int | None], Any], throughput
             return None
         return again.passed
 
-    top, paces = throughput, []
+    top = throughput
     for m in ceiling:
+        paces = []
         for _ in range(CEILING_TRIES):  # a window that fell behind may be a just-started server's: once more
             p = window(m * throughput, "ceiling", ceiling_arrivals)
             if stop is not None and stop(p):
@@ -345,7 +345,7 @@ def check_target(run_window: Callable[[float, int, int | None], Any], throughput
             if p.passed:
                 break
         if not p.passed:  # past it, where the server answered at its own pace
-            top = max(paces, default=throughput)
+            top = float(np.median(paces)) if paces else throughput
             break
         top = m * throughput
 

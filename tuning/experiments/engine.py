@@ -51,6 +51,7 @@ class EngineSettings:
     target_max_s: float = 20.0  # ...or lasts this long, whichever is shorter...
     target_min_outcomes: int = 400  # ...but at least this many (299 is the fewest with which a window can pass)
     target_longest_s: float = 120.0  # a longer window at a rate whose first was too short to tell lasts at most this
+    ceiling_arrivals: int = 200  # an open-loop ceiling window (capacity.CEILING): judged on keeping up, not the target
     fractions: tuple[float, ...] = FRACTIONS
     candidates: int = 2  # candidates confirmed and checked at the target, in rank order
     min_window_answers: int = 30  # a throughput window with fewer ok answers is measured again, longer
@@ -101,10 +102,11 @@ class EngineSettings:
     def target_window_s(self, rate: float, arrivals: int | None = None) -> float:
         """A target window's length at ``rate``: a first window holds ``target_outcomes`` arrivals within
         ``target_max_s``, a longer one ``arrivals`` within ``target_longest_s``; never fewer than
-        ``target_min_outcomes`` arrivals (a slow service gets long windows)."""
+        ``target_min_outcomes`` arrivals (a slow service gets long windows), unless asked for fewer (a ceiling
+        window, judged on keeping up only)."""
         if arrivals is None:
             return max(min(self.target_max_s, self.target_outcomes / rate), self.target_min_outcomes / rate)
-        return max(min(self.target_longest_s, arrivals / rate), self.target_min_outcomes / rate)
+        return max(min(self.target_longest_s, arrivals / rate), min(self.target_min_outcomes, arrivals) / rate)
 
     def longest_arrivals(self, rate: float) -> int:
         """The most arrivals a target window at ``rate`` holds (a longer one's cap)."""
@@ -419,7 +421,7 @@ def decide(runner: Runner, baseline: Any, explore: Callable[[Runner], Explored],
                            target, settings.fractions, settings.error_budget, settings.seed, unit=settings.unit,
                            climb=CLIMB if settings.verdict == "batches" else (),
                            longest=settings.longest_arrivals if settings.verdict == "batches" else None,
-                           ceiling_arrivals=settings.target_min_outcomes)
+                           ceiling_arrivals=settings.ceiling_arrivals)
         d.checks.append((name, cap))
         return cap
 
