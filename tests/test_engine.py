@@ -11,7 +11,7 @@ from scipy import stats
 
 from tests.worlds import TARGET_MS, WORLDS, World, batched, best_rate, bf16, seam_kwargs, served
 from tuning.base.decide import Paired
-from tuning.experiments.capacity import CEILING, CLIMB, MAX_LONGER, check_target, next_length
+from tuning.experiments.capacity import CEILING, MAX_LONGER, check_target, next_length
 from tuning.experiments.design import fit_effects, ranked_levels, two_level_design
 from tuning.experiments.engine import EngineSettings, Runner, Window
 from tuning.experiments.judge import (
@@ -455,38 +455,93 @@ def test_the_check_starts_from_the_open_loop_ceiling_a_closed_loop_undercounts()
     assert calls[:6] == pytest.approx([125, 150, 200, 250, 300, 300])  # 300 fell behind twice
     assert [p.role for p in cap.probes[:6]] == ["ceiling"] * 6 and cap.best.role in ("look", "again")
     assert cap.summary()["ceiling"] == pytest.approx(250.0) and cap.decided
-    window, calls = _paced_window(90.0)  # a closed loop that overcounts: the pace it answered at past it
+    assert [p["role"] for p in cap.summary()["probes"]] == ["look", "again"]  # the report's target windows
+    assert len(cap.summary()["ceiling_probes"]) == 6 and type(cap).from_summary(cap.summary()).ceiling == 250.0
+    window, calls = _paced_window(90.0)  # nothing kept up with above the closed loop's: its throughput stands
     cap = check_target(window, 100.0, 100.0, (0.9, 0.8), climb=())
-    assert cap.ceiling == pytest.approx(90.0) and calls[:2] == pytest.approx([125, 125])
-    assert cap.capacity == pytest.approx(81.0)
+    assert cap.ceiling == pytest.approx(100.0) and calls[:2] == pytest.approx([125, 125])
+
+
+def test_the_ceiling_is_never_under_the_throughput_when_a_server_collapses_past_it():
+    """Review: a server that answers almost nothing once overloaded (timeouts) gave a ceiling of its collapsed
+    pace, 5 req/s, under the rates it had kept up with; the closed loop's throughput is the floor."""
+    def window(rate, seed, arrivals=None):
+        w = _open_window(rate, 2.0)
+        w.qps, w.window_s = (rate if rate <= 200 else 5.0), w.n / rate
+        return w
+    cap = check_target(window, 100.0, 100.0, (0.9,), climb=())
+    assert cap.ceiling == pytest.approx(100.0) and cap.capacity == pytest.approx(90.0)
+
+
+def test_a_ceiling_window_whose_client_lagged_ends_the_climb_as_the_client_s():
+    def window(rate, seed, arrivals=None):
+        w = _open_window(rate, 2.0)
+        w.window_s, w.lagged = w.n / rate, rate > 160
+        return w
+    cap = check_target(window, 100.0, 100.0, (0.9,), climb=())
+    ceiling = [p for p in cap.probes if p.role == "ceiling"]
+    assert [p.by for p in ceiling][-1] == "client lag" and len(ceiling) == 3  # 125, 150, then 200 once
+    assert cap.ceiling == pytest.approx(150.0) and "client lagged" in cap.note
+
+
+def test_a_check_stopped_while_finding_the_ceiling_claims_nothing_and_says_so():
+    window, _ = _paced_window(250.0)
+    cap = check_target(window, 100.0, 100.0, (0.9,), climb=(), stop=lambda probe: True)
+    assert not cap.met and cap.ceiling is None and "ceiling" in cap.note
+
+
+def test_a_tight_target_is_looked_for_below_the_ceiling_s_fractions_down_to_the_throughput_s():
+    """Review: with a ceiling 2.5 x the throughput, the lowest rate tried was 0.75 x the throughput; a target
+    met only lower was said unmet."""
+    window, calls = _paced_window(250.0)
+    tight = lambda rate, seed, arrivals=None: (lambda w: setattr(w, "trial", _open_window(  # noqa: E731
+        rate, 2.0 if rate <= 40 else 500.0).trial) or w)(window(rate, seed, arrivals))
+    cap = check_target(tight, 100.0, 100.0, (0.9, 0.6, 0.3), climb=())
+    looked = [p.rate for p in cap.judged if p.role == "look"]
+    assert looked == pytest.approx([225, 150, 75, 60, 30]) and cap.capacity == pytest.approx(30.0)
+
+
+def test_a_window_in_texts_per_second_keeps_up_against_its_offered_texts():
+    """Review: with 4 texts a request, ok answers were texts/s and arrivals requests/s, so a server that answered
+    30% of them kept up."""
+    from tuning.experiments.capacity import keeps_up
+
+    w = SimpleNamespace(qps=60.0, n=500, window_s=10.0, offered_rate=200.0)  # 4 texts a request, 50 requests/s
+    assert not keeps_up(w) and keeps_up(SimpleNamespace(qps=190.0, n=500, window_s=10.0, offered_rate=200.0))
+    assert keeps_up(SimpleNamespace(qps=48.0, n=500, window_s=10.0, offered_rate=math.nan))  # no offered rate: n
 
 
 def test_a_window_that_fell_behind_once_is_measured_again_before_the_ceiling_ends():
     window, calls = _paced_window(250.0, fell_behind={1})  # the first window: a server just started
     cap = check_target(window, 100.0, 100.0, (0.9,), climb=())
     assert calls[:3] == pytest.approx([125, 125, 150]) and cap.ceiling == pytest.approx(250.0)
-    assert max(CEILING) * 100.0 > 250.0 and CLIMB == (1.0,)
+    window, calls = _paced_window(250.0, fell_behind={5})  # past it: the second (warm) window's pace stands
+    cap = check_target(window, 100.0, 100.0, (0.9,), climb=())
+    assert calls[4:6] == pytest.approx([300, 300]) and cap.ceiling == pytest.approx(250.0)
+    everything, _ = _paced_window(10_000.0)  # kept up with at every multiple: the top one
+    assert check_target(everything, 100.0, 100.0, (0.9,), climb=()).ceiling == pytest.approx(max(CEILING) * 100)
 
 
 def test_a_batcher_s_capacity_is_claimed_near_its_truth_from_a_closed_loop_that_splits_its_batches():
     """Issue 57: the dynamic batcher of tests/worlds_hard.py (SIMULATED), its closed loop at 16 in flight about
     40% of its open-loop pace: the claim from that throughput was 0.40-0.46 of the truth; from the open loop's
-    ceiling, on the batches verdict, it is near it (never more than the verdict's error above)."""
+    ceiling, on the batches verdict, it is near it (its 5% run-to-run pace noise keeps a look and a fresh window
+    near the truth from both passing), and never more than the verdict's error above."""
     from tests.worlds_hard import BatchingWorld, target_for
     from tuning.knobs import preset
 
     knobs = preset("baseline").replace(batch_size=16, tokenizer="fast", padding="bucket")
     ratios = []
-    for seed in range(4):
+    for seed in range(12):
         world = BatchingWorld(seed=seed)
         target = target_for(world, knobs, 0.8)
         settings = EngineSettings.quick(verdict="batches")
         runner = Runner(world, lambda k: {}, settings, target)
         cap = check_target(lambda rate, sd, arrivals: runner.run("target", knobs, rate, sd, arrivals), world(knobs).qps,
                            target, settings.fractions, longest=settings.longest_arrivals,
-                           ceiling_arrivals=settings.ceiling_arrivals)
+                           ceiling_arrivals=settings.ceiling_window_arrivals)
         ratios.append(cap.capacity / world.truth(knobs, target))
-    assert 0.8 <= float(np.median(ratios)) <= 1.05, ratios
+    assert 0.75 <= float(np.median(ratios)) and max(ratios) <= 1.05, ratios
 
 
 def test_a_first_fraction_claimed_climbs_and_says_at_least_at_the_top():
@@ -1055,7 +1110,7 @@ def test_an_empty_window_fails_and_a_window_names_its_fastest_answer():
 def test_the_screen_names_a_factor_that_widens_the_tail_and_no_other():
     """Issue 57: bf16 a call cheaper with a slow path raises throughput and fattens the tail. The screen's own
     windows' ln(p99 / p50) name it (at the screen's 80% level a factor without one is named in 10% of screens,
-    which only reorders what is checked); one that narrows it is not named, and unknown tails name none."""
+    which only reorders what is checked); one that narrows it is not named; windows without a tail are left out."""
     from tuning.experiments.screen import tail_wideners
 
     rng = np.random.default_rng(3)
@@ -1065,8 +1120,9 @@ def test_the_screen_names_a_factor_that_widens_the_tail_and_no_other():
     assert wide == {"c"} and [r["widens"] for r in rows] == [False, False, True]
     narrower = 0.3 - 0.4 * (design[:, 2] > 0) + rng.normal(0, 0.05, len(design))
     assert "c" not in tail_wideners(["a", "b", "c"], design, list(narrower), np.arange(len(design)))[0]
-    unknown = list(tails[:-1]) + [math.nan]
-    assert tail_wideners(["a", "b", "c"], design, unknown, np.arange(len(design))) == (set(), [])
+    unknown = list(tails[:-1]) + [math.nan]  # a window without answers is left out, not the whole fit
+    assert tail_wideners(["a", "b", "c"], design, unknown, np.arange(len(design)))[0] == {"c"}
+    assert tail_wideners(["a", "b", "c"], design, [math.nan] * len(design), np.arange(len(design))) == (set(), [])
 
 
 def test_a_bundle_is_checked_next_without_its_tail_widening_factor():

@@ -22,6 +22,7 @@ from tuning.experiments.trial import Trial, late_sends, p99_of
 
 DEFAULT_ERROR_BUDGET = 0.001
 TARGET_SALT = 2_000_003  # the target windows' arrivals: apart from every throughput window's
+CEILING_SALT = 3_000_017  # the ceiling windows' arrivals: apart from the target windows'
 
 
 @dataclass
@@ -130,14 +131,15 @@ class Capacity:
                 "p99_interval_ms": [rounded(best.p99_low_ms), rounded(best.p99_high_ms)] if best else None,
                 "p50_ms": rounded(best.p50_ms) if best else None, "decided": self.decided, "trials": self.trials,
                 "note": self.note, "unit": self.unit, "at_least": self.at_least,
-                "probes": [p.row() for p in self.probes]}
+                "probes": [p.row() for p in self.judged],
+                "ceiling_probes": [p.row() for p in self.probes if p.role == "ceiling"]}
 
     @classmethod
     def from_summary(cls, s: dict[str, Any]) -> "Capacity":
         """Back from :meth:`summary` (a resumed run): the windows keep their figures, not their outcomes."""
         nan = lambda v: math.nan if v is None else v  # noqa: E731
         probes = []
-        for p in s.get("probes") or []:
+        for p in [*(s.get("ceiling_probes") or []), *(s.get("probes") or [])]:
             kw = {k: p.get(k) for k in ("rate", "verdict", "by", "passed", "windows", "n", "exceed", "errors", "late",
                                         "p99_low_ms", "p99_high_ms", "share", "share_low", "share_high",
                                         "lag_p99_ms", "fastest_ms", "deff", "needed")}
@@ -246,7 +248,7 @@ def _p99_verdict(w: Any, target_p99_ms: float) -> TargetVerdict:
 # a few clients splits a dynamic batcher's batches, so its throughput can be a fraction of what open arrivals get
 CEILING = (1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)
 CEILING_TRIES = 2  # a rate is past the ceiling when this many windows in a row at it fell behind
-KEEP_UP = 0.90  # a window keeps up when its ok answers per second are at least this share of its arrivals per second
+KEEP_UP = 0.95  # a window keeps up when its ok answers per second are at least this share of its arrivals per second
 CLIMB = (1.0,)  # of the ceiling: where the check climbs after its first fraction held (batches only)
 LONGER = 4  # a longer window holds at least this many times the last one's arrivals...
 NEEDED_MARGIN = 1.5  # ...and this many times the arrivals the last one said it would need...
@@ -268,22 +270,28 @@ def keeps_up(w: Any) -> bool:
     """Whether an open-loop window (a runner's :class:`~tuning.experiments.engine.Window`) answered ok at
     least :data:`KEEP_UP` of the rate at which its arrivals came: a server past its ceiling answers at its own
     pace while its queue grows."""
-    if not (w.n > 0 and w.window_s > 0 and math.isfinite(w.qps)):
-        return False
-    return w.qps >= KEEP_UP * w.n / w.window_s
+    offered = getattr(w, "offered_rate", math.nan)  # in the measure's unit (texts/s where a request holds several)
+    if not math.isfinite(offered):
+        offered = w.n / w.window_s if w.n > 0 and w.window_s > 0 else math.nan
+    return bool(offered > 0 and math.isfinite(w.qps) and w.qps >= KEEP_UP * offered)
 
 
 def check_target(run_window: Callable[[float, int, int | None], Any], throughput: float, target_p99_ms: float,
                  fractions: tuple[float, ...], error_budget: float = DEFAULT_ERROR_BUDGET, seed: int = 0,
                  stop: Callable[[Probe], bool] | None = None, unit: str = "req/s",
                  climb: tuple[float, ...] = CLIMB, longest: Callable[[float], int] | None = None,
-                 ceiling: tuple[float, ...] = CEILING, ceiling_arrivals: int | None = None) -> Capacity:
+                 ceiling: tuple[float, ...] = CEILING,
+                 ceiling_arrivals: Callable[[float], int] | None = None) -> Capacity:
     """The capacity at the target (``docs/deciding.md``, stage 3). First the open loop's ceiling: windows of
     ``ceiling_arrivals`` at each multiple in ``ceiling`` of the closed-loop ``throughput``, while each keeps
     up (:func:`keeps_up`; a rate is past it when :data:`CEILING_TRIES` windows in a row fell behind, since a
-    server just started may be slow for its first seconds). The ceiling is the median pace of the windows that
-    fell behind (past it a server answers at its own pace), the top multiple when every rate was kept up with. Then a window at
-    each fraction of the ceiling, highest first, until one passes; a window too short to tell
+    server just started may be slow for its first seconds; ``ceiling_arrivals(rate)`` their length). Where open
+    arrivals were kept up with above the throughput, the ceiling is the pace of the last window that fell
+    behind (past it a server answers at its own pace), never under the throughput, the top multiple when every
+    rate was kept up with; else the throughput itself (a median of several windows, steadier than
+    one). A ceiling window whose client lagged ends the climb at the last rate kept up with (the client's
+    limit, not the server's). Then a window at each fraction of the ceiling, highest first, continuing at the
+    fractions of the throughput below them (a tight target), until one passes; a window too short to tell
     (indeterminate) is followed by fresh, longer ones (:func:`next_length`) up to ``longest(rate)`` arrivals.
     A rate is claimed only when a fresh window at it, as long as the passing one, passes too (the search chose
     it among several looks: the fresh one alone is the test). When the first fraction is claimed, the check
@@ -297,14 +305,18 @@ def check_target(run_window: Callable[[float, int, int | None], Any], throughput
                         throughput, unit)
     salt = iter(range(seed + TARGET_SALT, seed + TARGET_SALT + 1_000_000))
 
-    def window(rate: float, role: str, arrivals: int | None = None) -> Probe:
+    # the ceiling's windows draw their own arrivals, so that every configuration's looks at a rate share theirs
+    ceiling_salt = iter(range(seed + CEILING_SALT, seed + CEILING_SALT + 1_000_000))
+
+    def window(rate: float, role: str, arrivals: int | None = None, salt: Any = salt) -> Probe:
         w = run_window(rate, next(salt), arrivals)
         p = probe_of(rate, w.trial, w, target_p99_ms, error_budget, None if math.isnan(w.lag_p99_ms) else w.lag_p99_ms)
         if w.lagged:  # its re-run lagged too, and the lag explains its exceedances: the client's figure, not the server's
             p.verdict, p.by, p.passed = "indeterminate", "client lag", False
         if role == "ceiling":  # judged on keeping up, never claimed
             p.passed, p.achieved_rate = keeps_up(w) and not w.lagged, w.qps
-            p.verdict, p.by = ("kept up" if p.passed else "fell behind"), "keeping up"
+            p.verdict, p.by = (("kept up" if p.passed else "fell behind"), "keeping up") if not w.lagged else (
+                "indeterminate", "client lag")
         p.role = role
         probes.append(p)
         return p
@@ -334,34 +346,40 @@ def check_target(run_window: Callable[[float, int, int | None], Any], throughput
             return None
         return again.passed
 
-    top = throughput
+    top, kept, note = throughput, 0.0, ""
     for m in ceiling:
-        paces = []
         for _ in range(CEILING_TRIES):  # a window that fell behind may be a just-started server's: once more
-            p = window(m * throughput, "ceiling", ceiling_arrivals)
+            p = window(m * throughput, "ceiling", ceiling_arrivals(m * throughput) if ceiling_arrivals else None,
+                       salt=ceiling_salt)
             if stop is not None and stop(p):
-                return Capacity(target_p99_ms, error_budget, None, None, None, probes, "", throughput, unit, False, top)
-            paces += [p.achieved_rate] if p.achieved_rate > 0 else []
-            if p.passed:
+                return Capacity(target_p99_ms, error_budget, None, None, None, probes,
+                                "stopped while finding the open loop's ceiling", throughput, unit, False, None)
+            if p.passed or p.by == "client lag":
                 break
-        if not p.passed:  # past it, where the server answered at its own pace
-            top = float(np.median(paces)) if paces else throughput
+        if p.by == "client lag":
+            top = max(kept, throughput)
+            note = f"the client lagged at {p.rate:.1f} {unit}: the ceiling is at least {top:.1f}"
             break
-        top = m * throughput
+        if not p.passed:  # past it, where the server answered at its own pace (when open arrivals got more at all)
+            top = max(p.achieved_rate, throughput) if kept > 0 and p.achieved_rate > 0 else throughput
+            break
+        top = kept = m * throughput
 
     def result(capacity: float | None, high: float | None, at_least: bool = False) -> Capacity:
-        return Capacity(target_p99_ms, error_budget, capacity, capacity, high, probes, "", throughput, unit, at_least,
-                        top)
+        return Capacity(target_p99_ms, error_budget, capacity, capacity, high, probes, note, throughput, unit,
+                        at_least, top)
 
-    for i, f in enumerate(fractions):
-        got = claimed(f * top)
+    rates = [f * top for f in fractions]
+    rates += [f * throughput for f in fractions if f * throughput < rates[-1] * (1 - 1e-9)] if rates else []
+    for i, rate in enumerate(rates):
+        got = claimed(rate)
         if got is None:
             break
         if not got:
             continue
-        capacity = f * top
+        capacity = rate
         if i > 0:
-            return result(capacity, fractions[i - 1] * top)
+            return result(capacity, rates[i - 1])
         for m in climb:
             if m * top <= capacity:
                 continue

@@ -51,7 +51,8 @@ class EngineSettings:
     target_max_s: float = 20.0  # ...or lasts this long, whichever is shorter...
     target_min_outcomes: int = 400  # ...but at least this many (299 is the fewest with which a window can pass)
     target_longest_s: float = 120.0  # a longer window at a rate whose first was too short to tell lasts at most this
-    ceiling_arrivals: int = 200  # an open-loop ceiling window (capacity.CEILING): judged on keeping up, not the target
+    ceiling_arrivals: int = 200  # an open-loop ceiling window (capacity.CEILING): judged on keeping up, not the target,
+    ceiling_min_s: float = 2.0  # ...and lasting at least this long (a fast server's pace over a few batches is noise)
     fractions: tuple[float, ...] = FRACTIONS
     candidates: int = 2  # candidates confirmed and checked at the target, in rank order
     min_window_answers: int = 30  # a throughput window with fewer ok answers is measured again, longer
@@ -108,6 +109,10 @@ class EngineSettings:
             return max(min(self.target_max_s, self.target_outcomes / rate), self.target_min_outcomes / rate)
         return max(min(self.target_longest_s, arrivals / rate), min(self.target_min_outcomes, arrivals) / rate)
 
+    def ceiling_window_arrivals(self, rate: float) -> int:
+        """The arrivals of a ceiling window at ``rate``: ``ceiling_arrivals``, at least ``ceiling_min_s`` of them."""
+        return int(max(self.ceiling_arrivals, math.ceil(self.ceiling_min_s * rate)))
+
     def longest_arrivals(self, rate: float) -> int:
         """The most arrivals a target window at ``rate`` holds (a longer one's cap)."""
         return int(max(self.target_longest_s * rate, self.target_min_outcomes))
@@ -145,6 +150,7 @@ class Window:
     steal_share: float = math.nan
     server_queue_ms: float = math.nan  # the server's own timings over the window, where it exposes them
     server_compute_ms: float = math.nan
+    offered_rate: float = math.nan  # arrivals per second in the measure's unit (a ceiling window keeps up against it)
     error: str | None = None  # the configuration could not be measured (ConfigError): no figures
     trial: Any = field(default=None, repr=False, compare=False)
 
@@ -158,7 +164,8 @@ class Window:
     def from_dict(cls, d: dict[str, Any]) -> "Window":
         names = {f.name for f in dataclasses.fields(cls)} - {"trial"}
         kw = {k: v for k, v in d.items() if k in names}
-        for k in ("qps", "p50_ms", "p99_ms", "window_s", "fastest_ms", "lag_p99_ms", "model_busy", "device_busy",
+        for k in ("qps", "p50_ms", "p99_ms", "window_s", "fastest_ms", "lag_p99_ms", "offered_rate", "model_busy",
+                  "device_busy",
                   "share_low", "share_high", "deff", "needed", "mean_batch", "steal_share", "server_queue_ms",
                   "server_compute_ms"):
             kw[k] = math.nan if kw.get(k) is None else float(kw[k])
@@ -194,7 +201,7 @@ def window_of(t: Trial, stage: str, kind: str, config: dict[str, Any], rate: flo
                   float(np.percentile(lags, 99)) if lags is not None and lags.size else math.nan,
                   lagged, False, _known(t.model_busy), _known(t.device_busy),
                   _known(t.mean_batch), _known(t.steal_share), _known(getattr(t, "server_queue_ms", math.nan)),
-                  _known(getattr(t, "server_compute_ms", math.nan)), trial=t)
+                  _known(getattr(t, "server_compute_ms", math.nan)), offered_rate=_known(t.offered_rate), trial=t)
 
 
 class ReplayMismatch(RuntimeError):
@@ -421,7 +428,7 @@ def decide(runner: Runner, baseline: Any, explore: Callable[[Runner], Explored],
                            target, settings.fractions, settings.error_budget, settings.seed, unit=settings.unit,
                            climb=CLIMB if settings.verdict == "batches" else (),
                            longest=settings.longest_arrivals if settings.verdict == "batches" else None,
-                           ceiling_arrivals=settings.ceiling_arrivals)
+                           ceiling_arrivals=settings.ceiling_window_arrivals)
         d.checks.append((name, cap))
         return cap
 

@@ -164,7 +164,7 @@ class LadderResult:
         for label, cap in d.checks:
             rows.append(Step("target", "target check", label, "met" if cap.met else "not met", cap.sentence(),
                              {"capacity": rounded(cap.capacity), "throughput": rounded(cap.throughput),
-                              "windows": len(cap.probes)}))
+                              "windows": len(cap.judged)}))
         return rows
 
     def step(self, name: str) -> Step:

@@ -80,8 +80,9 @@ def tail_wideners(factors: list[str], design: np.ndarray, tails: list[float],
     first gives, which only the target check can tell, so the engine checks a bundle without it next. No
     wideners when a window's tail is unknown. Returns the factors and the fit's rows for the report."""
     t = np.asarray(tails, dtype=float)
-    if not np.isfinite(t).all():
+    known = np.isfinite(t)  # a window without a tail (no answers) is left out, not the whole fit
+    if known.sum() < len(factors) + 4:
         return set(), []
-    fit = fit_effects(factors, design, t, order, interactions=False)
+    fit = fit_effects(factors, np.asarray(design)[known], t[known], np.asarray(order)[known], interactions=False)
     wide = {f for f, e, k in zip(fit.names, fit.estimate, fit.kept) if k and e > 0}
     return wide, [{**row, "widens": row["term"] in wide} for row in fit.rows()]

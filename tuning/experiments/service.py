@@ -106,7 +106,9 @@ class ClientMeasure:
         n = self.texts(values)
         if rate is not None:  # a target window holds the engine's number of outcomes: requests, not texts
             rate = rate / n
-            window_s = self.settings.engine.target_window_s(rate)
+            first = self.settings.engine.target_window_s(rate)
+            # a window shorter than a first look (the ceiling's) holds as many requests as the engine asked texts
+            window_s = first if window_s is None or window_s >= first else min(window_s * n, first)
         trial = self.http(values)(values, rate=rate, seed=seed, window_s=window_s)
         if trial.ok == 0 and rate is None:
             raise ConfigError(f"no ok answer with {n} text(s) per request (first reason: {trial.first_error})")

@@ -204,9 +204,9 @@ def capacity_sentence(caps: dict[str, Any]) -> str:
         text = f"{label}: {cap.sentence()}"
         if cap.note:
             text += f" ({cap.note})"
-        open_ = [p for p in cap.probes if p.verdict == "indeterminate"]
+        open_ = [p for p in cap.judged if p.verdict == "indeterminate"]
         if open_:
-            text += (f"; {len(open_)} of {len(cap.probes)} windows were indeterminate (the share's interval held "
+            text += (f"; {len(open_)} of {len(cap.judged)} windows were indeterminate (the share's interval held "
                      "1%), which does not pass")
         parts.append(text)
     return "; ".join(parts) + "."
@@ -273,7 +273,7 @@ def _share(p: Any) -> str | None:
 def _probe_rows(cap: Any) -> list[dict[str, Any]]:
     return [{"rate": round(p.rate, 1), "passed": p.passed, "verdict": p.verdict, "n": p.n, "share": _share(p),
              "errors": p.errors, "p50": fixed(p.p50_ms, ".0f"), "p99": _p99_span(p.p99_ms, p.p99_low_ms, p.p99_high_ms),
-             "lag": fixed(p.lag_p99_ms, ".1f") if p.lag_p99_ms is not None else None} for p in cap.probes]
+             "lag": fixed(p.lag_p99_ms, ".1f") if p.lag_p99_ms is not None else None} for p in cap.judged]
 
 
 _PROBE_COLUMNS = [("rate", "offered rate (req/s)"), ("passed", "passed"), ("verdict", "verdict"), ("n", "outcomes"),
@@ -499,7 +499,7 @@ def tune_probes_sentence(s: dict[str, Any]) -> str:
             f" No configuration checked kept p99 within {fixed(t, '.0f')} ms at any rate tried.")
     return (f"{counted(windows, 'target window')} over {counted(len(checks), 'configuration')}, at descending "
             "fractions of each one's "
-            f"sustained throughput: each rate against its open-loop p99 (from the scheduled arrival, every outcome), "
+            f"open-loop ceiling: each rate against its open-loop p99 (from the scheduled arrival, every outcome), "
             f"the {fixed(t, '.0f')} ms target dashed." + tail)
 
 
@@ -541,7 +541,7 @@ def render_tune(result: Any, resume_dir: Any = None, title: str = "tune: the ser
     body = ["<p>How tune decides is on one page, <code>docs/deciding.md</code>: every configuration's sustained "
             "throughput (closed loop, its server started once and kept warm), the best confirmed against the "
             "baseline (the first value of every <code>--space</code>) on interleaved pairs, then the target checked "
-            f"for both at descending fractions of their throughput (p99 ≤ {fixed(target, '.0f')} ms).</p>", table]
+            f"for both at descending fractions of their open-loop ceiling (p99 ≤ {fixed(target, '.0f')} ms).</p>", table]
     if errors:
         body.append("<ul>" + "".join(f"<li>error in {_esc(shown(' '.join(f'{k}={r.get(k)}' for k in space)))}: "
                                      f"<pre>{_esc(r['error'])}</pre></li>" for r in errors) + "</ul>")
