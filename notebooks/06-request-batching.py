@@ -88,7 +88,7 @@ print("; ".join(f"{r.concurrency} in flight: {r.qps:.0f} QPS, p99 {r.p99_ms:.0f}
 #
 # The engine screens the knobs together in a two-level factorial on sustained throughput (every main effect
 # from every window), confirms candidates against the baseline on fresh interleaved pairs (a group-sequential
-# test), and checks the p99 target of each on a warm server at descending fractions of their throughput: the
+# test), and checks the p99 target of each on a warm server at descending fractions of its open-loop ceiling: the
 # capacity is the highest rate that passed in two windows, its share over the target bounded on
 # consecutive blocks.
 # This is the package function `investigate` runs; `docs/deciding.md` is its one-page design.

@@ -1,5 +1,5 @@
-"""Capacity at a p99 target (``docs/deciding.md``, stage 3): one configuration on a warm server, a window at
-each of the descending fractions of its sustained throughput, each window judged on its blocks (the default)
+"""Capacity at a p99 target (``docs/deciding.md``, stage 3): one configuration on a warm server, its open-loop
+ceiling found first, then a window at each of the descending fractions of it, each judged on its blocks (the default)
 or its batches (:func:`tuning.experiments.judge.target_verdict`; on batches, longer windows where one was too
 short to tell); the capacity is the highest rate claimed, in a look and a fresh window.
 
@@ -77,7 +77,7 @@ class Probe:
 @dataclass
 class Capacity:
     """The highest passing rate (None: none passed), the lowest rate that did not pass above it, and every
-    window of the check. ``throughput``: the sustained throughput the fractions were taken of."""
+    window of the check. ``throughput``: the sustained closed-loop throughput the ceiling's climb started from."""
 
     target_p99_ms: float
     error_budget: float
@@ -89,7 +89,7 @@ class Capacity:
     throughput: float | None = None
     unit: str = "req/s"  # what its rates count (texts/s where a request carries several)
     at_least: bool = False  # the highest rate the check may try passed: the capacity is at least this
-    ceiling: float | None = None  # the open loop's highest rate kept up with: what the fractions were taken of
+    ceiling: float | None = None  # the open loop's ceiling (check_target): what the fractions were taken of
 
     @property
     def judged(self) -> list[Probe]:
@@ -283,22 +283,22 @@ def check_target(run_window: Callable[[float, int, int | None], Any], throughput
                  ceiling: tuple[float, ...] = CEILING,
                  ceiling_arrivals: Callable[[float], int] | None = None) -> Capacity:
     """The capacity at the target (``docs/deciding.md``, stage 3). First the open loop's ceiling: windows of
-    ``ceiling_arrivals`` at each multiple in ``ceiling`` of the closed-loop ``throughput``, while each keeps
-    up (:func:`keeps_up`; a rate is past it when :data:`CEILING_TRIES` windows in a row fell behind, since a
-    server just started may be slow for its first seconds; ``ceiling_arrivals(rate)`` their length). Where open
-    arrivals were kept up with above the throughput, the ceiling is the pace of the last window that fell
-    behind (past it a server answers at its own pace), never under the throughput, the top multiple when every
-    rate was kept up with; else the throughput itself (a median of several windows, steadier than
-    one). A ceiling window whose client lagged ends the climb at the last rate kept up with (the client's
-    limit, not the server's). Then a window at each fraction of the ceiling, highest first, continuing at the
-    fractions of the throughput below them (a tight target), until one passes; a window too short to tell
-    (indeterminate) is followed by fresh, longer ones (:func:`next_length`) up to ``longest(rate)`` arrivals.
-    A rate is claimed only when a fresh window at it, as long as the passing one, passes too (the search chose
-    it among several looks: the fresh one alone is the test). When the first fraction is claimed, the check
-    climbs through ``climb`` (multiples of the ceiling) while each rate is claimed the same way; a claim at
-    the top is "at least" (as is a claim at the first fraction when ``climb`` is empty). ``run_window(rate,
-    seed, arrivals) -> Window`` measures one (the engine's runner; ``arrivals`` None: the first look's
-    length); ``stop(probe)`` returning True ends the check early (Ctrl-C's caller, a test)."""
+    ``ceiling_arrivals`` at each multiple in ``ceiling`` of the closed-loop ``throughput``, while each keeps up
+    (:func:`keeps_up`; a rate is past it when :data:`CEILING_TRIES` windows in a row fell behind, since a server
+    just started may be slow for its first seconds; ``ceiling_arrivals(rate)`` their length). Where open arrivals
+    were kept up with above the throughput, the ceiling is the pace of the last window that fell behind (past it a
+    server answers at its own pace) when that is at least the climb's first multiple of the throughput, the top
+    multiple when every rate was kept up with; else the throughput itself (a median of several windows, steadier
+    than one window's pace, which a lucky window would raise). A ceiling window whose client lagged ends the climb
+    at the last rate kept up with (the client's limit, not the server's). Then a window at each fraction of the
+    ceiling, highest first, continuing at the fractions of the throughput below them (a tight target), until one
+    passes; a window too short to tell (indeterminate) is followed by fresh, longer ones (:func:`next_length`) up
+    to ``longest(rate)`` arrivals. A rate is claimed only when a fresh window at it, as long as the passing one,
+    passes too (the search chose it among several looks: the fresh one alone is the test). When the first fraction
+    is claimed, the check climbs through ``climb`` (multiples of the ceiling) while each rate is claimed the same
+    way; a claim at the top is "at least" (as is a claim at the first fraction when ``climb`` is empty).
+    ``run_window(rate, seed, arrivals) -> Window`` measures one (the engine's runner; ``arrivals`` None: the first
+    look's length); ``stop(probe)`` returning True ends the check early (Ctrl-C's caller, a test)."""
     probes: list[Probe] = []
     if not (throughput > 0 and math.isfinite(throughput)):
         return Capacity(target_p99_ms, error_budget, None, None, None, [], "no sustained throughput to start from",
@@ -360,8 +360,8 @@ def check_target(run_window: Callable[[float, int, int | None], Any], throughput
             top = max(kept, throughput)
             note = f"the client lagged at {p.rate:.1f} {unit}: the ceiling is at least {top:.1f}"
             break
-        if not p.passed:  # past it, where the server answered at its own pace (when open arrivals got more at all)
-            top = max(p.achieved_rate, throughput) if kept > 0 and p.achieved_rate > 0 else throughput
+        if not p.passed:  # past it, where the server answered at its own pace, when that is clearly above the throughput
+            top = p.achieved_rate if kept > 0 and p.achieved_rate >= ceiling[0] * throughput else throughput
             break
         top = kept = m * throughput
 

@@ -25,8 +25,9 @@ from tuning.experiments.trial import Trial
 
 OBJECTIVES = ("target", "qps")
 VERDICTS = tuple(METHODS)  # how a target window is judged (docs/deciding.md, stage 3)
-# of the sustained throughput, highest first; above the first, the check climbs (capacity.CLIMB) on batches only,
-# after the first was claimed: a queue near saturation has long bursts, and a window there needs many arrivals
+# of the open loop's ceiling (capacity.CEILING), highest first; above the first, the check climbs (capacity.CLIMB) on
+# batches only, after the first was claimed: a queue near saturation has long bursts, and a window there needs many
+# arrivals
 FRACTIONS = (0.90, 0.85, 0.80, 0.75, 0.70, 0.60, 0.50, 0.40, 0.30)
 LAG_SALT = 1_000_033  # a re-run after the client lagged draws new arrivals
 FRESH = 4  # a configuration's freshest throughput: the median of its last this many windows

@@ -13,7 +13,7 @@ killed alone leaves its workers behind). The engine explores the space on throug
 (:mod:`tuning.experiments.search`: the grid, or coordinate descent beyond
 :data:`~tuning.experiments.search.GRID_MAX` configurations), confirms the best against the baseline on
 interleaved pairs, and checks the target of both on a warm server at descending fractions of their
-throughput. A configuration whose server never comes up, or dies, is that configuration's
+open-loop ceiling. A configuration whose server never comes up, or dies, is that configuration's
 error with the last lines of its output; the rest go on.
 
 ``--out DIR`` writes ``DIR/tune.json`` after every window (and Ctrl-C leaves what was measured there);
