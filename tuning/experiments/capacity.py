@@ -74,6 +74,11 @@ class Probe:
                 f"p99 {_ms(self.p99_ms)} ms)")
 
 
+def judged(probes: list[Probe]) -> list[Probe]:
+    """The windows judged against the target: all but the ceiling's, judged on keeping up only."""
+    return [p for p in probes if p.role != "ceiling"]
+
+
 @dataclass
 class Capacity:
     """The highest passing rate (None: none passed), the lowest rate that did not pass above it, and every
@@ -94,7 +99,7 @@ class Capacity:
     @property
     def judged(self) -> list[Probe]:
         """The windows judged against the target (the ceiling's are judged on keeping up only)."""
-        return [p for p in self.probes if p.role != "ceiling"]
+        return judged(self.probes)
 
     @property
     def met(self) -> bool:
@@ -388,8 +393,8 @@ def check_target(run_window: Callable[[float, int, int | None], Any], throughput
                 return result(capacity, m * top)
             capacity = m * top
         return result(capacity, None, at_least=True)
-    judged = [p for p in probes if p.role != "ceiling"]
-    return result(None, judged[-1].rate if judged else None)
+    tried = judged(probes)
+    return result(None, tried[-1].rate if tried else None)
 
 
 def hold_check(trial: Trial, target_p99_ms: float, error_budget: float = DEFAULT_ERROR_BUDGET) -> dict[str, Any]:

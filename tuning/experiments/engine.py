@@ -166,9 +166,8 @@ class Window:
         names = {f.name for f in dataclasses.fields(cls)} - {"trial"}
         kw = {k: v for k, v in d.items() if k in names}
         for k in ("qps", "p50_ms", "p99_ms", "window_s", "fastest_ms", "lag_p99_ms", "offered_rate", "model_busy",
-                  "device_busy",
-                  "share_low", "share_high", "deff", "needed", "mean_batch", "steal_share", "server_queue_ms",
-                  "server_compute_ms"):
+                  "device_busy", "share_low", "share_high", "deff", "needed", "mean_batch", "steal_share",
+                  "server_queue_ms", "server_compute_ms"):
             kw[k] = math.nan if kw.get(k) is None else float(kw[k])
         return cls(**kw)
 

@@ -77,8 +77,9 @@ def tail_wideners(factors: list[str], design: np.ndarray, tails: list[float],
     """The factors whose high level widens the tail: a main effect on ln(p99 / p50) above zero whose interval
     at the screen's level excludes zero (a mains-only fit on the screen's own runs). A knob can raise throughput
     and fatten the tail (a cheaper call with a slow path); at a p99 target the second can cost more than the
-    first gives, which only the target check can tell, so the engine checks a bundle without it next. No
-    wideners when a window's tail is unknown. Returns the factors and the fit's rows for the report."""
+    first gives, which only the target check can tell, so the engine checks a bundle without it next. Windows
+    whose tail is unknown are left out; none are named when fewer than 4 runs more than factors are left.
+    Returns the factors and the fit's rows for the report."""
     t = np.asarray(tails, dtype=float)
     known = np.isfinite(t)  # a window without a tail (no answers) is left out, not the whole fit
     if known.sum() < len(factors) + 4:
