@@ -47,6 +47,9 @@ LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 NOTEBOOKS = ("01-trend-sampling", "03-dataloader-tuning")  # executed copies: 01's trend and thread charts, 03's sweeps
 PANEL = "knob-panel"  # a notebook of its own: the slider needs a live kernel, and 03 ran already
 RUN_TIMEOUT_S = 300  # the panel notebook in quick mode (a few seconds when the cores are free)
+# page-state waits poll on a clock, not on animation frames: a loaded or backgrounded page can go long between
+# frames, and a frame-polled wait then never looks again
+STATE_POLL_MS = 500
 
 # Lab settings: no news pop-up over the page, no update check.
 LAB_SETTINGS = {
@@ -298,7 +301,7 @@ def _open(page, lab: Lab, name: str) -> dict:
     code_cells = sum(c.cell_type == "code" for c in nbformat.read(lab.root / f"{name}.ipynb", as_version=4).cells)
     page.goto(f"{lab.url}/lab/tree/{name}.ipynb?reset&token={lab.token}")
     page.wait_for_function("n => { const s = (" + NOTEBOOK_JS + ")(); return s && s.cells.length === n; }",
-                           arg=code_cells, timeout=180_000)  # generous: a loaded 2-core machine
+                           arg=code_cells, timeout=180_000, polling=STATE_POLL_MS)  # generous: a loaded 2-core machine
     return page.evaluate(NOTEBOOK_JS)
 
 
@@ -310,14 +313,14 @@ def _open_and_run(page, lab: Lab, name: str) -> dict:
     # "Python 3 | Idle"; generous: a loaded 2-core machine
     page.locator("#jp-main-statusbar").get_by_text("Idle").first.wait_for(timeout=180_000)
     page.wait_for_function("() => { const s = (" + NOTEBOOK_JS + ")(); return s && s.kernel === 'idle'; }",
-                           timeout=180_000)  # generous: a loaded 2-core machine
+                           timeout=180_000, polling=STATE_POLL_MS)  # generous: a loaded 2-core machine
     page.locator(".lm-MenuBar-item", has_text="Run").first.click()
     page.locator(".lm-Menu-item:visible", has_text="Run All Cells").first.click()
     page.wait_for_function(
         "() => { const s = (" + NOTEBOOK_JS + ")(); if (!s) return false;"
         " if (s.cells.some(c => c.errors.length)) return true;"
         " return s.kernel === 'idle' && s.cells.every(c => c.count !== null && !c.running); }",
-        timeout=RUN_TIMEOUT_S * 1000, polling=500)
+        timeout=RUN_TIMEOUT_S * 1000, polling=STATE_POLL_MS)
     state = page.evaluate(NOTEBOOK_JS)
     errors = [e for c in state["cells"] for e in c["errors"]]
     assert not errors, f"{name}: cell errors: {errors}"
@@ -326,16 +329,21 @@ def _open_and_run(page, lab: Lab, name: str) -> dict:
 
 def _wait_for_charts(page, name: str, expected: int) -> list[dict]:
     """Scroll each chart's output into view (as a reader would) and wait until every one drew."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     page.wait_for_function(f"() => document.querySelectorAll('.jp-OutputArea .js-plotly-plot').length >= {expected}",
-                           timeout=180_000)  # generous: a loaded 2-core machine
+                           timeout=180_000, polling=STATE_POLL_MS)  # generous: a loaded 2-core machine
     charts = page.locator(".jp-OutputArea .js-plotly-plot")
     for i in range(charts.count()):
         chart = charts.nth(i)
         chart.scroll_into_view_if_needed(timeout=30_000)
         chart.locator(".main-svg").first.wait_for(state="attached", timeout=30_000)
     # waits on the charts' state: a live kernel's first measurement can take minutes on a loaded 2-core machine
-    page.wait_for_function("() => { const c = window.__charts(); return c.length > 0 && c.every(x => x.svg"
-                           " && x.traces > 0 && x.drawn > 0 && x.width > 50 && x.height > 50); }", timeout=180_000)
+    try:
+        page.wait_for_function("() => { const c = window.__charts(); return c.length > 0 && c.every(x => x.svg"
+                               " && x.traces > 0 && x.drawn > 0 && x.width > 50 && x.height > 50); }",
+                               timeout=180_000, polling=STATE_POLL_MS)
+    except PlaywrightTimeout as exc:
+        raise AssertionError(f"{name}: charts not drawn in 180 s: {page.evaluate('() => window.__charts()')}") from exc
     drawn = page.evaluate("() => window.__charts()")
     assert len(drawn) >= expected and not _blank(drawn), f"{name}: charts not drawn: {drawn}"
     return drawn
@@ -417,7 +425,7 @@ def test_a_slider_drives_the_knob_panel(browser, lab, artifacts):
         page.keyboard.press("ArrowLeft" if at_max else "ArrowRight")  # one step (continuous_update=False: one run)
         if readout.count():
             page.wait_for_function("([el, v]) => el.innerText !== v", arg=[readout.element_handle(), value_before],
-                                   timeout=10_000)
+                                   timeout=10_000, polling=STATE_POLL_MS)
         figure.evaluate("(gd, before) => new Promise((resolve, reject) => {"
                         " const t0 = Date.now();"
                         " const tick = () => JSON.stringify(gd.data) !== before ? resolve(true)"
@@ -425,7 +433,7 @@ def test_a_slider_drives_the_knob_panel(browser, lab, artifacts):
                         "   : setTimeout(tick, 250);"
                         " tick(); })", before)
         page.wait_for_function("el => /run 2/.test(el.innerText)", arg=panel.locator(".widget-html").first
-                               .element_handle(), timeout=180_000)  # generous: a loaded 2-core machine
+                               .element_handle(), timeout=180_000, polling=STATE_POLL_MS)  # generous: a loaded 2-core machine
         after = figure.evaluate("gd => JSON.stringify(gd.data)")
         assert after != before
         drawn = _blank(figure.evaluate("gd => window.__charts(gd.parentElement)"))
@@ -475,7 +483,7 @@ def test_report_draws_every_chart_offline(browser, report, artifacts):
             assert not s["unavailable"], f"{s['key']}: {s['unavailable']}"
         figures = sum(s["figures"] for s in sections)
         page.wait_for_function(f"() => document.querySelectorAll('figure.chart .js-plotly-plot .main-svg').length"
-                               f" >= {figures}", timeout=30_000)
+                               f" >= {figures}", timeout=30_000, polling=STATE_POLL_MS)
         per_figure = page.evaluate("() => Array.from(document.querySelectorAll('figure.chart')).map(f => ({"
                                    " section: f.closest('section').id, charts: window.__charts(f) }))")
         blank = [f for f in per_figure if len(f["charts"]) != 1 or _blank(f["charts"])]
@@ -518,7 +526,7 @@ def test_report_charts_are_legible_at_1280_px(browser, report, artifacts):
         page.goto(report.as_uri(), wait_until="load")
         figures = page.evaluate("() => document.querySelectorAll('figure.chart').length")
         page.wait_for_function(f"() => document.querySelectorAll('figure.chart .js-plotly-plot .main-svg').length"
-                               f" >= {figures}", timeout=30_000)
+                               f" >= {figures}", timeout=30_000, polling=STATE_POLL_MS)
         charts = page.evaluate(LEGIBLE_JS)
         assert charts
         for c in charts:
