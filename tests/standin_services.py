@@ -82,11 +82,23 @@ async def wrong_answer(request: Request):
     return JSONResponse({"status": "fine"})
 
 
+SLOW_S = 0.1  # /slow answers after this, overlapping any number of requests (a server that batches or awaits I/O)
+
+
+async def slow_predict(request: Request):
+    import asyncio
+
+    await request.json()
+    await asyncio.sleep(SLOW_S)
+    return JSONResponse({"output": [_vec("slow")]})
+
+
 APP = Starlette(routes=[Route("/embed", tei_embed, methods=["POST"]),
                         Route("/v1/embeddings", openai_embeddings, methods=["POST"]),
                         Route("/v2/models/{model}/infer", kserve_infer, methods=["POST"]),
                         Route("/predict", litserve_predict, methods=["POST"]),
                         Route("/wrong", wrong_answer, methods=["POST"]),
+                        Route("/slow", slow_predict, methods=["POST"]),
                         Route("/metrics", tei_metrics, methods=["GET"])])
 
 

@@ -263,3 +263,16 @@ def test_a_full_kserve_url_carries_its_model_name():
     mismatch = api("--api", "kserve", "--model-name", "other", "--url", "http://h:8000/v2/models/minilm/infer")
     with pytest.raises(ApiError, match="names the model 'minilm' but --model-name is 'other'"):
         mismatch.url("http://h:8000/v2/models/minilm/infer")
+
+
+def test_an_open_loop_is_not_capped_by_the_closed_loop_s_clients(standin):
+    """``loadtest --rate R`` without --concurrency keeps the engine's open-loop cap: a server that overlaps 100 ms
+    answers needs 15 in flight at 150/s, and a cap of 8 would measure the client (80/s, seconds of send lag)."""
+    rate = 150.0
+    code, out, err = _run("loadtest", "--url", standin + "/slow", "--body", '{"input": "{text}"}', "--rate", str(rate),
+                          "--duration", "2", "--warmup", "8", "--limit", "50", "--json")
+    assert code == 0, err
+    s = json.loads(out)
+    assert s["concurrency"] >= 64, s["concurrency"]
+    assert s["qps"] >= 0.85 * rate, (s["qps"], err)
+    assert "clients was busy" not in err, err

@@ -15,6 +15,7 @@ import signal
 import warnings
 from typing import Any, Callable, Sequence
 
+from tuning.experiments.defaults import OPEN_LOOP_IN_FLIGHT
 from tuning.experiments.trial import Trial
 from tuning.knobs import Knobs
 from tuning.profile.steal import StealWatch
@@ -170,7 +171,7 @@ class LoadMeasure:
 
     def __init__(self, inputs: Sequence[Any], concurrency: int = 32, duration_s: float = 15.0,
                  warmup_s: float = 2.0, model: Any = None, on_start: Callable[[Knobs], None] | None = None,
-                 seed: int = 0, open_concurrency: int = 256, separate_process: bool = True,
+                 seed: int = 0, open_concurrency: int = OPEN_LOOP_IN_FLIGHT, separate_process: bool = True,
                  tokenizer: Any = None, formatter: Any = None, min_outcomes: int = 0, max_window_s: float | None = None,
                  warmup_requests: int = 0):
         if not inputs:

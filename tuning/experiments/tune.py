@@ -40,6 +40,7 @@ from typing import Any, Callable, Sequence
 
 from tuning.base.format import rounded
 from tuning.base.net import free_port
+from tuning.experiments.defaults import OPEN_LOOP_IN_FLIGHT
 from tuning.experiments.engine import (
     ConfigError,
     Decision,
@@ -397,7 +398,7 @@ class HttpMeasure:
                  if self.metrics_url else None)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            result = run_load(self.url, self.bodies, concurrency=s.concurrency if rate is None else 256,
+            result = run_load(self.url, self.bodies, concurrency=s.concurrency if rate is None else OPEN_LOOP_IN_FLIGHT,
                               duration_s=window_s or s.engine.window_s, rate=rate, warmup_s=s.warmup_s,
                               seed=seed or 0, api=self.api, busy_probe=probe)
         return with_server_metrics(Trial.from_load(result), probe.result() if probe is not None else None)
