@@ -11,7 +11,7 @@ from scipy import stats
 
 from tests.worlds import TARGET_MS, WORLDS, World, batched, best_rate, bf16, seam_kwargs, served
 from tuning.base.decide import Paired
-from tuning.experiments.capacity import CEILING, MAX_LONGER, check_target, next_length
+from tuning.experiments.capacity import CEILING, MAX_LONGER, Capacity, check_target, next_length
 from tuning.experiments.design import fit_effects, ranked_levels, two_level_design
 from tuning.experiments.engine import EngineSettings, Runner, Window
 from tuning.experiments.judge import (
@@ -488,6 +488,8 @@ def test_a_check_stopped_while_finding_the_ceiling_claims_nothing_and_says_so():
     window, _ = _paced_window(250.0)
     cap = check_target(window, 100.0, 100.0, (0.9,), climb=(), stop=lambda probe: True)
     assert not cap.met and cap.ceiling is None and "ceiling" in cap.note
+    assert not cap.decided and cap.summary()["decided"] is False  # review: no judged window, so "all decided"
+    assert "not met" not in cap.sentence() and "stopped" in cap.sentence()
 
 
 def test_a_tight_target_is_looked_for_below_the_ceiling_s_fractions_down_to_the_throughput_s():
@@ -571,6 +573,8 @@ def test_a_look_that_passes_and_a_fresh_window_that_fails_claims_nothing_there()
     stopped = check_target(lambda rate, seed, arrivals=None: seen.append(arrivals) or _open_window(rate, 2.0), 100.0,
                            100.0, (0.9, 0.8), ceiling=(), climb=(), stop=lambda probe: probe.role == "again")
     assert seen == [None, None] and not stopped.met  # a plain look's fresh window: the first look's length
+    assert not stopped.decided and "stopped" in stopped.note  # a stop is not "no rate met the target"
+    assert not Capacity.from_summary(stopped.summary()).decided
 
 
 def _bursty_window(rate, arrivals=None):
@@ -870,6 +874,23 @@ def test_a_replay_that_does_not_match_is_not_taken_for_a_failed_candidate():
     with pytest.raises(ReplayMismatch, match="start afresh"):
         _run(World(noise=0.02, seed=5, rules=[(lambda k: k.tokenizer == "fast", 1.5)]),
              resume={"state": {**full.summary()["state"], "log": log}})
+
+
+
+def test_a_log_of_an_older_procedure_is_refused_at_its_first_window():
+    """Review: a log written before the open loop's ceiling replayed its screen and confirmations, then failed
+    at the first target window it held (or, where it held none, went on as if it were this version's). Its
+    windows record no procedure: the first replayed one is refused."""
+    from tuning.experiments.engine import PROCEDURE, ReplayMismatch
+
+    world = World(noise=0.02, seed=5, rules=[(lambda k: k.tokenizer == "fast", 1.5)])
+    full = _run(world)
+    log = full.summary()["state"]["log"]
+    assert all(w["procedure"] == PROCEDURE for w in log)
+    old = [{k: v for k, v in w.items() if k != "procedure"} for w in log[:3]]  # interrupted in its screen
+    with pytest.raises(ReplayMismatch, match=r"procedure 1 .* \(a new --out\)"):
+        _run(World(noise=0.02, seed=5, rules=[(lambda k: k.tokenizer == "fast", 1.5)]),
+             resume={"state": {**full.summary()["state"], "log": old}})
 
 
 # --- the rules a mutant changed without a test failing (issue 57) ----------------------------------------

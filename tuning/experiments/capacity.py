@@ -95,6 +95,7 @@ class Capacity:
     unit: str = "req/s"  # what its rates count (texts/s where a request carries several)
     at_least: bool = False  # the highest rate the check may try passed: the capacity is at least this
     ceiling: float | None = None  # the open loop's ceiling (check_target): what the fractions were taken of
+    stopped: bool = False  # the check ended before it could decide (a stop): neither met nor unmet is known
 
     @property
     def judged(self) -> list[Probe]:
@@ -111,7 +112,7 @@ class Capacity:
 
     @property
     def decided(self) -> bool:
-        return all(p.verdict != "indeterminate" for p in self.judged)
+        return not self.stopped and all(p.verdict != "indeterminate" for p in self.judged)
 
     def at(self, rate: float | None) -> Probe | None:
         return next((p for p in self.judged if rate is not None and math.isclose(p.rate, rate, rel_tol=1e-9)), None)
@@ -135,7 +136,7 @@ class Capacity:
                 "p99_ms": rounded(best.p99_ms) if best else None,
                 "p99_interval_ms": [rounded(best.p99_low_ms), rounded(best.p99_high_ms)] if best else None,
                 "p50_ms": rounded(best.p50_ms) if best else None, "decided": self.decided, "trials": self.trials,
-                "note": self.note, "unit": self.unit, "at_least": self.at_least,
+                "note": self.note, "unit": self.unit, "at_least": self.at_least, "stopped": self.stopped,
                 "probes": [p.row() for p in self.judged],
                 "ceiling_probes": [p.row() for p in self.probes if p.role == "ceiling"]}
 
@@ -154,9 +155,11 @@ class Capacity:
         low, high = (s.get("bracket") or [None, None])
         return cls(float(s["target_p99_ms"]), float(s["error_budget"]), s.get("capacity"), low, high, probes,
                    s.get("note") or "", s.get("throughput"), s.get("unit") or "req/s", bool(s.get("at_least")),
-                   s.get("ceiling"))
+                   s.get("ceiling"), bool(s.get("stopped")))
 
     def sentence(self) -> str:
+        if self.capacity is None and self.stopped:
+            return f"not decided against the {self.target_p99_ms:.0f} ms p99 target: {self.note}"
         if self.capacity is None:
             best = self.best
             closest = f"; closest: {best.sentence(self.unit)}" if best else ""
@@ -358,7 +361,8 @@ def check_target(run_window: Callable[[float, int, int | None], Any], throughput
                        salt=ceiling_salt)
             if stop is not None and stop(p):
                 return Capacity(target_p99_ms, error_budget, None, None, None, probes,
-                                "stopped while finding the open loop's ceiling", throughput, unit, False, None)
+                                "stopped while finding the open loop's ceiling", throughput, unit, False, None,
+                                stopped=True)
             if p.passed or p.by == "client lag":
                 break
         if p.by == "client lag":
@@ -370,16 +374,18 @@ def check_target(run_window: Callable[[float, int, int | None], Any], throughput
             break
         top = kept = m * throughput
 
-    def result(capacity: float | None, high: float | None, at_least: bool = False) -> Capacity:
-        return Capacity(target_p99_ms, error_budget, capacity, capacity, high, probes, note, throughput, unit,
-                        at_least, top)
+    def result(capacity: float | None, high: float | None, at_least: bool = False, stopped: bool = False) -> Capacity:
+        said = "; ".join(x for x in (note, "stopped during the target check" if stopped else "") if x)
+        return Capacity(target_p99_ms, error_budget, capacity, capacity, high, probes, said, throughput, unit,
+                        at_least or (stopped and capacity is not None), top, stopped)
 
     rates = [f * top for f in fractions]
     rates += [f * throughput for f in fractions if f * throughput < rates[-1] * (1 - 1e-9)] if rates else []
     for i, rate in enumerate(rates):
         got = claimed(rate)
         if got is None:
-            break
+            tried = judged(probes)
+            return result(None, tried[-1].rate if tried else None, stopped=True)
         if not got:
             continue
         capacity = rate
@@ -389,6 +395,8 @@ def check_target(run_window: Callable[[float, int, int | None], Any], throughput
             if m * top <= capacity:
                 continue
             up = claimed(m * top)
+            if up is None:  # what was claimed stands; how far above it is not known
+                return result(capacity, None, stopped=True)
             if not up:
                 return result(capacity, m * top)
             capacity = m * top

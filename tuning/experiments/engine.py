@@ -119,6 +119,12 @@ class EngineSettings:
         return int(max(self.target_longest_s * rate, self.target_min_outcomes))
 
 
+# The order and kinds of windows decide() asks for, numbered: a log measured in another cannot be replayed (a
+# resume asks for the windows in order). Raise it whenever a stage adds, drops or reorders its windows.
+PROCEDURES = {1: "target checks from the closed-loop throughput", 2: "target checks from the open loop's ceiling"}
+PROCEDURE = max(PROCEDURES)
+
+
 @dataclass
 class Window:
     """One load test's figures as the engine keeps them (the raw outcomes are not kept)."""
@@ -153,6 +159,7 @@ class Window:
     server_compute_ms: float = math.nan
     offered_rate: float = math.nan  # arrivals per second in the measure's unit (a ceiling window keeps up against it)
     error: str | None = None  # the configuration could not be measured (ConfigError): no figures
+    procedure: int = PROCEDURE  # which order of windows it was measured in (a log of another is not replayed)
     trial: Any = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -165,6 +172,7 @@ class Window:
     def from_dict(cls, d: dict[str, Any]) -> "Window":
         names = {f.name for f in dataclasses.fields(cls)} - {"trial"}
         kw = {k: v for k, v in d.items() if k in names}
+        kw.setdefault("procedure", 1)  # logged before windows recorded it
         for k in ("qps", "p50_ms", "p99_ms", "window_s", "fastest_ms", "lag_p99_ms", "offered_rate", "model_busy",
                   "device_busy", "share_low", "share_high", "deff", "needed", "mean_batch", "steal_share",
                   "server_queue_ms", "server_compute_ms"):
@@ -230,6 +238,11 @@ class Runner:
         if not self._replay:
             return None
         w = Window.from_dict(self._replay.pop(0))
+        if w.procedure != PROCEDURE:
+            self._replay.clear()
+            raise ReplayMismatch(f"--resume: the log was measured in the engine's procedure {w.procedure} "
+                                 f"({PROCEDURES[w.procedure]}); this version's is {PROCEDURE} "
+                                 f"({PROCEDURES[PROCEDURE]}) and asks for other windows: start afresh (a new --out)")
         if (w.kind, w.config) != (kind, config) or (rate is not None and not math.isclose(w.rate or 0, rate)):
             self._replay.clear()
             raise ReplayMismatch(f"--resume: the log's next window is {w.kind} of {w.config} at {w.rate}, this run "
