@@ -11,7 +11,6 @@ from scipy import stats
 
 from tests.worlds import TARGET_MS, WORLDS, World, batched, best_rate, bf16, seam_kwargs, served
 from tuning.base.decide import Paired
-from tuning.experiments import judge
 from tuning.experiments.capacity import CEILING, MAX_LONGER, Capacity, check_target, next_length
 from tuning.experiments.design import fit_effects, ranked_levels, two_level_design
 from tuning.experiments.engine import EngineSettings, Runner, Window
@@ -1162,73 +1161,3 @@ def test_a_bundle_is_checked_next_without_its_tail_widening_factor():
     plain = Candidate(full.config, "all", 1.0)  # no widener: rank order
     assert [c.label for c in _without_one_first(runner, {}, plain, [no_tok, other, no_bf16])] == \
         ["no tok", "no bf16", "tok"]
-
-
-# --- the crossing claim (verdict "crossing") ------------------------------------------------------------------
-
-def _share_at(rate, truth=100.0, slope=0.1):
-    """A tail whose share over the target rises with the rate as a logit line, 1% at ``truth``."""
-    logit = math.log(0.01 / 0.99) + slope * (rate - truth)
-    return 1 / (1 + math.exp(-logit))
-
-
-def test_the_crossing_s_lower_bound_covers_the_truth_and_sits_near_it():
-    rng = np.random.default_rng(3)
-    lows, rates = [], []
-    for _ in range(400):
-        pts = [(r, 2000, int(rng.binomial(2000, _share_at(r))), 1.0) for r in (115.0, 105.0, 95.0, 88.0)]
-        fit = judge.crossing(pts)
-        rates.append(fit.rate)
-        lows.append(fit.low)
-    assert np.mean(np.array(lows) <= 100.0) >= 0.92  # a one-sided 95% bound
-    assert 0.97 <= np.median(rates) / 100.0 <= 1.03 and np.median(lows) >= 92.0
-
-
-def test_the_crossing_needs_a_window_on_each_side_and_leaves_out_a_queue_that_blew_up():
-    assert judge.crossing([(90.0, 1000, 0, 1.0), (80.0, 1000, 2, 1.0)]) is None  # both under 1%
-    assert judge.crossing([(120.0, 1000, 50, 1.0), (110.0, 1000, 30, 1.0)]) is None  # both over
-    with_blown = judge.crossing([(200.0, 1000, 990, 1.0), (110.0, 1000, 30, 1.0), (95.0, 1000, 5, 1.0)])
-    without = judge.crossing([(110.0, 1000, 30, 1.0), (95.0, 1000, 5, 1.0)])
-    assert with_blown == without  # the window 99% over says where saturation is, not where 1% is crossed
-
-
-def test_a_bursty_window_s_design_effect_lowers_the_crossing_s_bound():
-    pts = [(115.0, 2000, 80, 1.0), (105.0, 2000, 33, 1.0), (95.0, 2000, 10, 1.0), (88.0, 2000, 4, 1.0)]
-    plain = judge.crossing(pts)
-    bursty = judge.crossing([(r, n, o, 20.0) for r, n, o, _ in pts])  # outcomes move in runs of 20
-    assert bursty.rate == pytest.approx(plain.rate, rel=1e-6) and bursty.low < plain.low - 2.0
-
-
-def _shared_window(share_of):
-    """A target window of 2,000 arrivals whose outcomes over a 100 ms target are spread evenly, ``share_of(rate)``
-    of them."""
-    def window(rate, seed, arrivals=None):
-        n = 2000
-        lat = np.full(n, 5.0)
-        over = int(round(share_of(rate) * n))
-        if over:
-            lat[np.linspace(0, n - 1, over).astype(int)] = 500.0
-        trial = Trial(qps=rate, p99_ms=float(np.quantile(lat, 0.99)), ok=n, submitted=n, window_s=n / rate, rate=rate,
-                      offered_rate=rate, latencies_ms=lat, arrivals_s=np.arange(n) / rate)
-        return SimpleNamespace(trial=trial, lagged=False, lag_p99_ms=math.nan, qps=rate, p50_ms=5.0,
-                               p99_ms=trial.p99_ms, n=n, window_s=n / rate)
-    return window
-
-
-def test_the_crossing_claim_descends_refines_where_the_fit_says_and_claims_near_the_truth():
-    cap = check_target(_shared_window(_share_at), 150.0, 100.0, (0.9, 0.8, 0.7, 0.6, 0.5), ceiling=(), climb=(),
-                       claim="crossing", refine=3)
-    roles = [(p.role, round(p.rate)) for p in cap.judged]
-    assert roles[:3] == [("look", 135), ("look", 120), ("look", 105)] and roles[3][0] == "look"  # down to one under
-    assert [r for r, _ in roles[4:]] == ["refine"] * 3 and all(90 <= rate <= 105 for _, rate in roles[4:])
-    assert 90.0 <= cap.capacity <= 100.0 and cap.high is not None and cap.high > 100.0
-    assert "lower bound" in cap.note
-
-
-def test_the_crossing_claim_says_unmet_when_no_rate_is_under_and_stops_when_told():
-    cap = check_target(_shared_window(lambda rate: 0.05), 150.0, 100.0, (0.9, 0.5), ceiling=(), claim="crossing",
-                       refine=3)
-    assert not cap.met and cap.decided and len(cap.judged) == 2
-    stopped = check_target(_shared_window(_share_at), 150.0, 100.0, (0.9, 0.5), ceiling=(), claim="crossing",
-                           refine=3, stop=lambda probe: probe.role == "refine")
-    assert not stopped.met and stopped.stopped and not stopped.decided

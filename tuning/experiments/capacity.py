@@ -17,7 +17,7 @@ import numpy as np
 from tuning.base.decide import quantile_interval
 from tuning.base.format import rounded
 from tuning.base.stats import known_median
-from tuning.experiments.judge import EXCEED_SHARE, METHODS, TargetVerdict, crossing, lag_explains, target_verdict
+from tuning.experiments.judge import EXCEED_SHARE, METHODS, TargetVerdict, lag_explains, target_verdict
 from tuning.experiments.trial import Trial, late_sends, p99_of
 
 DEFAULT_ERROR_BUDGET = 0.001
@@ -289,8 +289,7 @@ def check_target(run_window: Callable[[float, int, int | None], Any], throughput
                  stop: Callable[[Probe], bool] | None = None, unit: str = "req/s",
                  climb: tuple[float, ...] = CLIMB, longest: Callable[[float], int] | None = None,
                  ceiling: tuple[float, ...] = CEILING,
-                 ceiling_arrivals: Callable[[float], int] | None = None, claim: str = "windows",
-                 refine: int = 0) -> Capacity:
+                 ceiling_arrivals: Callable[[float], int] | None = None) -> Capacity:
     """The capacity at the target (``docs/deciding.md``, stage 3). First the open loop's ceiling: windows of
     ``ceiling_arrivals`` at each multiple in ``ceiling`` of the closed-loop ``throughput``, while each keeps up
     (:func:`keeps_up`; a rate is past it when :data:`CEILING_TRIES` windows in a row fell behind, since a server
@@ -307,12 +306,7 @@ def check_target(run_window: Callable[[float, int, int | None], Any], throughput
     is claimed, the check climbs through ``climb`` (multiples of the ceiling) while each rate is claimed the same
     way; a claim at the top is "at least" (as is a claim at the first fraction when ``climb`` is empty).
     ``run_window(rate, seed, arrivals) -> Window`` measures one (the engine's runner; ``arrivals`` None: the first
-    look's length); ``stop(probe)`` returning True ends the check early (Ctrl-C's caller, a test).
-
-    ``claim="crossing"`` (:func:`claim_by_crossing`) first: one window a rate down the same rates until one is
-    under 1% over the target, ``refine`` more where the fit puts the crossing; the capacity is the fit's lower
-    bound where it has one, else the descent above goes on from the first rate under, each rate claimed by its
-    own windows."""
+    look's length); ``stop(probe)`` returning True ends the check early (Ctrl-C's caller, a test)."""
     probes: list[Probe] = []
     if not (throughput > 0 and math.isfinite(throughput)):
         return Capacity(target_p99_ms, error_budget, None, None, None, [], "no sustained throughput to start from",
@@ -387,16 +381,7 @@ def check_target(run_window: Callable[[float, int, int | None], Any], throughput
 
     rates = [f * top for f in fractions]
     rates += [f * throughput for f in fractions if f * throughput < rates[-1] * (1 - 1e-9)] if rates else []
-    start = 0
-    if claim == "crossing":
-        by_fit = claim_by_crossing(lambda rate, role: window(rate, role), rates, top, refine, stop)
-        note = "; ".join(x for x in (note, by_fit.note) if x)
-        if by_fit.stopped or by_fit.capacity is not None or by_fit.go_on_at is None:
-            tried = judged(probes)
-            return result(by_fit.capacity, by_fit.high if by_fit.capacity is not None or by_fit.stopped
-                          else (tried[-1].rate if tried else None), stopped=by_fit.stopped)
-        start = by_fit.go_on_at
-    for i, rate in enumerate(rates[start:], start):
+    for i, rate in enumerate(rates):
         got = claimed(rate)
         if got is None:
             tried = judged(probes)
@@ -418,73 +403,6 @@ def check_target(run_window: Callable[[float, int, int | None], Any], throughput
         return result(capacity, None, at_least=True)
     tried = judged(probes)
     return result(None, tried[-1].rate if tried else None)
-
-
-def _under(p: Probe) -> bool | None:
-    """Whether a window's share over the target is under 1% (None: it cannot say: no answers, a client lag)."""
-    if p.n == 0 or p.by in ("client lag", "no answers", "p99 only"):
-        return None
-    return p.exceed < EXCEED_SHARE * p.n
-
-
-@dataclass
-class ByCrossing:
-    """What :func:`claim_by_crossing` found: a capacity (the fit's lower bound) or where the descent goes on."""
-
-    capacity: float | None
-    high: float | None  # the lowest rate over 1%, or over its error budget
-    note: str
-    stopped: bool = False
-    go_on_at: int | None = None  # no bound: the index in the rates of the first one under, to go on from
-
-
-def claim_by_crossing(window: Callable[[float, str], Probe], rates: list[float], top: float, refine: int,
-                      stop: Callable[[Probe], bool] | None) -> ByCrossing:
-    """The capacity as the lower bound on where the share over the target crosses 1%
-    (:func:`~tuning.experiments.judge.crossing`): a window at each of ``rates``, highest first, until one is
-    under 1%; then ``refine`` windows, each at the fit's estimate so far (between the highest rate under and the
-    lowest over, ``top`` standing for the latter until a window is over; their geometric middle while no fit
-    can be made). The claim is the fit's lower bound within the windows' rates (never extrapolated below the
-    lowest, nor at or above a rate over 1% or over its error budget). Where the fit cannot bound it (no window
-    over 1% near it, or windows whose outcomes move in bursts too long to tell), no claim: the caller certifies
-    rates from the first one under down."""
-    probes: list[Probe] = []
-
-    def measure(rate: float, role: str) -> bool:
-        p = window(rate, role)
-        probes.append(p)
-        return stop is not None and stop(p)
-
-    first_under = None
-    for i, rate in enumerate(rates):
-        if measure(rate, "look"):
-            return ByCrossing(None, None, "stopped during the target check", True)
-        if _under(probes[-1]):
-            first_under = i
-            break
-    if first_under is None:
-        return ByCrossing(None, None, "")
-    for _ in range(refine):
-        fit = crossing([(p.rate, p.n, p.exceed, p.deff or 1.0) for p in probes if _under(p) is not None])
-        below = max(p.rate for p in probes if _under(p))
-        above = min([p.rate for p in probes if _under(p) is False and p.rate > below] + [top])
-        if not above > below * 1.001:
-            break
-        rate = min(max(fit.rate, below), above) if fit is not None else math.sqrt(below * above)
-        if measure(rate, "refine"):
-            return ByCrossing(None, None, "stopped during the target check", True)
-    usable = [p for p in probes if _under(p) is not None]
-    fit = crossing([(p.rate, p.n, p.exceed, p.deff or 1.0) for p in usable])
-    over = [p.rate for p in usable if not _under(p)] + [p.rate for p in probes if p.verdict == "fail" and
-                                                        p.by == "errors"]
-    high = min(over) if over else None
-    lowest = min(p.rate for p in usable)
-    if fit is not None and fit.low is not None and fit.low >= lowest and (high is None or fit.low < high):
-        return ByCrossing(fit.low, high, f"the share over the target crosses 1% near {fit.rate:.1f} (a fit over "
-                                         f"{fit.windows} windows, dispersion {fit.dispersion:.1f}): the claim is its "
-                                         "95% lower bound")
-    return ByCrossing(None, high, "the crossing could not be bounded: rates claimed by their own windows",
-                      go_on_at=first_under)
 
 
 def hold_check(trial: Trial, target_p99_ms: float, error_budget: float = DEFAULT_ERROR_BUDGET) -> dict[str, Any]:

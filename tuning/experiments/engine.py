@@ -24,8 +24,7 @@ from tuning.experiments.judge import METHODS, Sequential, client_lagged, lag_exp
 from tuning.experiments.trial import Trial
 
 OBJECTIVES = ("target", "qps")
-VERDICTS = (*METHODS, "crossing")  # how the target check claims (docs/deciding.md, stage 3): a rate whose
-# windows pass alone (blocks, batches), or the lower bound on where a fit over its windows crosses 1% (crossing)
+VERDICTS = tuple(METHODS)  # how a target window is judged (docs/deciding.md, stage 3)
 # of the open loop's ceiling (capacity.CEILING), highest first; above the first, the check climbs (capacity.CLIMB) on
 # batches only, after the first was claimed: a queue near saturation has long bursts, and a window there needs many
 # arrivals
@@ -60,9 +59,7 @@ class EngineSettings:
     min_window_answers: int = 30  # a throughput window with fewer ok answers is measured again, longer
     max_window_factor: int = 8  # ...at most this many times as long
     error_budget: float = 0.001
-    verdict: str = "blocks"  # blocks: 5 blocks, the target alone; batches: 20 batches, bursts counted, longer windows;
-    # crossing: a fit over the windows at several rates, its lower bound claimed
-    refine_windows: int = 5  # crossing: windows placed where the fit puts the crossing, after the descent
+    verdict: str = "blocks"  # blocks: 5 blocks, the target alone; batches: 20 batches, bursts counted, longer windows
     seed: int = 0
     unit: str = "req/s"  # what a rate counts: requests, or texts where configurations send several per request
 
@@ -73,9 +70,8 @@ class EngineSettings:
         if not 0 < self.min_effect < 1:
             raise ValueError(f"min_effect={self.min_effect!r} must be a share in (0, 1): 0.05 is 5%")
         if self.verdict not in VERDICTS:
-            raise ValueError(f"verdict={self.verdict!r}: use 'blocks' (5 blocks, the default), 'batches' (bursts "
-                             "counted, longer windows where a window cannot tell) or 'crossing' (a fit over the "
-                             "windows at several rates)")
+            raise ValueError(f"verdict={self.verdict!r}: use 'blocks' (5 blocks, the default) or 'batches' (bursts "
+                             "counted, longer windows where a window cannot tell)")
         if not self.target_longest_s >= self.target_max_s:
             raise ValueError(f"target_longest_s={self.target_longest_s!r} must be at least target_max_s="
                              f"{self.target_max_s!r}: a longer window is not shorter than the first")
@@ -90,7 +86,7 @@ class EngineSettings:
     @classmethod
     def quick(cls, **changes: Any) -> "EngineSettings":
         base = dict(min_effect=0.10, window_s=3.0, screen_runs=16, interactions=False, grid_repeats=2, max_pairs=8,
-                    target_outcomes=1000, target_max_s=10.0, target_longest_s=40.0, candidates=2, refine_windows=3)
+                    target_outcomes=1000, target_max_s=10.0, target_longest_s=40.0, candidates=2)
         return cls(**{**base, **changes})
 
     @classmethod
@@ -203,8 +199,7 @@ def window_of(t: Trial, stage: str, kind: str, config: dict[str, Any], rate: flo
     finite = lat[np.isfinite(lat)] if lat is not None else np.zeros(0)
     v = None
     if kind == "target" and lat is not None and lat.size:
-        v = target_verdict(lat, target_ms, int(t.failed), arrivals_s=getattr(t, "arrivals_s", None),
-                           method="batches" if verdict == "crossing" else verdict)
+        v = target_verdict(lat, target_ms, int(t.failed), arrivals_s=getattr(t, "arrivals_s", None), method=verdict)
     lagged = client_lagged(lags, target_ms) and (kind != "target" or lag_explains(lat, lags, target_ms))
     return Window(stage, kind, config, rate, seed, _known(t.qps), _known(t.p50_ms), _known(t.p99_ms),
                   int(t.submitted or (lat.size if lat is not None else 0)), int(t.failed), _known(t.window_s),
@@ -444,11 +439,9 @@ def decide(runner: Runner, baseline: Any, explore: Callable[[Runner], Explored],
         runner.status(f"target check of {name} from {qps:.1f} {settings.unit}")
         cap = check_target(lambda rate, seed, arrivals: runner.run("target", config, rate, seed, arrivals), qps,
                            target, settings.fractions, settings.error_budget, settings.seed, unit=settings.unit,
-                           climb=CLIMB if settings.verdict != "blocks" else (),
-                           longest=settings.longest_arrivals if settings.verdict != "blocks" else None,
-                           ceiling_arrivals=settings.ceiling_window_arrivals,
-                           claim="crossing" if settings.verdict == "crossing" else "windows",
-                           refine=settings.refine_windows)
+                           climb=CLIMB if settings.verdict == "batches" else (),
+                           longest=settings.longest_arrivals if settings.verdict == "batches" else None,
+                           ceiling_arrivals=settings.ceiling_window_arrivals)
         d.checks.append((name, cap))
         return cap
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
-from scipy import special, stats
+from scipy import stats
 
 from tuning.base.format import rounded
 
@@ -283,90 +283,6 @@ def target_verdict(latencies_ms: Sequence[float], target_ms: float, errors: int 
         verdict = "indeterminate"
     return TargetVerdict(verdict, over / lat.size, low, high, int(lat.size), over, errors, fastest, deff,
                          arrivals_needed(over / lat.size, deff, level), method)
-
-
-def _logit_fit(X: np.ndarray, n: np.ndarray, y: np.ndarray) -> np.ndarray | None:
-    """The binomial logit's coefficients by Newton's method, each step halved until the log-likelihood rises
-    (effective counts need not be whole); None where it does not converge (the windows separate)."""
-    def loglik(beta: np.ndarray) -> float:
-        eta = X @ beta
-        return float((y * eta - n * np.logaddexp(0.0, eta)).sum())
-
-    beta = np.array([math.log(max(y.sum(), 0.5) / max(n.sum() - y.sum(), 0.5)), 0.0])
-    now = loglik(beta)
-    for _ in range(100):
-        p = special.expit(X @ beta)
-        w = np.maximum(n * p * (1 - p), 1e-12)
-        try:
-            step = np.linalg.solve(X.T @ (w[:, None] * X), X.T @ (y - n * p))
-        except np.linalg.LinAlgError:
-            return None
-        for _ in range(30):
-            nxt = loglik(beta + step)
-            if nxt >= now - 1e-12:
-                break
-            step = step / 2
-        beta, now = beta + step, nxt
-        if np.abs(step).max() < 1e-10:
-            return beta if np.isfinite(beta).all() else None
-    return None
-
-
-class Crossing(NamedTuple):
-    """Where the share over the target crosses :data:`EXCEED_SHARE`, fitted over windows at several rates."""
-
-    rate: float  # the point estimate
-    low: float | None  # its one-sided lower confidence bound (Fieller); None where the fit cannot bound it
-    windows: int  # the windows the fit used
-    dispersion: float  # between the windows, over what each window's design effect already counts (at least 1)
-
-
-CROSSING_MAX_SHARE = 0.25  # windows further over than this are left out of the fit: a queue that grew all window long
-# says where saturation is, not where 1% is crossed, and a line forced through it bends the fit near 1%
-
-
-def crossing(points: Sequence[tuple[float, int, int, float]], level: float = TARGET_LEVEL) -> Crossing | None:
-    """The rate at which the share over the target crosses :data:`EXCEED_SHARE`, from windows at several
-    rates (``docs/deciding.md``, stage 3 by crossing). ``points``: (rate, outcomes, over the target or failed,
-    design effect) a window. A binomial logit of the share, linear in the rate, on each window's effective
-    counts (its counts over its design effect: outcomes that move together count once); the dispersion left
-    between the windows (Pearson's, over the windows less two) widens the covariance; the lower bound is
-    Fieller's at ``level``, one-sided. In a queue the log of the tail's share falls about linearly as the rate
-    falls below saturation (an M/M/1 queue's exactly), so the fit is local: windows past
-    :data:`CROSSING_MAX_SHARE` are left out. None without a window on each side of the crossing, or where the
-    share does not rise with the rate."""
-    kept = [(float(r), n / d, o / d) for r, n, o, d in points if n > 0 and d >= 1 and o / n <= CROSSING_MAX_SHARE]
-    if len(kept) < 2 or not any(o > EXCEED_SHARE * n for _, n, o in kept) or \
-            not any(o < EXCEED_SHARE * n for _, n, o in kept):
-        return None
-    ref = max(r for r, _, _ in kept)
-    x = np.array([r / ref for r, _, _ in kept])
-    n = np.array([k[1] for k in kept])
-    y = np.array([k[2] for k in kept])
-    X = np.column_stack([np.ones_like(x), x])
-    beta = _logit_fit(X, n, y)
-    if beta is None:
-        return None
-    p = special.expit(X @ beta)
-    w = np.maximum(n * p * (1 - p), 1e-12)
-    cov = np.linalg.inv(X.T @ (w[:, None] * X))
-    k = len(kept)
-    dispersion = max(1.0, float(((y - n * p) ** 2 / w).sum()) / (k - 2)) if k > 2 else 1.0
-    cov = cov * dispersion
-    a, b = float(beta[0]), float(beta[1])
-    if not b > 0:
-        return None
-    logit = math.log(EXCEED_SHARE / (1 - EXCEED_SHARE))
-    rate = (logit - a) / b * ref
-    z = float(stats.norm.ppf(level))
-    # Fieller: the rates x where (a + b x - logit)^2 <= z^2 Var(a + b x), bounded when b is clearly above 0
-    qa = b * b - z * z * cov[1, 1]
-    qb = (a - logit) * b - z * z * cov[0, 1]
-    qc = (a - logit) ** 2 - z * z * cov[0, 0]
-    low = None
-    if qa > 0 and qb * qb - qa * qc >= 0:
-        low = (-qb - math.sqrt(qb * qb - qa * qc)) / qa * ref
-    return Crossing(rate, low, k, dispersion)
 
 
 def client_lagged(lags_ms: Any, target_ms: float | None) -> bool:
