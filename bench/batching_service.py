@@ -23,18 +23,17 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from common import write  # puts the repository on sys.path
+from holds import ROOT, Served, cli
 
-ROOT = Path(__file__).resolve().parents[1]
 SPACE = {"max_batch": (8, 32), "wait_ms": (0, 5)}  # the first values are investigate's baseline
 CALL_MS, TEXT_MS = 20.0, 2.0  # the example's stand-in cost (docs/your-service.md)
+BODY = ("--body", '{"input": "{text}"}')
 STEP = 1.15
 START = 0.4  # of the cost's pace: the first hold (HTTP handling on the same cores caps the service below that pace)
 
@@ -53,17 +52,6 @@ def pace(max_batch: int) -> float:
     return max_batch / ((CALL_MS + TEXT_MS * max_batch) / 1000)
 
 
-def cli(*argv: str, cwd: Path, timeout: float) -> tuple[int, dict, float]:
-    t0 = time.time()
-    done = subprocess.run([sys.executable, "-m", "tuning", *argv, "--json"], capture_output=True, text=True, cwd=cwd,
-                          timeout=timeout, check=False, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    try:
-        out = json.loads(done.stdout)
-    except ValueError:
-        out = {"stderr": done.stderr[-1500:]}
-    return done.returncode, out, round(time.time() - t0, 1)
-
-
 def investigate(folder: Path, target: float) -> dict:
     space = [arg for name, values in SPACE.items() for arg in ("--space", f"{name}={','.join(map(str, values))}")]
     code, s, seconds = cli("investigate", "--cmd", f"env MAX_BATCH={{max_batch}} WAIT_MS={{wait_ms}} {sys.executable} "
@@ -77,40 +65,19 @@ def investigate(folder: Path, target: float) -> dict:
             "checks": {json.dumps({k: r.get(k) for k in SPACE}): r.get("capacity") for r in s.get("rows") or []}}
 
 
-class Served:
+def served(script: Path, max_batch: int, wait_ms: int) -> Served:
     """One configuration of the example service, started for its holds."""
-
-    def __init__(self, script: Path, max_batch: int, wait_ms: int):
-        from tuning.base.net import free_port
-
-        self.port = free_port()
-        self.proc = subprocess.Popen([sys.executable, str(script), str(self.port)], cwd=script.parent,
-                                     env={**os.environ, "MAX_BATCH": str(max_batch), "WAIT_MS": str(wait_ms)},
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(3)
-
-    def hold(self, rate: float, seconds: float, target: float) -> dict:
-        code, s, _ = cli("loadtest", "--url", f"http://127.0.0.1:{self.port}/predict", "--body",
-                         '{"input": "{text}"}', "--rate", f"{rate:.1f}", "--duration", str(seconds),
-                         "--target-p99-ms", str(target), cwd=ROOT, timeout=seconds * 3 + 120)
-        h = s.get("hold") or {}
-        return {"rate": round(rate, 1), "exit": code, "verdict": h.get("verdict"), "p99_ms": h.get("p99_ms"),
-                "share": h.get("share"), "share_high": h.get("share_high"), "lag_p99_ms": h.get("lag_p99_ms"),
-                "qps": s.get("qps")}
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(20)
+    return Served(f"python {script} {{port}}", script.parent, env={"MAX_BATCH": str(max_batch), "WAIT_MS": str(wait_ms)})
 
 
 def measured_capacity(script: Path, max_batch: int, wait_ms: int, target: float, hold_s: float) -> dict:
     """Holds at rising rates from :data:`START` of the cost's pace while each one's p99 meets the target: the
     highest."""
-    server = Served(script, max_batch, wait_ms)
+    server = served(script, max_batch, wait_ms)
     try:
         holds, rate = [], START * pace(max_batch)
         while True:
-            h = server.hold(rate, hold_s, target)
+            h = server.hold("/predict", BODY, rate, hold_s, target)
             holds.append(h)
             print(f"  max_batch={max_batch} wait_ms={wait_ms} hold at {rate:.1f}/s: {h['verdict']} (p99 {h['p99_ms']} "
                   f"ms, {h['qps']} ok/s)", flush=True)
@@ -141,9 +108,9 @@ def main() -> None:
                    None)
     at_claim = []
     if shipped is not None and run["capacity"]:
-        server = Served(script, shipped["max_batch"], shipped["wait_ms"])
+        server = served(script, shipped["max_batch"], shipped["wait_ms"])
         try:
-            at_claim = [server.hold(run["capacity"], args.hold_s, target) for _ in range(args.holds)]
+            at_claim = [server.hold("/predict", BODY, run["capacity"], args.hold_s, target) for _ in range(args.holds)]
         finally:
             server.close()
     out = {"what": "the example batching service of docs/your-service.md on this machine: investigate --cmd's "

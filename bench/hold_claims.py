@@ -1,0 +1,85 @@
+"""The claim held on a real server (issue #57, item 7): ``investigate --server NAME --quick`` as a user runs it,
+then its shipped configuration's server held open-loop at the claimed rate, ``--holds`` times for
+``--hold-s`` seconds each (``loadtest --target-p99-ms``, the batches verdict of ``capacity.hold_check``), then
+held for ``--probe-s`` at rising multiples of the claim (``ABOVE``) until a hold's p99 is over the target:
+how far the claim is under the rate where the target breaks.
+
+    python bench/hold_claims.py [--server litserve] [--holds 5] [--hold-s 180] [--target-p99-ms 800]
+
+Writes ``bench/results/hold_claims_<server>.json`` (MEASURED). The client and the server share this machine's
+cores; one benchmark at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from common import write  # puts the repository on sys.path
+from holds import ROOT, Served, cli
+
+from tuning.experiments.defaults import DEFAULT_TARGET_P99_MS
+from tuning.load.servers import RECIPES
+
+ABOVE = (1.1, 1.2, 1.35, 1.5, 1.75, 2.0)  # multiples of the claim held after the holds at it
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--server", default="litserve", choices=["litserve", "tuning"])
+    ap.add_argument("--holds", type=int, default=5)
+    ap.add_argument("--hold-s", type=float, default=180.0)
+    ap.add_argument("--probe-s", type=float, default=60.0)
+    ap.add_argument("--target-p99-ms", type=float, default=DEFAULT_TARGET_P99_MS)
+    args = ap.parse_args()
+    t0 = time.time()
+    recipe = RECIPES[args.server]
+    out_dir = Path(tempfile.mkdtemp(prefix=f"hold-claims-{args.server}-"))
+    code, s, seconds = cli("investigate", "--server", args.server, "--quick", "--target-p99-ms",
+                           str(args.target_p99_ms), "--out", str(out_dir), cwd=ROOT, timeout=3600)
+    best = s.get("best") or {}
+    claim, ship = best.get("capacity"), s.get("ship")
+    print(f"investigate --server {args.server}: exit {code} in {seconds} s; ship {ship!r} claiming {claim}", flush=True)
+    api_flags = ["--api", recipe.api, *[f for k, v in recipe.api_options.items()
+                                        for f in (f"--{k.replace('_', '-')}", str(v))]]
+    path = urlsplit(recipe.url.replace("{port}", "1")).path or "/"
+    ready = urlsplit(recipe.ready_url.replace("{port}", "1")).path if recipe.ready_url else None
+    at_claim, above = [], []
+    if claim and ship:
+        server = Served(ship, ROOT, ready_path=ready)
+        try:
+            for i in range(args.holds):
+                h = server.hold(path, api_flags, claim, args.hold_s, args.target_p99_ms)
+                at_claim.append(h)
+                print(f"  hold {i + 1} at the claim {claim:.1f}/s: {h['verdict']}, p99 {h['p99_ms']} ms, "
+                      f"{h['qps']} ok/s", flush=True)
+            for m in ABOVE:
+                h = {"multiple": m, **server.hold(path, api_flags, m * claim, args.probe_s, args.target_p99_ms)}
+                above.append(h)
+                print(f"  {m} x the claim, {m * claim:.1f}/s: {h['verdict']}, p99 {h['p99_ms']} ms, {h['qps']} ok/s",
+                      flush=True)
+                if not h["met"]:
+                    break
+        finally:
+            server.close()
+    breaks = next((h["multiple"] for h in above if not h["met"]), None)
+    out = {"what": f"investigate --server {args.server} --quick's claim held open-loop on the real server: "
+                   f"{args.holds} holds of {args.hold_s:.0f} s at the claim, then {args.probe_s:.0f}-s holds at "
+                   "rising multiples of it until the p99 target broke; MEASURED, not simulated",
+           "simulated": False, "server": args.server, "target_p99_ms": args.target_p99_ms,
+           "investigate": {"exit": code, "seconds": seconds, "ship": ship, "capacity": claim,
+                           "unit": (s.get("service") or {}).get("texts_per_s") and "texts/s" or "req/s",
+                           "stderr": s.get("stderr")},
+           "holds_at_claim": at_claim, "met_at_claim": sum(h["met"] for h in at_claim),
+           "above_claim": above, "breaks_at_multiple": breaks,
+           "last_met_multiple": max([h["multiple"] for h in above if h["met"]], default=1.0 if at_claim else None),
+           "wall_s": round(time.time() - t0, 1)}
+    print({k: out[k] for k in ("met_at_claim", "breaks_at_multiple", "last_met_multiple")})
+    write(f"hold_claims_{args.server}", out)
+
+
+if __name__ == "__main__":
+    main()
