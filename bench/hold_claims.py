@@ -13,6 +13,7 @@ cores; one benchmark at a time.
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -27,9 +28,22 @@ from tuning.load.servers import RECIPES
 ABOVE = (1.1, 1.2, 1.35, 1.5, 1.75, 2.0)  # multiples of the claim held after the holds at it
 
 
+def server_command(server: str) -> str | None:
+    """The base command where the recipe's ``python`` is not the one that can run it: PyTriton lives in its own
+    environment (it pins numpy<2), whose workspaces go in a short folder (socket paths are short)."""
+    if server != "triton":
+        return None
+    from tests.triton_env import ensure_env, python_in
+
+    os.environ.setdefault("PYTRITON_HOME", tempfile.mkdtemp(prefix="pyt-"))
+    os.environ["PYTHONPATH"] = str(ROOT)
+    return f"{python_in(ensure_env())} examples/pytriton_server.py"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--server", default="litserve", choices=["litserve", "tuning"])
+    ap.add_argument("--server", default="litserve", choices=["litserve", "triton"],
+                    help="triton: PyTriton from the tests' own cached environment (tests/triton_env.py)")
     ap.add_argument("--holds", type=int, default=5)
     ap.add_argument("--hold-s", type=float, default=180.0)
     ap.add_argument("--probe-s", type=float, default=60.0)
@@ -38,15 +52,17 @@ def main() -> None:
     t0 = time.time()
     recipe = RECIPES[args.server]
     out_dir = Path(tempfile.mkdtemp(prefix=f"hold-claims-{args.server}-"))
-    code, s, seconds = cli("investigate", "--server", args.server, "--quick", "--target-p99-ms",
-                           str(args.target_p99_ms), "--out", str(out_dir), cwd=ROOT, timeout=3600)
+    own = server_command(args.server)
+    code, s, seconds = cli("investigate", "--server", args.server, *(("--cmd", own) if own else ()), "--quick",
+                           "--target-p99-ms", str(args.target_p99_ms), "--out", str(out_dir), cwd=ROOT, timeout=3600)
     best = s.get("best") or {}
     claim, ship = best.get("capacity"), s.get("ship")
     print(f"investigate --server {args.server}: exit {code} in {seconds} s; ship {ship!r} claiming {claim}", flush=True)
     api_flags = ["--api", recipe.api, *[f for k, v in recipe.api_options.items()
                                         for f in (f"--{k.replace('_', '-')}", str(v))]]
     path = urlsplit(recipe.url.replace("{port}", "1")).path or "/"
-    ready = urlsplit(recipe.ready_url.replace("{port}", "1")).path if recipe.ready_url else None
+    ready = (urlsplit(recipe.ready_url.replace("{port}", "1")).path.replace(
+        "{model_name}", str(recipe.api_options.get("model_name", ""))) if recipe.ready_url else None)
     at_claim, above = [], []
     if claim and ship:
         server = Served(ship, ROOT, ready_path=ready)

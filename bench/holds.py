@@ -29,8 +29,9 @@ def cli(*argv: str, cwd: Path, timeout: float) -> tuple[int, dict, float]:
 
 
 class Served:
-    """One configuration's server, started from ``command`` (``{port}`` filled with a free port; a leading
-    ``python`` is this interpreter) in ``cwd``, ready once ``ready_path`` answers 200 (else after ``settle_s``)."""
+    """One configuration's server, started from ``command`` (``{port}`` and ``{metrics_port}`` filled with free
+    ports; a leading ``python`` is this interpreter) in ``cwd``, ready once ``ready_path`` answers 200 (else
+    after ``settle_s``)."""
 
     def __init__(self, command: str, cwd: Path, env: dict[str, str] | None = None, ready_path: str | None = None,
                  settle_s: float = 3.0, ready_timeout_s: float = 300.0):
@@ -39,7 +40,7 @@ class Served:
         from tuning.base.net import free_port
 
         self.port = free_port()
-        argv = shlex.split(command.replace("{port}", str(self.port)))
+        argv = shlex.split(command.replace("{port}", str(self.port)).replace("{metrics_port}", str(free_port())))
         if argv and argv[0] == "python":
             argv[0] = sys.executable
         self.proc = subprocess.Popen(argv, cwd=cwd, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
