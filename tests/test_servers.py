@@ -12,7 +12,7 @@ import pytest
 from tests.helpers import installed_by_test_extra
 from tuning.knobs import preset
 from tuning.load.apis import API_ALIASES, API_NAMES, Api
-from tuning.load.servers import RECIPES, ServerKnob, recipe
+from tuning.load.servers import EXAMPLE_COMMANDS, RECIPES, ServerKnob, recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,14 +24,14 @@ def _default_line(name, base=None):
 
 def test_flag_servers_get_their_documented_flags_for_the_default_space():
     assert _default_line("tei", "text-embeddings-router --model-id BAAI/bge-small-en-v1.5") == (
-        "text-embeddings-router --model-id BAAI/bge-small-en-v1.5 --port {port} --prometheus-port {metrics_port} "
+        "text-embeddings-router --model-id BAAI/bge-small-en-v1.5 --hostname 127.0.0.1 --port {port} "
+        "--prometheus-port {metrics_port} "
         "--max-batch-tokens {max_batch_tokens} --max-concurrent-requests {max_concurrent_requests} "
         "--tokenization-workers {tokenization_workers} --max-client-batch-size {max_client_batch_size}")
     assert _default_line("infinity", "infinity_emb v2 --model-id BAAI/bge-small-en-v1.5") == (
-        "infinity_emb v2 --model-id BAAI/bge-small-en-v1.5 --port {port} --batch-size {batch_size} "
-        "--engine {engine}")
+        "infinity_emb v2 --model-id BAAI/bge-small-en-v1.5 --host 127.0.0.1 --port {port} --batch-size {batch_size}")
     assert _default_line("vllm", "vllm serve BAAI/bge-small-en-v1.5 --runner pooling") == (
-        "vllm serve BAAI/bge-small-en-v1.5 --runner pooling --port {port} --max-num-seqs {max_num_seqs} "
+        "vllm serve BAAI/bge-small-en-v1.5 --runner pooling --host 127.0.0.1 --port {port} --max-num-seqs {max_num_seqs} "
         "--max-num-batched-tokens {max_num_batched_tokens}")
 
 
@@ -43,6 +43,23 @@ def test_example_servers_start_from_their_own_command():
         "--max-batch-size {max_batch_size} --max-queue-delay-us {max_queue_delay_us} --instances {instances}")
     assert _default_line("tuning") == ("python -m tuning serve --port {port} --set batch_size={batch_size} "
                                        "--set max_wait_ms={max_wait_ms}")
+
+
+def test_a_server_under_test_listens_on_loopback_only():
+    """#60: the Infinity recipe left Infinity on its default 0.0.0.0 (as TEI's and vLLM's defaults are): a server
+    under test listened on every interface."""
+    for name in RECIPES:
+        line = recipe(name).command_line(EXAMPLE_COMMANDS.get(name), [])
+        # this package's server and the LitServe example bind loopback by default; the PyTriton example's Triton
+        # takes no address flag
+        assert "127.0.0.1" in line or name in ("litserve", "triton", "tuning"), (name, line)
+    assert recipe("infinity").command_line("infinity_emb v2 --model-id m --host=10.0.0.2", []).count("--host") == 1
+
+
+def test_infinity_s_default_space_holds_only_what_starts_on_a_cpu():
+    """#60: engine=optimum needs ONNX files the model did not have, and failed half the default grid."""
+    assert set(recipe("infinity").default_space()) == {"batch_size"}
+    assert "optimum" in recipe("infinity").doc and "ONNX" in recipe("infinity").doc
 
 
 def test_the_default_space_starts_at_the_servers_own_default():
@@ -59,7 +76,7 @@ def test_a_placeholder_already_in_the_users_command_gets_no_second_flag():
     line = tei.command_line("text-embeddings-router --model-id m --port {port} --max-batch-tokens {max_batch_tokens}",
                             ["max_batch_tokens"])
     assert line == ("text-embeddings-router --model-id m --port {port} --max-batch-tokens {max_batch_tokens} "
-                    "--prometheus-port {metrics_port}")
+                    "--hostname 127.0.0.1 --prometheus-port {metrics_port}")
     line = tei.command_line("router --prometheus-port {metrics_port} --port {port}", [])
     assert line.count("{port}") == 1 and line.count("{metrics_port}") == 1
     # a name the recipe does not know is fine where the user's --cmd places it
@@ -73,7 +90,7 @@ def test_unknown_server_knob_and_missing_command_name_the_value_and_the_fix():
         recipe("teii")
     with pytest.raises(ValueError, match=r"no knob 'batch'.*max_batch_size, batch_timeout.*put \{batch\} in --cmd"):
         recipe("litserve").command_line(None, ["batch"])
-    with pytest.raises(ValueError, match=r"has no knob 'x'; its knobs: batch_size, engine"):
+    with pytest.raises(ValueError, match=r"has no knob 'x'; its knobs: batch_size"):
         recipe("infinity").knob("x")
     with pytest.raises(ValueError, match=r"--server tei needs --cmd.*--cmd 'text-embeddings-router --model-id"):
         recipe("tei").command_line(None, [])

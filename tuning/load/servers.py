@@ -52,6 +52,9 @@ class Recipe:
     api_options: dict[str, Any] = field(hash=False)  # Api fields, e.g. {"model_name": "minilm"}
     knobs: tuple[ServerKnob, ...]
     doc: str  # one paragraph: what server, where its knobs live, link to its docs
+    # the flag that binds the server to loopback where its own default is every interface (a server under test
+    # listens on 127.0.0.1 only); left out when --cmd sets that flag itself
+    host_flag: str | None = None
 
     def default_space(self) -> dict[str, list[str]]:
         """Every knob with its default values, the server's own default first."""
@@ -70,9 +73,13 @@ class Recipe:
         """``base`` (or the recipe's own command) with the port flag, the metrics-port flag and one flag per
         knob in ``names`` (its value the placeholder ``{name}``) appended, each unless ``base`` already
         holds that placeholder: a user who placed it knows where the server takes it."""
+        import shlex
+
         line = self._base(base)
         self._refuse_set_twice(line, names)
         extra = []
+        if self.host_flag and self.host_flag.split()[0] not in {t.split("=", 1)[0] for t in shlex.split(line)}:
+            extra.append(self.host_flag)
         if "{port}" not in line:
             extra.append(self.port_flag)
         if self.metrics_flag and "{metrics_port}" not in line:
@@ -143,6 +150,7 @@ TEI = Recipe(
         "Rust, `POST /embed`, `GET /health`, Prometheus metrics on their own port (`--prometheus-port`, "
         "default 9000). Its knobs are command-line flags; give your own --cmd naming the model. "
         "https://huggingface.co/docs/text-embeddings-inference/cli_arguments",
+    host_flag="--hostname 127.0.0.1",
 )
 
 INFINITY = Recipe(
@@ -152,13 +160,14 @@ INFINITY = Recipe(
     api_options={},
     knobs=(
         ServerKnob("batch_size", "--batch-size {}", ("32", "8"), "texts per model call (default 32)"),
-        ServerKnob("engine", "--engine {}", ("torch", "optimum"),
-                   "inference backend: torch (default) or optimum (ONNX Runtime)"),
     ),
     doc="Infinity (`infinity_emb v2`): an OpenAI-compatible embedding server with dynamic batching, "
         "`POST /embeddings` (no /v1 unless --url-prefix), `GET /health`, Prometheus at `/metrics` on the same "
-        "port. Its knobs are command-line flags; give your own --cmd naming the model. "
+        "port. Its knobs are command-line flags; give your own --cmd naming the model. The default space tunes "
+        "the batch size only: `--space engine=torch,optimum` tries ONNX Runtime, which starts only for a model "
+        "with ONNX files (otherwise every optimum configuration fails to start). "
         "https://github.com/michaelfeil/infinity (CLI: `infinity_emb v2 --help`)",
+    host_flag="--host 127.0.0.1",
 )
 
 VLLM = Recipe(
@@ -178,6 +187,7 @@ VLLM = Recipe(
         "engine arguments on the command line; give your own --cmd naming the model. "
         "https://docs.vllm.ai/en/latest/models/pooling_models/ and "
         "https://docs.vllm.ai/en/latest/configuration/serve_args.html",
+    host_flag="--host 127.0.0.1",
 )
 
 LITSERVE = Recipe(
