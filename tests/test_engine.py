@@ -11,7 +11,8 @@ from scipy import stats
 
 from tests.worlds import TARGET_MS, WORLDS, World, batched, best_rate, bf16, seam_kwargs, served
 from tuning.base.decide import Paired
-from tuning.experiments.capacity import CEILING, MAX_LONGER, Capacity, check_target, next_length
+from tuning.experiments import judge
+from tuning.experiments.capacity import CEILING, MAX_LONGER, Capacity, check_target, next_length, probe_of, under_bursts
 from tuning.experiments.design import fit_effects, ranked_levels, two_level_design
 from tuning.experiments.engine import EngineSettings, Runner, Window
 from tuning.experiments.judge import (
@@ -1161,3 +1162,60 @@ def test_a_bundle_is_checked_next_without_its_tail_widening_factor():
     plain = Candidate(full.config, "all", 1.0)  # no widener: rank order
     assert [c.label for c in _without_one_first(runner, {}, plain, [no_tok, other, no_bf16])] == \
         ["no tok", "no bf16", "tok"]
+
+
+# --- a claim under bursts (capacity.under_bursts) -----------------------------------------------------------
+
+def _window_probe(lat, rate=100.0):
+    n = len(lat)
+    trial = Trial(qps=rate, p99_ms=float(np.quantile(lat, 0.99)), ok=n, submitted=n, window_s=n / rate, rate=rate,
+                  offered_rate=rate, latencies_ms=np.asarray(lat, dtype=float), arrivals_s=np.arange(n) / rate)
+    return probe_of(rate, trial, None, 100.0, 0.001)
+
+
+def _queue_burst(n=2000):
+    """A window whose slow outcomes come in one run (a queue's busy period): 30 at 80 ms (under a 100 ms target),
+    2 of them over."""
+    lat = np.full(n, 5.0)
+    lat[1000:1030] = 80.0
+    lat[1010:1012] = 500.0
+    return lat
+
+
+def test_a_claim_on_blocks_that_bursts_cannot_certify_says_so_and_how_long_a_hold_needs():
+    lat = _queue_burst()
+    assert judge.target_verdict(lat, 100.0, method="blocks").verdict == "pass"  # what the default verdict claims on
+    probes = [_window_probe(lat), _window_probe(lat)]
+    b = under_bursts(probes, 100.0, 100.0)
+    assert b["verdict"] != "pass" and b["n"] == 4000 and b["deff"] > 10
+    assert b["hold_s"] is not None and b["hold_s"] > 2 * 2000 / 100.0  # longer than the windows it claimed on
+    cap = Capacity(100.0, 0.001, 100.0, 100.0, None, probes, bursts=b)
+    assert cap.certified is False and Capacity.from_summary(cap.summary()).certified is False
+
+
+def test_a_claim_whose_outcomes_do_not_move_together_is_certified_under_bursts():
+    lat = np.full(2000, 5.0)
+    lat[[300, 1700]] = 500.0
+    b = under_bursts([_window_probe(lat), _window_probe(lat)], 100.0, 100.0)
+    assert b["verdict"] == "pass" and b["hold_s"] is not None
+    assert under_bursts([_window_probe(lat, rate=90.0)], 100.0, 100.0) is None  # no window at the claimed rate
+
+
+def test_check_target_judges_its_claim_under_bursts():
+    cap = check_target(lambda rate, seed, arrivals=None: _open_window(rate, 2.0, n=600), 100.0, 100.0, (0.9,),
+                       ceiling=(), climb=())
+    assert cap.met and cap.bursts is not None and cap.bursts["n"] == 1200 and cap.certified is True
+
+
+def test_an_uncertified_claim_prints_why_and_asks_for_a_hold_long_enough_to_tell():
+    from tuning.present.tables import HOLD_S, bursts_line, hold_seconds
+
+    probes = [_window_probe(_queue_burst(), rate=10.0), _window_probe(_queue_burst(), rate=10.0)]
+    cap = Capacity(100.0, 0.001, 10.0, 10.0, None, probes, bursts=under_bursts(probes, 10.0, 100.0))
+    assert hold_seconds(cap) == math.ceil(cap.bursts["hold_s"]) > HOLD_S
+    line = bursts_line(cap)
+    assert "not certified with bursts counted" in line and f"about {hold_seconds(cap)} s" in line
+    certified = Capacity(100.0, 0.001, 10.0, 10.0, None, probes, bursts={"verdict": "pass", "hold_s": 900.0})
+    assert bursts_line(certified) is None and hold_seconds(certified) == HOLD_S
+    resumed = Capacity(100.0, 0.001, 10.0, 10.0, None, probes)  # figures only: not known, nothing said
+    assert bursts_line(resumed) is None and hold_seconds(resumed) == HOLD_S

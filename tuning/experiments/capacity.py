@@ -96,6 +96,7 @@ class Capacity:
     at_least: bool = False  # the highest rate the check may try passed: the capacity is at least this
     ceiling: float | None = None  # the open loop's ceiling (check_target): what the fractions were taken of
     stopped: bool = False  # the check ended before it could decide (a stop): neither met nor unmet is known
+    bursts: dict[str, Any] | None = None  # the claimed rate's windows judged together with bursts counted (under_bursts)
 
     @property
     def judged(self) -> list[Probe]:
@@ -105,6 +106,11 @@ class Capacity:
     @property
     def met(self) -> bool:
         return self.capacity is not None
+
+    @property
+    def certified(self) -> bool | None:
+        """Whether the claim holds with bursts counted (None: not known, e.g. a run resumed from figures)."""
+        return None if self.bursts is None else self.bursts.get("verdict") == "pass"
 
     @property
     def trials(self) -> int:
@@ -137,6 +143,7 @@ class Capacity:
                 "p99_interval_ms": [rounded(best.p99_low_ms), rounded(best.p99_high_ms)] if best else None,
                 "p50_ms": rounded(best.p50_ms) if best else None, "decided": self.decided, "trials": self.trials,
                 "note": self.note, "unit": self.unit, "at_least": self.at_least, "stopped": self.stopped,
+                "bursts": self.bursts,
                 "probes": [p.row() for p in self.judged],
                 "ceiling_probes": [p.row() for p in self.probes if p.role == "ceiling"]}
 
@@ -155,7 +162,7 @@ class Capacity:
         low, high = (s.get("bracket") or [None, None])
         return cls(float(s["target_p99_ms"]), float(s["error_budget"]), s.get("capacity"), low, high, probes,
                    s.get("note") or "", s.get("throughput"), s.get("unit") or "req/s", bool(s.get("at_least")),
-                   s.get("ceiling"), bool(s.get("stopped")))
+                   s.get("ceiling"), bool(s.get("stopped")), s.get("bursts"))
 
     def sentence(self) -> str:
         if self.capacity is None and self.stopped:
@@ -377,7 +384,8 @@ def check_target(run_window: Callable[[float, int, int | None], Any], throughput
     def result(capacity: float | None, high: float | None, at_least: bool = False, stopped: bool = False) -> Capacity:
         said = "; ".join(x for x in (note, "stopped during the target check" if stopped else "") if x)
         return Capacity(target_p99_ms, error_budget, capacity, capacity, high, probes, said, throughput, unit,
-                        at_least or (stopped and capacity is not None), top, stopped)
+                        at_least or (stopped and capacity is not None), top, stopped,
+                        under_bursts(probes, capacity, target_p99_ms, error_budget) if capacity is not None else None)
 
     rates = [f * top for f in fractions]
     rates += [f * throughput for f in fractions if f * throughput < rates[-1] * (1 - 1e-9)] if rates else []
@@ -403,6 +411,34 @@ def check_target(run_window: Callable[[float, int, int | None], Any], throughput
         return result(capacity, None, at_least=True)
     tried = judged(probes)
     return result(None, tried[-1].rate if tried else None)
+
+
+def under_bursts(probes: list[Probe], rate: float, target_p99_ms: float,
+                 error_budget: float = DEFAULT_ERROR_BUDGET) -> dict[str, Any] | None:
+    """The windows that claimed ``rate``, their outcomes judged together by the batches verdict (bursts counted,
+    :func:`~tuning.experiments.judge.target_verdict`): whether they certify the p99 there, whatever verdict made
+    the claim (the default, blocks, does not see bursts longer than a fifth of a window), and if not, the
+    arrivals and the seconds at their pace that a hold at that share and design effect would need (None: never,
+    at a share of 1% or more). None where the windows kept no outcomes (a run resumed from its figures)."""
+    trials = [t for p in judged(probes) if math.isclose(p.rate, rate, rel_tol=1e-9) for t in p.trials]
+    if not trials or any(t.latencies_ms is None for t in trials):
+        return None
+    ordered = []
+    for t in trials:  # each window in its arrival order, the windows in the order they ran
+        lat = np.asarray(t.latencies_ms, dtype=float)
+        arrivals = getattr(t, "arrivals_s", None)
+        if arrivals is not None and len(arrivals) == lat.size:
+            lat = lat[np.argsort(np.asarray(arrivals, dtype=float), kind="stable")]
+        ordered.append(lat)
+    lat = np.concatenate(ordered)
+    if not lat.size:
+        return None
+    v = target_verdict(lat, target_p99_ms, int(sum(t.failed for t in trials)), error_budget, method="batches")
+    seconds = sum(t.window_s for t in trials if math.isfinite(t.window_s))
+    hold_s = v.needed * seconds / lat.size if math.isfinite(v.needed) and seconds > 0 else None
+    return {"verdict": v.verdict, "n": v.n, "share": rounded(v.mean), "share_high": rounded(v.high),
+            "deff": rounded(v.deff), "needed": rounded(v.needed) if math.isfinite(v.needed) else None,
+            "hold_s": rounded(hold_s)}
 
 
 def hold_check(trial: Trial, target_p99_ms: float, error_budget: float = DEFAULT_ERROR_BUDGET) -> dict[str, Any]:

@@ -341,8 +341,10 @@ def format_investigation(inv: Investigation) -> str:
                   f"      {ladder.python_call()}", *([f"      (the baseline stays: {why})"] if why else [])]
         cap = ladder.capacity
         if cap is not None and cap.met:
+            said = bursts_line(cap)
+            lines += [said] if said else []
             lines.append(command_lines(f"python -m tuning loadtest {ladder.set_line()} --rate {cap.capacity:.1f} "
-                                       f"--duration {HOLD_S} --target-p99-ms {t:g}", lead="hold it: "))
+                                       f"--duration {hold_seconds(cap)} --target-p99-ms {t:g}", lead="hold it: "))
     for v in inv.what_if.get("verdicts", []):
         lines.append(f"what-if: {v}")
     for c in (inv.what_if.get("host_cores") or {}).values():
@@ -429,15 +431,38 @@ def format_tune(result: Any, unit: str = "req/s", command: str = "tune") -> str:
         how, what = run_it(s)
         lines.append(command_lines(what, lead="run it: ") if how == "run it" else f"{how}: {what}")
         if s.get("url"):
-            lines.append(command_lines(hold_command(s, best.capacity.capacity, result.target_p99_ms, unit),
-                                       lead="hold it: "))
+            said = bursts_line(best.capacity)
+            lines += [said] if said else []
+            lines.append(command_lines(hold_command(s, best.capacity.capacity, result.target_p99_ms, unit,
+                                                    hold_seconds(best.capacity)), lead="hold it: "))
     return fit("\n".join(lines))
 
 
 HOLD_S = 180  # the hold a printed `loadtest --target-p99-ms` line asks for: minutes, for a bursty server's tail
 
 
-def hold_command(s: dict[str, Any], rate: float, target_p99_ms: float, unit: str = "req/s") -> str:
+def hold_seconds(cap: Any) -> int:
+    """How long the printed hold asks for: :data:`HOLD_S`, or what a claim its windows could not certify with
+    bursts counted would need (``Capacity.bursts``), if longer."""
+    b = getattr(cap, "bursts", None) or {}
+    need = b.get("hold_s") if b.get("verdict") != "pass" else None
+    return max(HOLD_S, math.ceil(need)) if need is not None and math.isfinite(need) else HOLD_S
+
+
+def bursts_line(cap: Any) -> str | None:
+    """What a claim that its windows did not certify with bursts counted says (None: certified, or not known)."""
+    if getattr(cap, "certified", None) is not False:
+        return None
+    b = cap.bursts
+    need = (f"a hold of about {hold_seconds(cap)} s would" if b.get("hold_s") is not None
+            else "no hold at this share would")
+    return (f"      not certified with bursts counted: outcomes over the target move together (design effect "
+            f"{b['deff']:.0f}), so its windows bound the share over it at {100 * b['share_high']:.1f}%, not 1%; "
+            f"{need} tell. Hold it before you provision on it.")
+
+
+def hold_command(s: dict[str, Any], rate: float, target_p99_ms: float, unit: str = "req/s",
+                 duration_s: int = HOLD_S) -> str:
     """``loadtest --target-p99-ms`` holding the shipped configuration's claimed rate (``unit``: texts/s is
     turned into requests/s), runnable as printed: the run's URL (``{port}`` where the run chose a throwaway
     port for ``--cmd``) and the API flags it used."""
@@ -459,7 +484,7 @@ def hold_command(s: dict[str, Any], rate: float, target_p99_ms: float, unit: str
         flags.append(f"--client-batch {batch}")
     unit_rate = rate / int(batch) if unit == "texts/s" and batch and int(batch) > 1 else rate
     return (f"python -m tuning loadtest --url {url} {' '.join(flags) + ' ' if flags else ''}--rate {unit_rate:.1f} "
-            f"--duration {HOLD_S} --target-p99-ms {target_p99_ms:g}")
+            f"--duration {duration_s} --target-p99-ms {target_p99_ms:g}")
 
 
 UNDECIDED_BECAUSE = {  # why a target window could not tell, in the user's words
