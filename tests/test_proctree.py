@@ -86,3 +86,31 @@ def test_workers_that_ignore_sigterm_get_sigkill(tmp_path):
     group.stop(StopGrace(leader_s=30, rest_s=0.5))
     assert group.stopped_by[-1] == "SIGKILL to every process left"
     assert group.gone() and not any(_running(pid) for pid in workers.values())
+
+
+def _statuses(group: ServiceGroup) -> set[str]:
+    return {p.status() for p in group.tree.members()}
+
+
+def test_a_paused_service_is_stopped_in_every_process_and_runs_again_when_resumed(tmp_path):
+    """tune keeps the confirmation's other arm warm beside the one measured; a server that polls while idle
+    (LitServe's worker at batch_timeout 0 took most of a core) took the CPU from it. Paused, it keeps its memory
+    and takes none."""
+    group, workers = _start(tmp_path)
+    try:
+        group.pause()
+        _wait_for(lambda: _statuses(group) == {psutil.STATUS_STOPPED})
+        assert len(group.tree.members()) == 3  # the leader and both workers, whatever their groups
+        group.resume()
+        _wait_for(lambda: psutil.STATUS_STOPPED not in _statuses(group))
+    finally:
+        group.stop()
+
+
+def test_a_paused_service_is_stopped_as_a_running_one_its_own_shutdown_included(tmp_path):
+    group, workers = _start(tmp_path)
+    group.pause()
+    _wait_for(lambda: _statuses(group) == {psutil.STATUS_STOPPED})
+    group.stop()
+    assert (tmp_path / "leader.cleaned").exists() and group.stopped_by == ["SIGTERM to the leader"]
+    assert group.gone() and not any(_running(pid) for pid in workers.values())

@@ -384,3 +384,44 @@ def test_triton_s_request_duration_is_the_server_s_whole_part_and_a_wait_for_the
     answers = _load([_ok(1, queue_wait=1.0, wait_for_model=2.0, inference=3.0)], [(0.0, 0.0, 0.010)])
     split = stage_split(answers)
     assert split["server_queue_ms"] == pytest.approx(3.0) and split["server_compute_ms"] == pytest.approx(3.0)
+
+
+def test_the_configuration_measured_runs_alone_and_the_other_arm_waits_paused(monkeypatch):
+    """tune keeps two servers warm for the confirmation's pairs: the one not measured is paused, so that a server
+    that polls while idle takes no CPU from the one measured (LitServe at batch_timeout 0 took most of a core and
+    its neighbour fell from 41 to 1.4 req/s on 2 cores)."""
+    from tuning.experiments import tune
+    from tuning.load.apis import Api
+
+    events = []
+
+    class Group:
+        def __init__(self, command):
+            self.command, self.peak_rss, self.name = command, 0, command.split("--b ")[1]
+
+        def alive(self):
+            return True
+
+        def pause(self):
+            events.append(("pause", self.name))
+
+        def resume(self):
+            events.append(("resume", self.name))
+
+        def stop(self):
+            events.append(("stop", self.name))
+
+    monkeypatch.setattr(tune, "ServiceGroup", Group)
+    monkeypatch.setattr(tune, "_wait_ready", lambda group, measure, ready, timeout: None)
+    switching = tune.SwitchingMeasure("serve --port {port} --b {b}", "http://127.0.0.1:{port}/p", [b"{}"],
+                                      Api("custom", template={"input": "{text}"}), tune.TuneSettings(), None,
+                                      lambda line: None)
+    switching.running_server({"b": "1"})
+    switching.running_server({"b": "2"})
+    assert events == [("pause", "1")]  # started beside a paused one
+    events.clear()
+    switching.running_server({"b": "1"})
+    assert events == [("pause", "2"), ("resume", "1")]
+    events.clear()
+    switching.running_server({"b": "3"})  # a third: the oldest stops, the other waits paused
+    assert ("stop", "2") in events and ("pause", "1") in events and all(e[1] != "3" for e in events)

@@ -174,6 +174,12 @@ class ServiceGroup:
     def gone(self) -> bool:
         return self.tree.gone()
 
+    def pause(self) -> None:
+        self.tree.pause()
+
+    def resume(self) -> None:
+        self.tree.resume()
+
     def stop(self, grace: StopGrace | None = None) -> None:
         self._stop.set()
         self.stopped_by = self.tree.stop(self.proc, grace or StopGrace())
@@ -422,10 +428,10 @@ def with_server_metrics(trial: Trial, metrics: Any) -> Trial:
 class SwitchingMeasure:
     """``measure(values, *, rate=None, seed=None, window_s=None) -> Trial`` with that configuration's server
     running: the last :data:`KEEP_WARM` configurations asked for keep their servers (each on its own free
-    port), so that the confirmation's interleaved pairs find both arms warm; an older one is stopped (its whole
-    process group). A server that does not come up, or dies, raises
-    :class:`~tuning.experiments.engine.ConfigError` (that configuration's error). ``rows``: what each
-    configuration's starts cost (command, start-up time, peak memory)."""
+    port), so that the confirmation's interleaved pairs find both arms warm, the one not measured paused (SIGSTOP:
+    warm, and taking no CPU from the one measured); an older one is stopped (its whole process group). A server
+    that does not come up, or dies, raises :class:`~tuning.experiments.engine.ConfigError` (that configuration's
+    error). ``rows``: what each configuration's starts cost (command, start-up time, peak memory)."""
 
     def __init__(self, cmd: str, url: str, bodies: Sequence[Any], api: Any, settings: TuneSettings,
                  ready_url: str | None, say: Callable[[str], None], metrics_url: str | None = None):
@@ -468,11 +474,17 @@ class SwitchingMeasure:
         return group, measure
 
     def running_server(self, values: dict[str, str]) -> tuple[ServiceGroup, HttpMeasure]:
-        """That configuration's server, started if it is not running (the last used, last)."""
+        """That configuration's server, started if it is not running (the last used, last), and running alone:
+        the others kept warm are paused (a server that polls while idle would take the CPU from this one)."""
         key = label(values)
+        for other, (group, _) in self.running.items():
+            if other != key:
+                group.pause()
         entry = self.running.pop(key, None)
         if entry is None or not entry[0].alive():
             entry = self._start(values)
+        else:
+            entry[0].resume()
         self.running[key] = entry
         return entry
 
