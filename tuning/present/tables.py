@@ -456,9 +456,9 @@ def bursts_line(cap: Any) -> str | None:
     b = cap.bursts
     need = (f"a hold of about {hold_seconds(cap)} s would" if b.get("hold_s") is not None
             else "no hold at this share would")
-    return (f"      not certified with bursts counted: outcomes over the target move together (design effect "
-            f"{b['deff']:.0f}), so its windows bound the share over it at {100 * b['share_high']:.1f}%, not 1%; "
-            f"{need} tell. Hold it before you provision on it.")
+    return (f"      not certified with bursts counted: its slow answers came in bursts (design effect "
+            f"{b['deff']:.0f}), so its windows bound the share over the target at {100 * b['share_high']:.1f}%, "
+            f"not 1%; {need} tell. Hold it before you provision on it.")
 
 
 def hold_command(s: dict[str, Any], rate: float, target_p99_ms: float, unit: str = "req/s",
