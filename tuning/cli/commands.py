@@ -390,10 +390,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_loadtest_any(args: argparse.Namespace) -> int:
     """``loadtest``: our own load generator, or ``--engine locust``."""
-    from tuning.experiments.defaults import CLOSED_LOOP_CLIENTS, OPEN_LOOP_IN_FLIGHT
+    from tuning.experiments.defaults import OPEN_LOOP_IN_FLIGHT
 
-    if args.concurrency is None:
-        args.concurrency = OPEN_LOOP_IN_FLIGHT if args.rate is not None else CLOSED_LOOP_CLIENTS
+    if args.rate is not None and "--concurrency" not in _given(args):  # the open loop's cap, not the clients'
+        args.concurrency = OPEN_LOOP_IN_FLIGHT
     if args.engine == "tuning":
         if args.locust_workers is not None or args.remote_workers:
             raise UsageError("loadtest: --locust-workers and --remote-workers go with --engine locust")
@@ -1137,11 +1137,10 @@ def _add_loadtest_flags(p: argparse.ArgumentParser) -> None:
     from tuning.experiments.defaults import CLOSED_LOOP_CLIENTS, DEFAULT_TARGET_P99_MS, OPEN_LOOP_IN_FLIGHT
 
     shape = p.add_argument_group("load shape")
-    shape.add_argument("--concurrency", type=_positive_int, default=None,
-                       help=f"closed loop: clients, each sending when its last answer came (default "
-                            f"{CLOSED_LOOP_CLIENTS}); open loop (--rate): at most this many in flight on the client "
-                            f"(default {OPEN_LOOP_IN_FLIGHT}, as the engine's windows: a lower cap holds a batching "
-                            "server's batches at it)")
+    shape.add_argument("--concurrency", type=_positive_int, default=CLOSED_LOOP_CLIENTS,
+                       help=f"closed loop: clients, each sending when its last answer came; open loop (--rate): the "
+                            f"most requests in flight on the client, {OPEN_LOOP_IN_FLIGHT} unless given, as in the "
+                            "engine's windows (a lower cap holds a batching server's batches at it)")
     shape.add_argument("--requests", type=_positive_int, default=None, help="measured requests")
     shape.add_argument("--duration", type=_positive_float, default=None, help="measured seconds")
     shape.add_argument("--rate", type=_positive_float, default=None, help="open loop: Poisson arrivals per second")

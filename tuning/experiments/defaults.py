@@ -7,7 +7,7 @@ OBJECTIVES = ("target", "qps")  # capacity at the p99 target (open loop), or clo
 DEFAULT_OUT = "investigation"  # investigate's output folder
 # The open loop's cap on requests in flight on the client, for the engine's windows and `loadtest --rate` alike:
 # an open loop is meant to send at the scheduled arrival whatever the server's latency, so the cap is set far above
-# rate x latency at any rate a 2-core client sends (a batching server fills its batches only from requests in flight;
-# a cap of 8 would hold every batch at 8 and measure the client). Where it binds, the result's send lag says so.
+# rate x latency at the rates one client process sends (a batching server fills its batches only from requests in
+# flight; a cap of 8 would hold every batch at 8 and measure the client). Where it binds, the result's send lag says so.
 OPEN_LOOP_IN_FLIGHT = 256
 CLOSED_LOOP_CLIENTS = 8  # loadtest's closed loop without --concurrency
