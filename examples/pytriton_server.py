@@ -15,7 +15,7 @@ PyTriton pins ``numpy<2``, so it runs in its own virtual environment (``tests/tr
 torch with safetensors and ``tokenizers`` (this package's BERT encoder): sentence-transformers would work too,
 but its import alone takes seconds at every start, and a tuner starts the server once per configuration.
 
-Three things PyTriton leaves to the caller, handled here:
+Four things PyTriton leaves to the caller, handled here:
 
 - Its Python-backend stub is linked against ``libpython3.X.so`` and finds the system's copy first, which is
   not the interpreter running this script (pyenv, conda, a venv on another Python). The running
@@ -25,6 +25,11 @@ Three things PyTriton leaves to the caller, handled here:
   binaries it copies there at every start). SIGTERM and SIGINT both stop Triton and remove the workspace
   (under ``$PYTRITON_HOME``, default ``~/.cache/pytriton``), also when the whole process group receives
   the signal and Triton exits first.
+- Triton starts a model's instances in parallel, and PyTriton's second instance reads its configuration from
+  a socket the first one opens: on a busy machine it connected between the first one's bind and listen and
+  the model failed to load ("Connection refused" in ``get_config_from_handshake_server``). Instances load one
+  after another here (``TRITON_PARALLEL_INSTANCE_LOADING=0`` unless set); it costs the start a fraction of a
+  second per instance.
 - PyTriton's Unix sockets live in the workspace, so ``$PYTRITON_HOME`` must be a short path (a socket's path
   has at most 107 bytes); a longer one is refused at start instead of a model load that times out.
 """
@@ -80,6 +85,11 @@ def put_running_libpython_first() -> None:
         return
     rest = [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p and p != libdir]
     os.environ["LD_LIBRARY_PATH"] = ":".join([libdir, *rest])
+
+
+def load_instances_one_at_a_time() -> None:
+    """Triton loads the instances of a model one after another (see the module doc), unless the caller chose."""
+    os.environ.setdefault("TRITON_PARALLEL_INSTANCE_LOADING", "0")
 
 
 def load_model():
@@ -176,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     stop_on_signals()
     put_running_libpython_first()
+    load_instances_one_at_a_time()
     workspace = new_workspace(args.instances)
     try:
         serve(args, workspace)

@@ -343,7 +343,10 @@ def _wait_for_charts(page, name: str, expected: int) -> list[dict]:
                                " && x.traces > 0 && x.drawn > 0 && x.width > 50 && x.height > 50); }",
                                timeout=180_000, polling=STATE_POLL_MS)
     except PlaywrightTimeout as exc:
-        raise AssertionError(f"{name}: charts not drawn in 180 s: {page.evaluate('() => window.__charts()')}") from exc
+        said = page.evaluate("() => Array.from(document.querySelectorAll('.jp-OutputArea .widget-html'))"
+                             ".map(e => e.textContent)")  # a knob panel's status line says why it has no chart
+        raise AssertionError(f"{name}: charts not drawn in 180 s: {page.evaluate('() => window.__charts()')}; "
+                             f"widget text: {said}") from exc
     drawn = page.evaluate("() => window.__charts()")
     assert len(drawn) >= expected and not _blank(drawn), f"{name}: charts not drawn: {drawn}"
     return drawn

@@ -135,3 +135,21 @@ def test_the_controls_offer_exactly_the_declared_choices_and_steps():
         else:
             values = [v for _, v in control._options_full] if spec.nullable else list(control.options)
             assert [v for v in values if v != 0 or not spec.nullable] == list(spec.steps), spec.name
+
+
+def test_a_front_end_that_opens_the_figure_late_gets_its_traces(panel):
+    """The state a browser reads when it opens the figure's widget holds the traces on show: trace messages sent
+    before the browser's widget code has loaded are dropped (plotly's anywidget FigureWidget), and a loaded
+    machine showed an empty chart under the panel."""
+    def synced(figure: go.FigureWidget) -> int:
+        return len(figure.get_state()["_widget_data"])
+
+    assert panel.children[-1] is panel.figure and synced(panel.figure) == len(panel.figure.data) > 0
+    one_bar = lambda result, history, device=None: go.Figure(go.Bar(y=[viz_throughput(result)]))  # noqa: E731
+    panel.chart = one_bar
+    panel.set(batch_size=8)  # a figure of another shape
+    assert panel.children[-1] is panel.figure and synced(panel.figure) == len(panel.figure.data) == 1
+
+
+def viz_throughput(result) -> float:
+    return result.throughput_rps

@@ -144,19 +144,23 @@ class KnobPanel(w.VBox):
         self.status.value = f'<span style="color:{color}">{html.escape(text)}</span>'
 
     def _draw(self, fig: go.Figure) -> None:
-        """Copy ``fig`` into the FigureWidget: same traces updated in place inside one batch update."""
+        """Show ``fig``: the same traces are updated in place inside one batch update; traces of another shape
+        get a new ``FigureWidget`` built from ``fig``. A widget's traces added after it was made travel only as
+        messages, which a browser whose widget code is still loading drops (plotly's anywidget FigureWidget);
+        one built from the figure carries them in the state the browser opens it with."""
         target = self.figure
         same = len(target.data) == len(fig.data) and all(a.type == b.type for a, b in zip(target.data, fig.data))
         if not same:
-            target.data = ()
-            target.add_traces(list(fig.data))
+            self.figure = go.FigureWidget(fig)
+            self.children = (*self.children[:-1], self.figure)
+            target.close()
+            return
         with target.batch_update():
-            if same:
-                for old, new in zip(target.data, fig.data):
-                    props = new.to_plotly_json()
-                    props.pop("type", None)
-                    props.pop("uid", None)
-                    old.update(props, overwrite=True)
+            for old, new in zip(target.data, fig.data):
+                props = new.to_plotly_json()
+                props.pop("type", None)
+                props.pop("uid", None)
+                old.update(props, overwrite=True)
             target.layout.update(fig.layout.to_plotly_json(), overwrite=True)
 
 
