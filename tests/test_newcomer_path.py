@@ -429,7 +429,7 @@ def test_a_newcomer_tunes_the_docs_example_service_and_gets_a_runnable_line(tmp_
     done = subprocess.run([sys.executable, "-m", "tuning", "investigate", "--cmd",
                            "env MAX_BATCH={max_batch} " + sys.executable + " mysvc.py {port}", "--space",
                            "max_batch=1,8", "--url", "http://127.0.0.1:{port}/predict", "--body", '{"input": "{text}"}',
-                           "--quick", "--limit", "40", "--out", str(out)],
+                           "--quick", "--limit", "40", "--verify", "10", "--out", str(out)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode in (0, 3), done.stderr[-3000:]

@@ -9,6 +9,7 @@ import argparse
 import contextlib
 import difflib
 import json
+import math
 import re
 import sys
 import time
@@ -507,6 +508,7 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
+    from tuning.experiments.defaults import CLOSED_LOOP_CLIENTS
     from tuning.experiments.watch import watch
     from tuning.present.tables import format_watch
 
@@ -518,8 +520,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
     api = api_from_args(args) if args.url else None
     url = api.url(args.url) if api else None
     inputs = _api_inputs(args, api, _inputs(args)) if args.url else None
-    result = watch(args.pid, url, inputs, concurrency=args.concurrency or 8, duration_s=args.duration,
-                   interval=args.interval, api=api, metrics_url=args.metrics_url)
+    result = watch(args.pid, url, inputs, concurrency=args.concurrency or CLOSED_LOOP_CLIENTS,
+                   duration_s=args.duration, interval=args.interval, api=api, metrics_url=args.metrics_url)
     if result.load is not None:  # an honest watch: no ok answer, no diagnosis (as loadtest)
         s = result.load.summary()
         _nothing_done(s["ok"], s["submitted"], [{"reason": s["stopped_early"]}] if s.get("stopped_early")
@@ -699,6 +701,16 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a number of seconds >= 0 (0: none)")
+    return value
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from tuning.present.tables import table
     from tuning.sim.calibrate import calibrate_files, describe, unidentified
@@ -726,6 +738,8 @@ def cmd_investigate(args: argparse.Namespace) -> int:
 
     if args.url or args.cmd or args.server:
         return cmd_investigate_service(args)
+    _refuse(_given(args), ["--verify"], "it holds a service's claimed capacity (--url, --cmd or --server); hold the "
+            "embedded pipeline's with the `loadtest ... --target-p99-ms` line its run prints")
     from tuning.experiments.ladder import LadderError
     from tuning.present.investigation import investigate
     from tuning.present.tables import format_investigation
@@ -863,6 +877,7 @@ def tune_settings(args: argparse.Namespace) -> Any:
 def cmd_investigate_service(args: argparse.Namespace) -> int:
     """``investigate --url`` (a running service) or ``--cmd`` (started per configuration): the engine, then
     the baseline and the winner watched under load, in summary.json and report.html."""
+    from tuning.experiments.defaults import VERIFY_S_FULL, VERIFY_S_QUICK
     from tuning.experiments.service import SUMMARY, investigate_service
     from tuning.experiments.tune import read_checkpoint
     from tuning.load.apis import request_bodies
@@ -895,10 +910,12 @@ def cmd_investigate_service(args: argparse.Namespace) -> int:
                          "run it without --url/--cmd, or this one without --resume")
     out = args.out if args.resume is None or "--out" in _given(args) else args.resume
     say = (lambda line: None) if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
+    verify_s = args.verify if args.verify is not None else (VERIFY_S_QUICK if args.quick else VERIFY_S_FULL)
     with sigterm_as_interrupt():
         inv = investigate_service(url, lambda a: request_bodies(a, inputs, formatter), api, args.target_p99_ms,
                                   settings, cmd=cmd, space=space, ready_url=ready, metrics_url=metrics, pid=args.pid,
-                                  out=out, resume=previous, server=args.server, say=say, on_save=write_service_files)
+                                  out=out, resume=previous, server=args.server, say=say, on_save=write_service_files,
+                                  verify_s=verify_s)
     code = _emit(args, inv.summary(), lambda: format_service(inv))
     if inv.interrupted:
         if out is not None:
@@ -1019,7 +1036,7 @@ def _add_tune_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _add_investigate_flags(p: argparse.ArgumentParser) -> None:
-    from tuning.experiments.defaults import DEFAULT_OUT, OBJECTIVES
+    from tuning.experiments.defaults import DEFAULT_OUT, OBJECTIVES, VERIFY_S_FULL, VERIFY_S_QUICK
 
     what = p.add_argument_group("what to investigate (default: the embedded pipeline on the shipped requests)")
     _add_data_flags(what)
@@ -1051,6 +1068,10 @@ def _add_investigate_flags(p: argparse.ArgumentParser) -> None:
     service.add_argument("--pid", type=_positive_int, default=None, help="--url: the service's process, for "
                          "per-thread CPU and memory (default: the process listening on the URL's port, when it is "
                          "on this machine)")
+    service.add_argument("--verify", type=_non_negative_float, default=None, metavar="SECONDS",
+                         help="hold the claimed capacity open-loop this long before it is shipped, lower where it "
+                              f"does not hold (default: {VERIFY_S_QUICK:.0f} with --quick, else {VERIFY_S_FULL:.0f}; "
+                              "0: no hold)")
     _add_metrics_flag(service)
     _add_api_flags(p.add_argument_group("the service's API"))
     output = p.add_argument_group("output")

@@ -11,3 +11,7 @@ DEFAULT_OUT = "investigation"  # investigate's output folder
 # flight; a cap of 8 would hold every batch at 8 and measure the client). Where it binds, the result's send lag says so.
 OPEN_LOOP_IN_FLIGHT = 256
 CLOSED_LOOP_CLIENTS = 8  # loadtest's closed loop without --concurrency
+# investigate's hold of the claimed capacity on a service (--verify), seconds: minutes, so that a queue that settles
+# slowly near the ceiling, or a pace that falls as the queue grows, shows before the claim is shipped
+VERIFY_S_QUICK = 60.0
+VERIFY_S_FULL = 180.0

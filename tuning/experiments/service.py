@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from tuning.base.format import rounded
+from tuning.base.format import fixed, rounded
 from tuning.experiments.engine import ConfigError
 from tuning.experiments.trial import Trial
 from tuning.experiments.tune import HttpMeasure, SwitchingMeasure, TuneResult, TuneSettings, fill, label, run_tune
+from tuning.experiments.verify import Verified, hold_claim
 
 SUMMARY = "summary.json"
 REPORT = "report.html"
@@ -82,8 +83,8 @@ def per_text(trial: Trial, texts: int) -> Trial:
 
 
 class ClientMeasure:
-    """``measure(values, *, rate=None, seed=None, window_s=None) -> Trial`` on a running service, where
-    ``values`` holds the client's levers (``client_batch``): the API with that many texts per request, its
+    """``measure(values, *, rate=None, seed=None, window_s=None, warmup_s=None) -> Trial`` on a running service,
+    where ``values`` holds the client's levers (``client_batch``): the API with that many texts per request, its
     bodies encoded once; ``rate`` and the result in texts per second."""
 
     def __init__(self, url: str, encode: Callable[[Any], list[Any]], api: Any, settings: TuneSettings,
@@ -102,14 +103,16 @@ class ClientMeasure:
         return self._measures[n]
 
     def __call__(self, values: dict[str, str], *, rate: float | None = None, record: bool = False,
-                 seed: int | None = None, window_s: float | None = None) -> Trial:
+                 seed: int | None = None, window_s: float | None = None, warmup_s: float | None = None) -> Trial:
         n = self.texts(values)
-        if rate is not None:  # a target window holds the engine's number of outcomes: requests, not texts
+        if rate is not None:
             rate = rate / n
+        if rate is not None and warmup_s is None:  # a target window (a hold's length is as asked) holds the
+            # engine's number of outcomes: requests, not texts
             first = self.settings.engine.target_window_s(rate)
             # a window shorter than a first look (the ceiling's) holds as many requests as the engine asked texts
             window_s = first if window_s is None or window_s >= first else min(window_s * n, first)
-        trial = self.http(values)(values, rate=rate, seed=seed, window_s=window_s)
+        trial = self.http(values)(values, rate=rate, seed=seed, window_s=window_s, warmup_s=warmup_s)
         if trial.ok == 0 and rate is None:
             raise ConfigError(f"no ok answer with {n} text(s) per request (first reason: {trial.first_error})")
         return per_text(trial, n)
@@ -161,6 +164,7 @@ class ServiceInvestigation:
     diagnosed: dict[str, dict[str, Any]] = field(default_factory=dict)  # role -> watch summary + stages
     wall_s: float = math.nan
     metrics_url: str | None = None
+    verified: Verified | None = None  # the claim held open-loop (stage 5), when asked for
 
     @property
     def interrupted(self) -> bool:
@@ -168,7 +172,16 @@ class ServiceInvestigation:
 
     @property
     def target_met(self) -> bool:
-        return self.tune.best is not None
+        """A configuration met the target, and where its claim was held, a hold held."""
+        return self.tune.best is not None and (self.verified is None or self.verified.held is not None)
+
+    @property
+    def capacity(self) -> float | None:
+        """The capacity shipped: the highest rate held where the claim was held, else the target check's claim."""
+        best = self.tune.best
+        if best is None or best.capacity is None or not best.capacity.met:
+            return None
+        return self.verified.held if self.verified is not None else best.capacity.capacity
 
     def summary(self) -> dict[str, Any]:
         s = self.tune.summary()
@@ -177,7 +190,9 @@ class ServiceInvestigation:
                 "service": {"mode": self.mode, "server": self.server, "metrics_url": self.metrics_url,
                             "texts_per_s": self.tune.settings.engine.unit == "texts/s"},
                 "wall_s": rounded(self.wall_s, 2), "out": str(self.out) if self.out else None,
-                "ship": _ship(self, best), "diagnosis": self.diagnosed}
+                "ship": _ship(self, best) if self.target_met else None, "capacity": rounded(self.capacity),
+                "verified": self.verified.summary() if self.verified is not None else None,
+                "diagnosis": self.diagnosed}
 
 
 def _ship(inv: ServiceInvestigation, best: Any) -> str | None:
@@ -194,7 +209,8 @@ def investigate_service(url: str, encode: Callable[[Any], list[Any]], api: Any, 
                         out: Path | None = None, resume: dict[str, Any] | None = None, server: str | None = None,
                         say: Callable[[str], None] | None = None, diagnose_s: float = DIAGNOSE_S,
                         watch_fn: Callable[..., Any] | None = None, measure: Callable[..., Trial] | None = None,
-                        on_save: Callable[[ServiceInvestigation], None] | None = None) -> ServiceInvestigation:
+                        on_save: Callable[[ServiceInvestigation], None] | None = None,
+                        verify_s: float = 0.0) -> ServiceInvestigation:
     """Decide with the engine, then diagnose the baseline and the winner (see the module docstring).
 
     ``encode(api) -> bodies``: the requests for that API (its ``client_batch`` texts each). ``cmd``: start each
@@ -202,7 +218,8 @@ def investigate_service(url: str, encode: Callable[[Any], list[Any]], api: Any, 
     ``client_batch`` only. ``on_save(inv)`` runs after every window and every diagnosis (the CLI writes
     ``summary.json`` and ``report.html`` to ``out`` there: :func:`tuning.present.service.write_service_files`).
     ``resume``: an earlier run's summary.json (same settings). ``watch_fn`` and ``measure``: replace the watch
-    and the load (tests)."""
+    and the load (tests). ``verify_s``: hold the claimed capacity open-loop this long before it is shipped
+    (:func:`~tuning.experiments.verify.hold_claim`; 0: no hold)."""
     say = say or (lambda line: None)
     write_files = on_save or (lambda inv: None)
     t0 = time.perf_counter()
@@ -227,6 +244,8 @@ def investigate_service(url: str, encode: Callable[[Any], list[Any]], api: Any, 
     try:
         inv.tune = run_tune(cmd, space, url, encode(api), api, target_p99_ms, settings, ready_url, say, save, resume,
                             measure, metrics_url)
+        if verify_s > 0 and not inv.tune.interrupted and inv.capacity is not None:
+            inv.verified = verify(inv, measure, verify_s, say, write_files)
         if not inv.tune.interrupted and not inv.tune.error and inv.tune.decision is not None:
             diagnose_roles(inv, measure, (url, encode, api, metrics_url), settings, diagnose_s, pid, say,
                            watch_fn, write_files)
@@ -239,6 +258,36 @@ def investigate_service(url: str, encode: Callable[[Any], list[Any]], api: Any, 
     inv.wall_s = time.perf_counter() - t0
     write_files(inv)
     return inv
+
+
+HOLD_SALT = 5_000_011  # the holds' arrivals: apart from every window the engine measured
+
+
+def verify(inv: ServiceInvestigation, measure: Callable[..., Trial], seconds: float, say: Callable[[str], None],
+           write_files: Callable[[ServiceInvestigation], None]) -> Verified:
+    """Hold the shipped configuration's claim for ``seconds`` (lower where it does not hold), saying each hold."""
+    best = inv.tune.best
+    unit = inv.tune.settings.engine.unit
+    count = iter(range(HOLD_SALT, HOLD_SALT + 1_000))
+
+    def hold(rate: float, settle_s: float, judged_s: float) -> Trial:
+        say(f"holding {rate:.1f} {unit} for {settle_s + judged_s:.0f} s with {label(best.values) or 'the service'}")
+        return measure(best.values, rate=rate, seed=next(count), window_s=judged_s, warmup_s=settle_s)
+
+    def held(so_far: Verified) -> None:
+        inv.verified = so_far  # a Ctrl-C during the next hold keeps this one in the files
+        write_files(inv)
+        h = so_far.holds[-1]
+        say(f"  {'held' if h.held else 'not held'}: p99 {fixed(h.check['p99_ms'], '.0f')} ms, {h.qps:.1f} ok/s"
+            + (f" ({h.why_not()})" if not h.held else ""))
+
+    try:
+        return hold_claim(hold, best.capacity.capacity, seconds, inv.tune.target_p99_ms, unit, on_hold=held)
+    except ConfigError as exc:  # its server died or stopped answering: nothing is held
+        failed = inv.verified or Verified(best.capacity.capacity, seconds, inv.tune.target_p99_ms, unit)
+        failed.error = str(exc)
+        say(f"  not held: {exc}")
+        return failed
 
 
 def roles(result: TuneResult) -> list[tuple[str, dict[str, str]]]:

@@ -382,8 +382,9 @@ def check_resumable(previous: dict[str, Any], cmd: str, space: dict[str, list[st
 
 
 class HttpMeasure:
-    """``measure(config, *, rate=None, record=False, seed=None, window_s=None) -> Trial`` against a URL: a closed
-    loop at ``concurrency`` or Poisson arrivals at ``rate``, through ``api``."""
+    """``measure(config, *, rate=None, record=False, seed=None, window_s=None, warmup_s=None) -> Trial`` against a
+    URL: a closed loop at ``concurrency`` or Poisson arrivals at ``rate``, through ``api``; ``warmup_s``: the
+    unmeasured start (default the settings')."""
 
     def __init__(self, url: str, bodies: Sequence[Any], api: Any, settings: TuneSettings,
                  metrics_url: str | None = None):
@@ -392,7 +393,7 @@ class HttpMeasure:
         self.runs = 0
 
     def __call__(self, config: Any = None, *, rate: float | None = None, record: bool = False,
-                 seed: int | None = None, window_s: float | None = None) -> Trial:
+                 seed: int | None = None, window_s: float | None = None, warmup_s: float | None = None) -> Trial:
         import warnings
 
         from tuning.load.generator import run_load
@@ -405,7 +406,8 @@ class HttpMeasure:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             result = run_load(self.url, self.bodies, concurrency=s.concurrency if rate is None else OPEN_LOOP_IN_FLIGHT,
-                              duration_s=window_s or s.engine.window_s, rate=rate, warmup_s=s.warmup_s,
+                              duration_s=window_s or s.engine.window_s, rate=rate,
+                              warmup_s=s.warmup_s if warmup_s is None else warmup_s,
                               seed=seed or 0, api=self.api, busy_probe=probe)
         return with_server_metrics(Trial.from_load(result), probe.result() if probe is not None else None)
 
@@ -426,8 +428,8 @@ def with_server_metrics(trial: Trial, metrics: Any) -> Trial:
 
 
 class SwitchingMeasure:
-    """``measure(values, *, rate=None, seed=None, window_s=None) -> Trial`` with that configuration's server
-    running: the last :data:`KEEP_WARM` configurations asked for keep their servers (each on its own free
+    """``measure(values, *, rate=None, seed=None, window_s=None, warmup_s=None) -> Trial`` with that configuration's
+    server running: the last :data:`KEEP_WARM` configurations asked for keep their servers (each on its own free
     port), so that the confirmation's interleaved pairs find both arms warm, the one not measured paused (SIGSTOP:
     warm, and taking no CPU from the one measured); an older one is stopped (its whole process group). A server
     that does not come up, or dies, raises :class:`~tuning.experiments.engine.ConfigError` (that configuration's
@@ -489,10 +491,10 @@ class SwitchingMeasure:
         return entry
 
     def __call__(self, values: dict[str, str], *, rate: float | None = None, record: bool = False,
-                 seed: int | None = None, window_s: float | None = None) -> Trial:
+                 seed: int | None = None, window_s: float | None = None, warmup_s: float | None = None) -> Trial:
         key = label(values)
         group, measure = self.running_server(values)
-        trial = measure(values, rate=rate, seed=seed, window_s=window_s)
+        trial = measure(values, rate=rate, seed=seed, window_s=window_s, warmup_s=warmup_s)
         if not group.alive():
             row = self.row(values)
             row.error = f"the server exited with {group.proc.returncode} while measured; its output ends: {group.tail()}"

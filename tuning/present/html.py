@@ -526,6 +526,7 @@ def render_tune(result: Any, resume_dir: Any = None, title: str = "tune: the ser
     ``--resume`` would go on from (named in the banner of a run cut short)."""
     from tuning import viz
     from tuning.experiments.search import shown
+    from tuning.experiments.verify import held_sentence
     from tuning.present.tables import run_it, tune_rows
 
     s = dict(result) if isinstance(result, dict) else result.summary()
@@ -550,12 +551,17 @@ def render_tune(result: Any, resume_dir: Any = None, title: str = "tune: the ser
                          charts.block(lambda: viz.tune_chart(s), lambda: tune_throughput_sentence(s))),
                 _section("target", "Target checks",
                          charts.block(lambda: viz.target_check_chart(s), lambda: tune_probes_sentence(s)))]
-    if best:
+    verified = s.get("verified")
+    held = verified is None or verified.get("held") is not None
+    if best and held:
         how, what = run_it(s)
-        ship = ([f"<p>{best['capacity']:.1f} {unit} at p99 ≤ {fixed(target, '.0f')} ms. Run it ({{port}}: "
+        cap = verified["held"] if verified else best["capacity"]
+        ship = ([f"<p>{cap:.1f} {unit} at p99 ≤ {fixed(target, '.0f')} ms. Run it ({{port}}: "
                  "your port):</p>", f"<pre>{_esc(what)}</pre>"] if how == "run it" else
-                [f"<p>{best['capacity']:.1f} {unit} at p99 ≤ {fixed(target, '.0f')} ms. Your client: "
+                [f"<p>{cap:.1f} {unit} at p99 ≤ {fixed(target, '.0f')} ms. Your client: "
                  f"{_esc(what)}.</p>"])
+        if verified:
+            ship.append(f"<p>{_esc(held_sentence(verified))}.</p>")
         if s.get("indeterminate"):
             ship.append(f'<p class="note">{_esc(s["indeterminate"])}.</p>')
         sections.append(_section("ship", "What to run", "".join(ship)))
@@ -570,6 +576,9 @@ def render_tune(result: Any, resume_dir: Any = None, title: str = "tune: the ser
     elif not best and not s.get("interrupted"):
         alerts += (f'<div class="banner miss">TARGET NOT MET: no configuration checked kept p99 ≤ '
                    f'{fixed(target, ".0f")} ms at any rate tried.</div>')
+    elif not held:
+        alerts += (f'<div class="banner miss">TARGET NOT MET when held: its target check claimed '
+                   f'{best["capacity"]:.1f} {unit}; {_esc(held_sentence(verified))}.</div>')
     resumed = s.get("resumed") or 0
     head = ("<h1>tune: the service's own knobs</h1>"
             f'<p class="muted">{_dt.datetime.now().isoformat(timespec="seconds")} · '

@@ -341,10 +341,8 @@ def format_investigation(inv: Investigation) -> str:
                   f"      {ladder.python_call()}", *([f"      (the baseline stays: {why})"] if why else [])]
         cap = ladder.capacity
         if cap is not None and cap.met:
-            said = bursts_line(cap)
-            lines += [said] if said else []
-            lines.append(command_lines(f"python -m tuning loadtest {ladder.set_line()} --rate {cap.capacity:.1f} "
-                                       f"--duration {hold_seconds(cap)} --target-p99-ms {t:g}", lead="hold it: "))
+            lines += claim_lines(cap, f"python -m tuning loadtest {ladder.set_line()} --rate {cap.capacity:.1f} "
+                                     f"--duration {hold_seconds(cap)} --target-p99-ms {t:g}")
     for v in inv.what_if.get("verdicts", []):
         lines.append(f"what-if: {v}")
     for c in (inv.what_if.get("host_cores") or {}).values():
@@ -387,9 +385,10 @@ def tune_rows(rows: Any, space: Any, unit: str = "req/s") -> list[dict[str, Any]
     return out
 
 
-def format_tune(result: Any, unit: str = "req/s", command: str = "tune") -> str:
+def format_tune(result: Any, unit: str = "req/s", command: str = "tune", verified: Any = None) -> str:
     """``tune``'s ending: the table, the confirmation, the target checks, and the configuration to run
-    (``unit``: texts/s where configurations send different numbers of texts per request)."""
+    (``unit``: texts/s where configurations send different numbers of texts per request); ``verified``: the
+    claim's holds (:class:`~tuning.experiments.verify.Verified`), whose highest held rate is what ships."""
     from tuning.experiments.search import shown
 
     s = result.summary()
@@ -422,19 +421,26 @@ def format_tune(result: Any, unit: str = "req/s", command: str = "tune") -> str:
     if result.error:
         lines.append(f"NOT DECIDED: {result.error}")
     best = result.best
+    with_values = shown(' '.join(f'{k}={v}' for k, v in best.values.items())) if best is not None else ""
     if best is None:
         if not result.interrupted and not result.error:
             lines.append(f"TARGET NOT MET: no configuration kept p99 <= {result.target_p99_ms:.0f} ms at any rate tried")
+    elif verified is not None and verified.held is None:
+        lines.append(f"TARGET NOT MET when held: {with_values} was claimed at {best.capacity.capacity:.1f} {unit} "
+                     f"by its target check; {verified.sentence()}")
     else:
-        lines.append(f"ship: capacity {best.capacity.capacity:.1f} {unit} at p99 <= {result.target_p99_ms:.0f} ms with "
-                     f"{shown(' '.join(f'{k}={v}' for k, v in best.values.items()))}")
+        cap = verified.held if verified is not None else best.capacity.capacity
+        lines.append(f"ship: capacity {cap:.1f} {unit} at p99 <= {result.target_p99_ms:.0f} ms with {with_values}")
+        if verified is not None:
+            lines.append(f"      {verified.sentence()}")
         how, what = run_it(s)
         lines.append(command_lines(what, lead="run it: ") if how == "run it" else f"{how}: {what}")
-        if s.get("url"):
-            said = bursts_line(best.capacity)
-            lines += [said] if said else []
-            lines.append(command_lines(hold_command(s, best.capacity.capacity, result.target_p99_ms, unit,
-                                                    hold_seconds(best.capacity)), lead="hold it: "))
+        if s.get("url") and verified is None:
+            lines += claim_lines(best.capacity, hold_command(s, cap, result.target_p99_ms, unit,
+                                                            hold_seconds(best.capacity)))
+        elif s.get("url") and verified.seconds < HOLD_S:  # a longer hold than this run's
+            lines.append(command_lines(hold_command(s, cap, result.target_p99_ms, unit, HOLD_S),
+                                       lead="hold it longer: "))
     return fit("\n".join(lines))
 
 
@@ -447,6 +453,12 @@ def hold_seconds(cap: Any) -> int:
     b = getattr(cap, "bursts", None) or {}
     need = b.get("hold_s") if b.get("verdict") != "pass" else None
     return max(HOLD_S, math.ceil(need)) if need is not None and math.isfinite(need) else HOLD_S
+
+
+def claim_lines(cap: Any, hold: str) -> list[str]:
+    """Under a met claim: whether its windows certified it with bursts counted, and the ``hold`` command."""
+    said = bursts_line(cap)
+    return [*([said] if said else []), command_lines(hold, lead="hold it: ")]
 
 
 def bursts_line(cap: Any) -> str | None:
@@ -528,7 +540,7 @@ def format_service(inv: Any) -> str:
     """``investigate --url`` / ``--cmd``'s ending: the engine's table and decision (as ``tune``), each watched
     configuration's diagnosis and latency stages, and what to ship."""
     s = inv.summary()
-    lines = [format_tune(inv.tune, inv.tune.settings.engine.unit, "investigate")]
+    lines = [format_tune(inv.tune, inv.tune.settings.engine.unit, "investigate", inv.verified)]
     for role, d in (s.get("diagnosis") or {}).items():
         if d.get("error"):
             lines.append(f"{role}: could not be watched: {d['error']}")

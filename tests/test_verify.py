@@ -1,0 +1,94 @@
+"""Holding the claim (``tuning.experiments.verify``): a claimed capacity is held open-loop before it ships, and
+a lower rate is held where it does not hold."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tuning.experiments import verify
+from tuning.experiments.trial import Trial
+
+TARGET = 800.0
+
+
+class Server:
+    """A server that keeps ``pace`` answers a second: below ``tail_from`` of it every answer takes 100 ms; from
+    there to its pace 3% take 2 s (a tail over the target, every arrival answered); past its pace it answers at
+    its pace and its queue grows, each answer later than the last. ``lag_ms``: the client's send lag."""
+
+    def __init__(self, pace: float, tail_from: float = 0.8, lag_ms: float = 0.0):
+        self.pace, self.tail_from, self.lag_ms = pace, tail_from, lag_ms
+        self.asked: list[tuple[float, float, float]] = []
+
+    def __call__(self, rate: float, settle_s: float, judged_s: float) -> Trial:
+        self.asked.append((rate, settle_s, judged_s))
+        n = int(rate * judged_s)
+        t = np.arange(n) / rate
+        if rate <= self.tail_from * self.pace:
+            lat, qps = np.full(n, 100.0), rate
+        elif rate <= self.pace:
+            lat, qps = np.where(np.arange(n) % 33 == 0, 2000.0, 100.0), rate
+        else:  # the backlog grows by (rate - pace) a second from the settle on
+            lat, qps = 100.0 + 1000.0 * (settle_s + t) * (rate - self.pace) / self.pace, self.pace
+        return Trial(qps=qps, p99_ms=float(np.percentile(lat, 99)), ok=n, submitted=n, window_s=judged_s, rate=rate,
+                     offered_rate=rate, latencies_ms=lat, lags_ms=np.full(n, self.lag_ms), arrivals_s=t)
+
+
+def test_a_claim_the_server_keeps_is_held_in_one_hold_judged_after_its_first_third():
+    server = Server(pace=50.0)
+    v = verify.hold_claim(server, 30.0, 60.0, TARGET)
+    assert v.held == 30.0 and len(v.holds) == 1
+    assert server.asked == [(30.0, pytest.approx(20.0), pytest.approx(40.0))]
+    said = v.sentence()
+    assert said.startswith("held 30.0 req/s for 60 s: p99 100 ms") and "last 67%" in said
+
+
+def test_a_claim_past_the_server_s_pace_is_held_lower_at_a_share_of_the_pace_it_kept():
+    server = Server(pace=33.0, tail_from=0.95)  # claimed at 38: a short window from an empty queue passed it
+    v = verify.hold_claim(server, 38.0, 60.0, TARGET)
+    first, second = v.holds
+    assert not first.held and not first.kept_up and "fell behind: 33.0 ok/s of 38.0" in first.why_not()
+    assert second.rate == pytest.approx(verify.STEP * 33.0) and second.held
+    assert v.held == pytest.approx(29.7)
+    assert "did not hold at 38.0 (the server fell behind" in v.sentence()
+
+
+def test_a_tail_over_the_target_steps_down_from_the_rate_itself():
+    server = Server(pace=40.0, tail_from=0.61)  # kept up with at 30, 3% of answers over the target
+    v = verify.hold_claim(server, 30.0, 60.0, TARGET)
+    assert [round(h.rate, 3) for h in v.holds] == [30.0, 27.0, 24.3]
+    assert [h.held for h in v.holds] == [False, False, True]
+    assert v.holds[0].kept_up and "p99 2000 ms over the 800 ms target" in v.holds[0].why_not()
+
+
+def test_none_held_withdraws_the_claim_and_says_what_each_hold_measured():
+    server = Server(pace=10.0)
+    v = verify.hold_claim(server, 50.0, 30.0, TARGET)
+    assert len(v.holds) == verify.HOLD_TRIES and v.held is None
+    said = v.sentence()
+    assert said.startswith("NOT HELD: no hold of 30 s met the target; did not hold at 50.0 (the server fell behind: "
+                           "10.0 ok/s of 50.0 offered); 9.0 (p99 2000 ms over the 800 ms target); 8.1")
+
+
+def test_a_hold_whose_tail_the_client_s_lag_explains_is_not_held():
+    server = Server(pace=50.0, tail_from=0.1, lag_ms=2500.0)
+    v = verify.hold_claim(server, 30.0, 60.0, TARGET, tries=1)
+    assert v.held is None and "client lagged" in v.holds[0].why_not()
+
+
+def test_each_hold_is_reported_as_it_ends_and_the_summary_reads_back_the_same():
+    server = Server(pace=33.0, tail_from=0.95)
+    seen = []
+    v = verify.hold_claim(server, 38.0, 60.0, TARGET, unit="texts/s", on_hold=lambda so_far: seen.append(
+        len(so_far.holds)))
+    assert seen == [1, 2]
+    s = v.summary()
+    assert s["held"] == pytest.approx(29.7) and s["unit"] == "texts/s" and len(s["holds"]) == 2
+    assert verify.held_sentence(s) == v.sentence() and "held 29.7 texts/s" in v.sentence()
+
+
+@pytest.mark.parametrize("claim, seconds", [(0.0, 60.0), (float("nan"), 60.0), (30.0, 0.0)])
+def test_a_hold_needs_a_rate_and_a_time(claim, seconds):
+    with pytest.raises(ValueError):
+        verify.hold_claim(Server(pace=50.0), claim, seconds, TARGET)

@@ -1,0 +1,136 @@
+"""Holding the claim (``docs/deciding.md``, stage 5): the capacity the target check claims, held open-loop for
+minutes before it is shipped.
+
+The check's windows last seconds and start from an empty queue. Near a server's ceiling a queue takes tens of
+seconds to settle, and a server whose pace falls as its queue grows (more connections, longer batching queues,
+a load client sharing its cores) answers a short window at a rate it cannot keep: such a window passes at a rate
+that misses the target within minutes. A hold is one open-loop window of ``seconds`` at the claimed rate, judged
+on its outcomes after the first :data:`SETTLE_SHARE` of it (the queue filling from empty): it holds when that
+p99 is within the target and the server answered at the rate offered (:data:`~tuning.experiments.capacity.KEEP_UP`)
+and the client's own lag does not explain its tail. One that does not hold is followed by one lower, at
+:data:`STEP` of its rate, or of the pace the server kept when it fell behind (the pace past its ceiling, measured
+over the hold), :data:`HOLD_TRIES` holds at most. The capacity shipped is the highest rate held; none held, the
+claim is withdrawn with what each hold measured.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from tuning.base.format import fixed, rounded
+from tuning.experiments.capacity import KEEP_UP, hold_check
+from tuning.experiments.trial import Trial
+
+SETTLE_SHARE = 1 / 3  # a hold's first third is the queue filling from empty: not judged
+STEP = 0.9  # a hold that did not hold: the next at this share of its rate, or of the pace kept when it fell behind
+HOLD_TRIES = 3  # holds at most, the claim's first
+
+
+@dataclass
+class Hold:
+    """One hold: its rate, how long, the judged outcomes' check (:func:`~tuning.experiments.capacity.hold_check`)
+    and the ok answers per second it got."""
+
+    rate: float
+    seconds: float
+    check: dict[str, Any]
+    qps: float
+    offered: float
+
+    @property
+    def kept_up(self) -> bool:
+        return bool(self.offered > 0 and math.isfinite(self.qps) and self.qps >= KEEP_UP * self.offered)
+
+    @property
+    def held(self) -> bool:
+        p99 = self.check.get("p99_ms")
+        return bool(p99 is not None and p99 <= self.check["target_p99_ms"] and self.kept_up
+                    and not self.check.get("lag_explains"))
+
+    def why_not(self) -> str | None:
+        """Why it did not hold, in words (None: it held)."""
+        if self.held:
+            return None
+        if self.check.get("lag_explains"):
+            return "the client lagged its schedule (the client's figure, not the server's)"
+        if not self.kept_up:
+            return f"the server fell behind: {self.qps:.1f} ok/s of {self.offered:.1f} offered"
+        return f"p99 {self.check['p99_ms']:.0f} ms over the {self.check['target_p99_ms']:.0f} ms target"
+
+    def row(self) -> dict[str, Any]:
+        return {"rate": rounded(self.rate), "seconds": rounded(self.seconds), "held": self.held,
+                "kept_up": self.kept_up, "ok_per_s": rounded(self.qps), "offered": rounded(self.offered),
+                "why_not": self.why_not(), **{k: self.check.get(k) for k in (
+                    "p99_ms", "p99_low_ms", "p99_high_ms", "share", "share_high", "n", "errors", "lag_p99_ms")}}
+
+
+@dataclass
+class Verified:
+    """The claim's holds, in order; ``held`` the highest rate held (None: none)."""
+
+    claim: float
+    seconds: float
+    target_p99_ms: float
+    unit: str = "req/s"
+    holds: list[Hold] = field(default_factory=list)
+    error: str | None = None  # the server failed during a hold: nothing is held
+
+    @property
+    def held(self) -> float | None:
+        return None if self.error else next((h.rate for h in self.holds if h.held), None)
+
+    def summary(self) -> dict[str, Any]:
+        return {"claim": rounded(self.claim), "seconds": rounded(self.seconds), "held": rounded(self.held),
+                "unit": self.unit, "settle_share": rounded(SETTLE_SHARE), "error": self.error,
+                "holds": [h.row() for h in self.holds]}
+
+    def sentence(self) -> str:
+        """What the holds said, in one line (:func:`held_sentence`)."""
+        return held_sentence(self.summary())
+
+
+def held_sentence(v: dict[str, Any]) -> str:
+    """What a claim's holds said (``Verified.summary()``, also as read back from summary.json), in one line."""
+    u, s = v["unit"], f"{v['seconds']:.0f} s"
+    holds = v.get("holds") or []
+    if v.get("error"):
+        return f"NOT HELD: the server failed during a hold: {v['error']}"
+    if not holds:
+        return f"not held: stopped before the hold of {v['claim']:.1f} {u}"  # a Ctrl-C during the first
+    last = holds[-1]
+    if last["held"]:
+        said = (f"held {last['rate']:.1f} {u} for {s}: p99 {fixed(last['p99_ms'], '.0f')} ms "
+                f"[{fixed(last['p99_low_ms'], '.0f')}-{fixed(last['p99_high_ms'], '.0f')}] over its last "
+                f"{100 * (1 - v['settle_share']):.0f}%, {fixed(last['share'], '.2f', scale=100)}% over the target")
+        said += f", client lag p99 {last['lag_p99_ms']:.0f} ms" if last.get("lag_p99_ms") is not None else ""
+    else:
+        said = f"NOT HELD: no hold of {s} met the target"
+    missed = [f"{h['rate']:.1f} ({h['why_not']})" for h in holds if not h["held"]]
+    return said + (f"; did not hold at {'; '.join(missed)}" if missed else "")
+
+
+def hold_claim(hold: Callable[[float, float, float], Trial], claim: float, seconds: float, target_p99_ms: float,
+               unit: str = "req/s", tries: int = HOLD_TRIES,
+               on_hold: Callable[[Verified], None] | None = None) -> Verified:
+    """Hold ``claim`` (see the module doc). ``hold(rate, settle_s, judged_s) -> Trial``: one open-loop window at
+    ``rate`` whose first ``settle_s`` are not measured and whose next ``judged_s`` are; ``on_hold(verified)``
+    runs after each hold (progress, the files: a Ctrl-C during the next keeps it)."""
+    if not (claim > 0 and math.isfinite(claim)):
+        raise ValueError(f"claim={claim!r}: a hold needs a positive rate")
+    if not seconds > 0:
+        raise ValueError(f"seconds={seconds!r}: a hold lasts a positive time (0 skips the holds)")
+    out = Verified(claim, seconds, target_p99_ms, unit)
+    rate = claim
+    for _ in range(tries):
+        trial = hold(rate, SETTLE_SHARE * seconds, (1 - SETTLE_SHARE) * seconds)
+        offered = trial.offered_rate if math.isfinite(trial.offered_rate) else rate
+        h = Hold(rate, seconds, hold_check(trial, target_p99_ms), trial.qps, offered)
+        out.holds.append(h)
+        if on_hold is not None:
+            on_hold(out)
+        if h.held:
+            break
+        rate = STEP * (rate if h.kept_up else min(rate, h.qps))
+    return out
