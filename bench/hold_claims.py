@@ -1,5 +1,6 @@
-"""The claim held on a real server (issue #57, item 7): ``investigate --server NAME --quick`` as a user runs it,
-then its shipped configuration's server held open-loop at the claimed rate, ``--holds`` times for
+"""The claim held on a real server (issue #57, item 7): ``investigate --server NAME --quick`` as a user runs it
+(its own holds of the claim included: ``--verify``, 60 s in quick mode), then its shipped configuration's server
+held open-loop at the capacity it shipped, ``--holds`` times for
 ``--hold-s`` seconds each (``loadtest --target-p99-ms``, the batches verdict of ``capacity.hold_check``), then
 held for ``--probe-s`` at multiples of the claim, up (``ABOVE``) while the holds at the claim met the target,
 down (``BELOW``) while they did not, until the verdict changes: how far the claim is from the rate where the
@@ -61,7 +62,7 @@ def main() -> None:
     if previous is not None:
         run = previous["investigate"]
         code, seconds, claim, ship, unit = run["exit"], run["seconds"], run["capacity"], run["ship"], run["unit"]
-        stderr = run.get("stderr")
+        stderr, verified, checked = run.get("stderr"), run.get("verified"), run.get("target_check_capacity")
     else:
         out_dir = Path(tempfile.mkdtemp(prefix=f"hold-claims-{args.server}-"))
         own = server_command(args.server)
@@ -69,7 +70,10 @@ def main() -> None:
                                "--target-p99-ms", str(args.target_p99_ms), "--out", str(out_dir), cwd=ROOT,
                                timeout=3600)
         best = s.get("best") or {}
-        claim, ship, stderr = best.get("capacity"), s.get("ship"), s.get("stderr")
+        # what ships is the rate the run held (--verify, stage 5), else its target check's claim
+        verified, checked = s.get("verified"), best.get("capacity")
+        claim = s.get("capacity") if "capacity" in s else checked
+        ship, stderr = s.get("ship"), s.get("stderr")
         unit = "texts/s" if (s.get("service") or {}).get("texts_per_s") else "req/s"
         bursts = next((c.get("bursts") for c in s.get("target_checks") or []
                        if isinstance(c, dict) and c.get("capacity") == claim), None)
@@ -102,13 +106,14 @@ def main() -> None:
             server.close()
     met = [h["multiple"] for h in ladder if h["met"]] + ([1.0] if at_claim and 2 * sum(h["met"] for h in at_claim)
                                                            > len(at_claim) else [])
-    out = {"what": f"investigate --server {args.server} --quick's claim held open-loop on the real server: "
+    out = {"what": f"investigate --server {args.server} --quick's shipped capacity (its target check's claim, held "
+                   "by its own --verify holds) held open-loop on the real server: "
                    f"{args.holds} holds of {args.hold_s:.0f} s at the claim, then {args.probe_s:.0f}-s holds at "
                    "multiples of it, up while the holds at the claim met the p99 target (down while they did not), "
                    "until the verdict changed; MEASURED, not simulated",
            "simulated": False, "server": args.server, "target_p99_ms": args.target_p99_ms,
            "investigate": {"exit": code, "seconds": seconds, "ship": ship, "capacity": claim, "unit": unit,
-                           "stderr": stderr},
+                           "target_check_capacity": checked, "verified": verified, "stderr": stderr},
            "bursts": bursts, "holds_at_claim": at_claim, "met_at_claim": sum(h["met"] for h in at_claim),
            "ladder": ladder, "highest_met_multiple": max(met, default=None),
            "wall_s": round(time.time() - t0 + (previous["wall_s"] if previous is not None else 0.0), 1)}
