@@ -76,7 +76,7 @@ def main() -> None:
         ship, stderr = s.get("ship"), s.get("stderr")
         unit = "texts/s" if (s.get("service") or {}).get("texts_per_s") else "req/s"
         bursts = next((c.get("bursts") for c in s.get("target_checks") or []
-                       if isinstance(c, dict) and c.get("capacity") == claim), None)
+                       if isinstance(c, dict) and c.get("capacity") == checked), None)
     print(f"investigate --server {args.server}: exit {code} in {seconds} s; ship {ship!r} claiming {claim}", flush=True)
     api_flags = ["--api", recipe.api, *[f for k, v in recipe.api_options.items()
                                         for f in (f"--{k.replace('_', '-')}", str(v))]]
@@ -106,8 +106,8 @@ def main() -> None:
             server.close()
     met = [h["multiple"] for h in ladder if h["met"]] + ([1.0] if at_claim and 2 * sum(h["met"] for h in at_claim)
                                                            > len(at_claim) else [])
-    out = {"what": f"investigate --server {args.server} --quick's shipped capacity (its target check's claim, held "
-                   "by its own --verify holds) held open-loop on the real server: "
+    out = {"what": f"investigate --server {args.server} --quick's shipped capacity (the rate its own --verify holds "
+                   "held, from its target check's claim) held open-loop on the real server: "
                    f"{args.holds} holds of {args.hold_s:.0f} s at the claim, then {args.probe_s:.0f}-s holds at "
                    "multiples of it, up while the holds at the claim met the p99 target (down while they did not), "
                    "until the verdict changed; MEASURED, not simulated",

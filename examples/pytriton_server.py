@@ -89,7 +89,8 @@ def put_running_libpython_first() -> None:
 
 def load_instances_one_at_a_time() -> None:
     """Triton loads the instances of a model one after another (see the module doc), unless the caller chose."""
-    os.environ.setdefault("TRITON_PARALLEL_INSTANCE_LOADING", "0")
+    if not os.environ.get("TRITON_PARALLEL_INSTANCE_LOADING"):  # Triton reads an empty value as unset
+        os.environ["TRITON_PARALLEL_INSTANCE_LOADING"] = "0"
 
 
 def load_model():

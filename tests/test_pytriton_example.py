@@ -24,6 +24,9 @@ def test_instances_load_one_at_a_time_unless_the_caller_chose(server_module, mon
     monkeypatch.delenv("TRITON_PARALLEL_INSTANCE_LOADING")
     server_module.load_instances_one_at_a_time()
     assert server_module.os.environ["TRITON_PARALLEL_INSTANCE_LOADING"] == "0"
+    monkeypatch.setenv("TRITON_PARALLEL_INSTANCE_LOADING", "")  # empty: unset, to Triton
+    server_module.load_instances_one_at_a_time()
+    assert server_module.os.environ["TRITON_PARALLEL_INSTANCE_LOADING"] == "0"
     monkeypatch.setenv("TRITON_PARALLEL_INSTANCE_LOADING", "1")
     server_module.load_instances_one_at_a_time()
     assert server_module.os.environ["TRITON_PARALLEL_INSTANCE_LOADING"] == "1"

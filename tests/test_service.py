@@ -175,21 +175,23 @@ class Holding(Service):
 def test_the_claim_is_held_before_it_ships_and_where_it_does_not_hold_a_lower_rate_ships(tmp_path):
     """Issue 57: on a real LitServe the claim of 10-s windows from an empty queue missed the target in 5 of 5
     three-minute holds (the server kept 33-35 of the 38 claimed). The claim is held; the held rate ships."""
-    service = Holding(share=0.8)
+    service = Holding(share=0.9)
     inv = _investigate(service, tmp_path, verify_s=30.0)
     claim = inv.tune.best.capacity.capacity
     (values, first, settle, judged), (_, second, _, _) = service.holds
     assert values == inv.tune.best.values and first == pytest.approx(claim)
     assert (settle, judged) == (pytest.approx(10.0), pytest.approx(20.0))
-    assert second == pytest.approx(0.9 * 0.8 * claim) and inv.capacity == pytest.approx(second)
+    assert second == pytest.approx(0.9 * 0.9 * claim) and inv.capacity == pytest.approx(second)
     assert inv.target_met
     s = json.loads((tmp_path / SUMMARY).read_text())
     assert s["capacity"] == pytest.approx(second, abs=0.01) and s["verified"]["claim"] == pytest.approx(claim, abs=0.01)
+    assert s["target_met"] and s["best"]["capacity"] == pytest.approx(claim, abs=0.01)  # the check's claim, beside
     assert [h["held"] for h in s["verified"]["holds"]] == [False, True]
     text = format_service(inv)
     assert f"ship: capacity {second:.1f} texts/s" in text and f"held {second:.1f} texts/s for 30 s" in text
     assert f"did not hold at {claim:.1f} (the server fell behind" in text
-    assert f"held {second:.1f} texts/s for 30 s" in (tmp_path / "report.html").read_text()
+    page = (tmp_path / "report.html").read_text()
+    assert f"held {second:.1f} texts/s for 30 s" in page and f"at {second:.1f} texts/s (held)." in page
 
 
 def test_a_claim_that_no_hold_keeps_is_not_shipped(tmp_path):
@@ -197,9 +199,10 @@ def test_a_claim_that_no_hold_keeps_is_not_shipped(tmp_path):
     inv = _investigate(service, tmp_path, verify_s=30.0)
     assert len(service.holds) == 3 and inv.capacity is None and not inv.target_met
     s = json.loads((tmp_path / SUMMARY).read_text())
-    assert s["ship"] is None and s["capacity"] is None and s["verified"]["held"] is None
+    assert s["ship"] is None and s["capacity"] is None and s["verified"]["held"] is None and not s["target_met"]
     assert "TARGET NOT MET when held" in format_service(inv)
-    assert "TARGET NOT MET when held" in (tmp_path / "report.html").read_text()
+    page = (tmp_path / "report.html").read_text()
+    assert "TARGET NOT MET when held" in page and 'class="headline">Ship' not in page
 
 
 def test_investigate_url_target_checks_the_runner_up_when_the_top_breaks_the_target(tmp_path):
@@ -267,13 +270,14 @@ def test_investigate_cmd_ships_the_faster_server_diagnoses_both_and_leaves_no_pr
     code, out, err = _cli("investigate", "--cmd", f"{sys.executable} {app} --port {{port}} --service-ms {{ms}}",
                           "--space", f"ms=8.{os.getpid()},2.{os.getpid()}", "--url", "http://127.0.0.1:{port}/predict", "--body",
                           '{"input": "{text}"}', "--target-p99-ms", "300", "--quick", "--limit", "20",
-                          "--verify", "6", "--out", str(tmp_path), "--json")
+                          "--verify", "10", "--out", str(tmp_path), "--json")
     assert code == 0, err
     s = json.loads(out)
     fast = f"2.{os.getpid()}"  # service times no other test's server has: they mark this run's processes
     assert s["service"]["mode"] == "cmd" and s["best"]["ms"] == fast
-    held = s["verified"]["held"]  # a 2-ms queue holds a rate the target check claimed, or one of its holds below
-    assert held is not None and s["capacity"] == held and held <= s["best"]["capacity"]
+    holds = s["verified"]["holds"]  # the claim held first; a 2-ms queue holds it or a rate below
+    assert holds[0]["rate"] == s["best"]["capacity"] and holds[-1]["held"]
+    assert s["capacity"] == s["verified"]["held"] == holds[-1]["rate"] and s["target_met"]
     assert s["ship"] == f"{sys.executable} {app} --port {{port}} --service-ms {fast}"  # your ports stay yours
     assert set(s["diagnosis"]) == {"baseline", "recommended"}
     for role in s["diagnosis"].values():

@@ -86,13 +86,13 @@ class FakeServers:
                     raise tune.ConfigError(row.error)
                 self.values = dict(values)
 
-            def __call__(self, values, *, rate=None, record=False, seed=None, window_s=None):
+            def __call__(self, values, *, rate=None, record=False, seed=None, window_s=None, warmup_s=None):
                 if values != self.values:
                     self._start(values)
                 if fake.stop_after is not None and len(fake.windows) >= fake.stop_after:
                     raise KeyboardInterrupt
                 fake.windows.append((dict(values), rate))
-                return fake.world(values, rate=rate, seed=seed, window_s=window_s)
+                return fake.world(values, rate=rate, seed=seed, window_s=window_s, warmup_s=warmup_s)
 
             def close(self):
                 self.values = None
@@ -118,8 +118,13 @@ def test_tune_ships_a_confirmed_faster_configuration_that_meets_the_target(tmp_p
     assert by["8"]["throughput_ratio"] == 1.0 and by["4"]["throughput_ratio"] > 1.7
     assert by["8"]["capacity"] and by[s["best"]["ms"]]["capacity"] > 1.7 * by["8"]["capacity"]
     assert len(fake.starts) < len(fake.windows)  # a server is kept across its configuration's windows
+    held = s["verified"]  # the claim held for --quick's 60 s on the shipped configuration before it ships
+    assert held["seconds"] == 60 and held["claim"] == s["best"]["capacity"] and s["capacity"] == held["held"]
+    values, rate = fake.windows[-1]
+    assert values == {"ms": s["best"]["ms"]} and rate == pytest.approx(held["holds"][-1]["rate"], rel=1e-3)
     page = (tmp_path / "tune.html").read_text()
     assert 'id="chart-0"' in page and 'id="chart-1"' in page and "TARGET NOT MET" not in page
+    assert f"held {held['held']:.1f} req/s for 60 s" in page
 
 
 def test_tune_charts_draw_each_configuration_from_the_result_and_from_tune_json(tmp_path, monkeypatch):

@@ -75,17 +75,18 @@ class World:
         return mu
 
     def __call__(self, knobs: Any, *, rate: float | None = None, record: bool = False, seed: int | None = None,
-                 window_s: float | None = None) -> Trial:
+                 window_s: float | None = None, warmup_s: float | None = None) -> Trial:
         self.calls += 1
         window = float(window_s or 3.0)
+        settle = WARMUP_S if warmup_s is None else warmup_s  # a hold asks for its own unmeasured start
         mu = self._pace(knobs)
         floor = self.floor_ms(knobs)
         warm = knobs == self.last
         self.last = knobs
-        self.clock += window + WARMUP_S + GAP_S
+        self.clock += window + settle + GAP_S
         if rate is None:
             return self._closed(mu, window, floor)
-        return self._open(mu, rate, window, floor, seed, warm)
+        return self._open(mu, rate, window, floor, seed, warm, settle)
 
     def _closed(self, mu: float, window: float, floor: float) -> Trial:
         n = max(int(round(mu * window)), 0)  # a saturated deterministic server: its pace, not a Poisson count
@@ -94,21 +95,22 @@ class World:
         return Trial(qps=n / window, p99_ms=float(lat[0]), p50_ms=float(lat[0]), ok=n, submitted=n, window_s=window,
                      latencies_ms=lat[:n], model_busy=1.0)
 
-    def _open(self, mu: float, rate: float, window: float, floor: float, seed: int | None, warm: bool) -> Trial:
+    def _open(self, mu: float, rate: float, window: float, floor: float, seed: int | None, warm: bool,
+              settle: float = WARMUP_S) -> Trial:
         rng = np.random.default_rng(seed) if seed is not None else self.rng
-        total = WARMUP_S + window
+        total = settle + window
         arrivals = np.cumsum(rng.exponential(1.0 / rate, int(rate * total * 1.2) + 20))
         arrivals = arrivals[arrivals < total]
         start_free = max(self.free_at - GAP_S, 0.0) if warm and self.carry_queue else 0.0
         done = served(arrivals, 1.0 / mu, start_free)
-        measured = arrivals >= WARMUP_S
+        measured = arrivals >= settle
         lags = np.abs(self.rng.normal(0.0, 0.3, measured.sum()))
         if self.rng.random() < self.lag_share:  # the client fell behind: 5% of its sends 20-200 ms late
             late = self.rng.random(lags.size) < 0.05
             lags[late] += self.rng.uniform(20, 200, late.sum())
         lat = (done - arrivals)[measured] * 1000 + floor + lags
         self.free_at = max(float(done[-1]) - total, 0.0) if done.size else 0.0
-        ok_in_window = int(((done >= WARMUP_S) & (done < total)).sum())
+        ok_in_window = int(((done >= settle) & (done < total)).sum())
         n = int(measured.sum())
         return Trial(qps=ok_in_window / window, p99_ms=float(np.percentile(lat, 99)) if n else math.nan,
                      p50_ms=float(np.median(lat)) if n else math.nan, ok=n, submitted=n, window_s=window, rate=rate,

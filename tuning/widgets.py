@@ -120,7 +120,7 @@ class KnobPanel(w.VBox):
         return self.rerun(changes)
 
     def rerun(self, changes: dict[str, Any] | None = None) -> Any:
-        """Measure the current knobs and update the figure in place."""
+        """Measure the current knobs and show the result (:meth:`_draw`)."""
         self._say(f"measuring {_label(changes or {})} ...")
         t0 = time.perf_counter()
         try:

@@ -701,13 +701,24 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _non_negative_float(text: str) -> float:
+def verify_seconds(args: argparse.Namespace) -> float:
+    """``--verify``: as given, else the mode's default hold."""
+    from tuning.experiments.defaults import VERIFY_S_FULL, VERIFY_S_QUICK
+
+    return args.verify if args.verify is not None else (VERIFY_S_QUICK if args.quick else VERIFY_S_FULL)
+
+
+MIN_VERIFY_S = 10.0  # the shortest --verify hold
+
+
+def _verify_seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not (value >= 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a number of seconds >= 0 (0: none)")
+    if not (value == 0 or (value >= MIN_VERIFY_S and math.isfinite(value))):
+        raise argparse.ArgumentTypeError(f"{text!r}: give 0 (no hold) or at least {MIN_VERIFY_S:g} seconds (a "
+                                         "hold's first third is its queue filling; 60 or more tells more)")
     return value
 
 
@@ -738,8 +749,10 @@ def cmd_investigate(args: argparse.Namespace) -> int:
 
     if args.url or args.cmd or args.server:
         return cmd_investigate_service(args)
-    _refuse(_given(args), ["--verify"], "it holds a service's claimed capacity (--url, --cmd or --server); hold the "
-            "embedded pipeline's with the `loadtest ... --target-p99-ms` line its run prints")
+    if args.verify:  # 0 (no hold) is what the embedded pipeline does anyway
+        raise UsageError(f"--verify {args.verify:g} does not apply: it holds a service's claimed capacity (--url, "
+                         "--cmd or --server); hold the embedded pipeline's with the `loadtest ... --target-p99-ms` "
+                         "line its run prints")
     from tuning.experiments.ladder import LadderError
     from tuning.present.investigation import investigate
     from tuning.present.tables import format_investigation
@@ -789,7 +802,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     with sigterm_as_interrupt():
         result = run_tune(service["cmd"], space, service["url"], bodies, api, args.target_p99_ms, settings,
                           ready_url=service["ready_url"], say=say, on_row=save, resume=previous,
-                          metrics_url=service["metrics_url"])
+                          metrics_url=service["metrics_url"], verify_s=verify_seconds(args))
     save(result)
     code = _emit(args, result.summary(), lambda: format_tune(result))
     if result.interrupted:
@@ -798,7 +811,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         return Exit.INTERRUPTED
     if result.error or not result.rows or all(r.error for r in result.rows):
         return Exit.NOTHING
-    return code if result.best is not None else Exit.TARGET_MISSED
+    return code if result.target_met else Exit.TARGET_MISSED
 
 
 def started_service(args: argparse.Namespace, command: str) -> dict[str, Any]:
@@ -877,7 +890,6 @@ def tune_settings(args: argparse.Namespace) -> Any:
 def cmd_investigate_service(args: argparse.Namespace) -> int:
     """``investigate --url`` (a running service) or ``--cmd`` (started per configuration): the engine, then
     the baseline and the winner watched under load, in summary.json and report.html."""
-    from tuning.experiments.defaults import VERIFY_S_FULL, VERIFY_S_QUICK
     from tuning.experiments.service import SUMMARY, investigate_service
     from tuning.experiments.tune import read_checkpoint
     from tuning.load.apis import request_bodies
@@ -910,12 +922,11 @@ def cmd_investigate_service(args: argparse.Namespace) -> int:
                          "run it without --url/--cmd, or this one without --resume")
     out = args.out if args.resume is None or "--out" in _given(args) else args.resume
     say = (lambda line: None) if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
-    verify_s = args.verify if args.verify is not None else (VERIFY_S_QUICK if args.quick else VERIFY_S_FULL)
     with sigterm_as_interrupt():
         inv = investigate_service(url, lambda a: request_bodies(a, inputs, formatter), api, args.target_p99_ms,
                                   settings, cmd=cmd, space=space, ready_url=ready, metrics_url=metrics, pid=args.pid,
                                   out=out, resume=previous, server=args.server, say=say, on_save=write_service_files,
-                                  verify_s=verify_s)
+                                  verify_s=verify_seconds(args))
     code = _emit(args, inv.summary(), lambda: format_service(inv))
     if inv.interrupted:
         if out is not None:
@@ -982,6 +993,7 @@ def _space_or_none(items: Sequence[str] | None) -> dict[str, list[str]] | None:
 
 def _add_service_flags(p: Any, command: str) -> None:
     """How to start (or reach) the user's service: shared by ``tune`` and ``investigate --cmd/--url``."""
+    from tuning.experiments.defaults import VERIFY_S_FULL, VERIFY_S_QUICK
     from tuning.load.servers import RECIPES
 
     p.add_argument("--server", default=None, choices=list(RECIPES), metavar="NAME",
@@ -998,6 +1010,9 @@ def _add_service_flags(p: Any, command: str) -> None:
                    metavar="S",
                    help="seconds a configuration may take to become ready; answers that say it is still loading "
                         "(404, 503, refused connections) are waited through (default 180)")
+    p.add_argument("--verify", type=_verify_seconds, default=None, metavar="SECONDS",
+                   help="hold the claimed capacity open-loop this long before it is shipped, lower where it does "
+                        f"not hold (default: {VERIFY_S_QUICK:.0f} with --quick, else {VERIFY_S_FULL:.0f}; 0: no hold)")
     p.add_argument("--strategy", choices=("grid", "coordinate"), default=None,
                    help="how the space is explored: every configuration (grid, the default up to 16) or coordinate "
                         "descent from the first values (the default beyond)")
@@ -1019,7 +1034,8 @@ def _add_tune_flags(p: argparse.ArgumentParser) -> None:
     service = p.add_argument_group("your service (started once per configuration)")
     _add_service_flags(service, "tune")
     engine = p.add_argument_group("target and engine")
-    _add_target_flag(engine, "the p99 target of the capacity; exit 3 when no configuration meets it")
+    _add_target_flag(engine, "the p99 target of the capacity; exit 3 when no configuration meets it (or, held, "
+                             "keeps it)")
     engine.add_argument("--quick", action="store_true", help="short windows and fewer pairs (the same design, "
                         "docs/deciding.md)")
     _add_data_flags(p.add_argument_group("requests"))
@@ -1036,7 +1052,7 @@ def _add_tune_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _add_investigate_flags(p: argparse.ArgumentParser) -> None:
-    from tuning.experiments.defaults import DEFAULT_OUT, OBJECTIVES, VERIFY_S_FULL, VERIFY_S_QUICK
+    from tuning.experiments.defaults import DEFAULT_OUT, OBJECTIVES
 
     what = p.add_argument_group("what to investigate (default: the embedded pipeline on the shipped requests)")
     _add_data_flags(what)
@@ -1048,7 +1064,7 @@ def _add_investigate_flags(p: argparse.ArgumentParser) -> None:
                       help=f"simulated device profile for the what-if section: {_profile_choices()}; none: skip")
     engine = p.add_argument_group("target and engine")
     _add_target_flag(engine, "p99 latency target: a configuration's capacity is the highest rate that meets it; "
-                             "exit 3 when no configuration meets it")
+                             "exit 3 when no configuration meets it (or, held, keeps it)")
     engine.add_argument("--quick", action="store_true", help="the same design with fewer windows: a 16-run screen, "
                         "up to 8 confirmation pairs at a 10%% minimum effect, shorter target windows")
     engine.add_argument("--objective", default=None, choices=list(OBJECTIVES),
@@ -1068,10 +1084,6 @@ def _add_investigate_flags(p: argparse.ArgumentParser) -> None:
     service.add_argument("--pid", type=_positive_int, default=None, help="--url: the service's process, for "
                          "per-thread CPU and memory (default: the process listening on the URL's port, when it is "
                          "on this machine)")
-    service.add_argument("--verify", type=_non_negative_float, default=None, metavar="SECONDS",
-                         help="hold the claimed capacity open-loop this long before it is shipped, lower where it "
-                              f"does not hold (default: {VERIFY_S_QUICK:.0f} with --quick, else {VERIFY_S_FULL:.0f}; "
-                              "0: no hold)")
     _add_metrics_flag(service)
     _add_api_flags(p.add_argument_group("the service's API"))
     output = p.add_argument_group("output")

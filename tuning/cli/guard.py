@@ -21,14 +21,14 @@ class Exit(enum.IntEnum):
     OK = 0  # done
     NOTHING = 1  # nothing achieved: no valid input, no answer, nothing measured
     USAGE = 2  # a bad flag or value (one line names it and the fix)
-    TARGET_MISSED = 3  # investigate/tune: no configuration met the p99 target (the report shows the closest)
+    TARGET_MISSED = 3  # investigate/tune: no configuration met the p99 target, or its claim did not hold
     INTERRUPTED = 130  # Ctrl-C or SIGTERM: what was measured so far is kept
 
 
 EXIT_MEANINGS = {Exit.OK: "done", Exit.NOTHING: "nothing achieved (no valid input, no answer)",
                  Exit.USAGE: "usage error",
-                 Exit.TARGET_MISSED: "investigate or tune: no configuration met the p99 target (the report shows "
-                                     "the closest)",
+                 Exit.TARGET_MISSED: "investigate or tune: no configuration met the p99 target, or its claim "
+                                     "could not be held (the report shows the closest)",
                  Exit.INTERRUPTED: "interrupted (Ctrl-C; what was measured is kept)"}
 
 EXIT_NOTHING, EXIT_INTERRUPTED = Exit.NOTHING, Exit.INTERRUPTED  # the names tests/test_tune.py imports

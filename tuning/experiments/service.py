@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from tuning.base.format import fixed, rounded
+from tuning.base.format import rounded
 from tuning.experiments.engine import ConfigError
 from tuning.experiments.trial import Trial
 from tuning.experiments.tune import HttpMeasure, SwitchingMeasure, TuneResult, TuneSettings, fill, label, run_tune
-from tuning.experiments.verify import Verified, hold_claim
+from tuning.experiments.verify import Verified
 
 SUMMARY = "summary.json"
 REPORT = "report.html"
@@ -164,7 +164,6 @@ class ServiceInvestigation:
     diagnosed: dict[str, dict[str, Any]] = field(default_factory=dict)  # role -> watch summary + stages
     wall_s: float = math.nan
     metrics_url: str | None = None
-    verified: Verified | None = None  # the claim held open-loop (stage 5), when asked for
 
     @property
     def interrupted(self) -> bool:
@@ -172,16 +171,15 @@ class ServiceInvestigation:
 
     @property
     def target_met(self) -> bool:
-        """A configuration met the target, and where its claim was held, a hold held."""
-        return self.tune.best is not None and (self.verified is None or self.verified.held is not None)
+        return self.tune.target_met
 
     @property
     def capacity(self) -> float | None:
-        """The capacity shipped: the highest rate held where the claim was held, else the target check's claim."""
-        best = self.tune.best
-        if best is None or best.capacity is None or not best.capacity.met:
-            return None
-        return self.verified.held if self.verified is not None else best.capacity.capacity
+        return self.tune.capacity
+
+    @property
+    def verified(self) -> Verified | None:
+        return self.tune.verified
 
     def summary(self) -> dict[str, Any]:
         s = self.tune.summary()
@@ -190,9 +188,7 @@ class ServiceInvestigation:
                 "service": {"mode": self.mode, "server": self.server, "metrics_url": self.metrics_url,
                             "texts_per_s": self.tune.settings.engine.unit == "texts/s"},
                 "wall_s": rounded(self.wall_s, 2), "out": str(self.out) if self.out else None,
-                "ship": _ship(self, best) if self.target_met else None, "capacity": rounded(self.capacity),
-                "verified": self.verified.summary() if self.verified is not None else None,
-                "diagnosis": self.diagnosed}
+                "ship": _ship(self, best) if self.target_met else None, "diagnosis": self.diagnosed}
 
 
 def _ship(inv: ServiceInvestigation, best: Any) -> str | None:
@@ -219,7 +215,7 @@ def investigate_service(url: str, encode: Callable[[Any], list[Any]], api: Any, 
     ``summary.json`` and ``report.html`` to ``out`` there: :func:`tuning.present.service.write_service_files`).
     ``resume``: an earlier run's summary.json (same settings). ``watch_fn`` and ``measure``: replace the watch
     and the load (tests). ``verify_s``: hold the claimed capacity open-loop this long before it is shipped
-    (:func:`~tuning.experiments.verify.hold_claim`; 0: no hold)."""
+    (:func:`~tuning.experiments.tune.hold_shipped`; 0: no hold)."""
     say = say or (lambda line: None)
     write_files = on_save or (lambda inv: None)
     t0 = time.perf_counter()
@@ -243,9 +239,7 @@ def investigate_service(url: str, encode: Callable[[Any], list[Any]], api: Any, 
 
     try:
         inv.tune = run_tune(cmd, space, url, encode(api), api, target_p99_ms, settings, ready_url, say, save, resume,
-                            measure, metrics_url)
-        if verify_s > 0 and not inv.tune.interrupted and inv.capacity is not None:
-            inv.verified = verify(inv, measure, verify_s, say, write_files)
+                            measure, metrics_url, verify_s)
         if not inv.tune.interrupted and not inv.tune.error and inv.tune.decision is not None:
             diagnose_roles(inv, measure, (url, encode, api, metrics_url), settings, diagnose_s, pid, say,
                            watch_fn, write_files)
@@ -258,36 +252,6 @@ def investigate_service(url: str, encode: Callable[[Any], list[Any]], api: Any, 
     inv.wall_s = time.perf_counter() - t0
     write_files(inv)
     return inv
-
-
-HOLD_SALT = 5_000_011  # the holds' arrivals: apart from every window the engine measured
-
-
-def verify(inv: ServiceInvestigation, measure: Callable[..., Trial], seconds: float, say: Callable[[str], None],
-           write_files: Callable[[ServiceInvestigation], None]) -> Verified:
-    """Hold the shipped configuration's claim for ``seconds`` (lower where it does not hold), saying each hold."""
-    best = inv.tune.best
-    unit = inv.tune.settings.engine.unit
-    count = iter(range(HOLD_SALT, HOLD_SALT + 1_000))
-
-    def hold(rate: float, settle_s: float, judged_s: float) -> Trial:
-        say(f"holding {rate:.1f} {unit} for {settle_s + judged_s:.0f} s with {label(best.values) or 'the service'}")
-        return measure(best.values, rate=rate, seed=next(count), window_s=judged_s, warmup_s=settle_s)
-
-    def held(so_far: Verified) -> None:
-        inv.verified = so_far  # a Ctrl-C during the next hold keeps this one in the files
-        write_files(inv)
-        h = so_far.holds[-1]
-        say(f"  {'held' if h.held else 'not held'}: p99 {fixed(h.check['p99_ms'], '.0f')} ms, {h.qps:.1f} ok/s"
-            + (f" ({h.why_not()})" if not h.held else ""))
-
-    try:
-        return hold_claim(hold, best.capacity.capacity, seconds, inv.tune.target_p99_ms, unit, on_hold=held)
-    except ConfigError as exc:  # its server died or stopped answering: nothing is held
-        failed = inv.verified or Verified(best.capacity.capacity, seconds, inv.tune.target_p99_ms, unit)
-        failed.error = str(exc)
-        say(f"  not held: {exc}")
-        return failed
 
 
 def roles(result: TuneResult) -> list[tuple[str, dict[str, str]]]:

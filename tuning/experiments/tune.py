@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from tuning.base.format import rounded
+from tuning.base.format import fixed, rounded
 from tuning.base.net import free_port
 from tuning.experiments.defaults import OPEN_LOOP_IN_FLIGHT
 from tuning.experiments.engine import (
@@ -52,6 +52,7 @@ from tuning.experiments.engine import (
 )
 from tuning.experiments.search import SEARCHES, combos, strategy_for
 from tuning.experiments.trial import Trial
+from tuning.experiments.verify import Verified, hold_claim
 from tuning.load.proctree import ServiceTree, StopGrace
 from tuning.load.ready import READY_URL_HINT, protocol_ready_url, still_loading
 from tuning.load.scrape import MetricsProbe, mapping_of
@@ -246,6 +247,7 @@ class TuneResult:
     api: dict[str, Any] | None = None
     requests: dict[str, Any] | None = None  # requests_block(bodies): how many were sent and their digest
     resumed: int = 0  # windows replayed from the earlier run, not measured again
+    verified: Verified | None = None  # the claim held open-loop (stage 5), when asked for
 
     @property
     def quick(self) -> bool:
@@ -264,6 +266,19 @@ class TuneResult:
             return None
         return self.row_of(d.recommended)
 
+    @property
+    def target_met(self) -> bool:
+        """A configuration met the target, and where its claim was held, a hold held."""
+        return self.best is not None and (self.verified is None or self.verified.held is not None)
+
+    @property
+    def capacity(self) -> float | None:
+        """The capacity shipped: the highest rate held where the claim was held, else the target check's claim."""
+        best = self.best
+        if best is None or best.capacity is None or not best.capacity.met:
+            return None
+        return self.verified.held if self.verified is not None else best.capacity.capacity
+
     def to_frame(self) -> Any:
         import pandas as pd
 
@@ -277,7 +292,9 @@ class TuneResult:
                 "windows": self.settings.windows(), "requests": self.requests, "configurations": len(self.rows),
                 "resumed": self.resumed, "interrupted": self.interrupted, "error": self.error,
                 "stage": d.stage if d is not None else "explore",
-                "best": best.row() if best else None, "target_met": best is not None,
+                "best": best.row() if best else None, "target_met": self.target_met,
+                "capacity": rounded(self.capacity),
+                "verified": self.verified.summary() if self.verified is not None else None,
                 "indeterminate": d.indeterminate if d is not None else None,
                 "confirmations": [c.row() for c in d.confirmations] if d is not None else [],
                 "target_checks": [{"configuration": lab, **cap.summary()} for lab, cap in d.checks] if d else [],
@@ -529,7 +546,7 @@ def run_tune(cmd: str, space: dict[str, list[str]], url: str, bodies: Sequence[A
              settings: TuneSettings = TuneSettings(), ready_url: str | None = None,
              say: Callable[[str], None] | None = None, on_row: Callable[[TuneResult], None] | None = None,
              resume: dict[str, Any] | None = None, measure: Callable[..., Trial] | None = None,
-             metrics_url: str | None = None) -> TuneResult:
+             metrics_url: str | None = None, verify_s: float = 0.0) -> TuneResult:
     """Decide on ``space`` with the engine (see the module docstring); Ctrl-C keeps what was measured.
 
     ``resume``: an earlier run's tune.json, loaded (:func:`read_checkpoint`), with the same command, space, URL,
@@ -537,7 +554,8 @@ def run_tune(cmd: str, space: dict[str, list[str]], url: str, bodies: Sequence[A
     rest measured. ``on_row(result)`` runs after every window. ``measure``: replaces the servers (tests and
     ``investigate --url``); a :class:`SwitchingMeasure` given here is the caller's to close (its servers stay up
     for what comes after the decision). ``metrics_url``: the server's Prometheus metrics (with ``{port}`` or
-    ``{metrics_port}``), scraped around every window and joined into each configuration's row."""
+    ``{metrics_port}``), scraped around every window and joined into each configuration's row. ``verify_s``:
+    hold the shipped configuration's claim open-loop this long before it ships (:func:`hold_shipped`; 0: none)."""
     say = say or (lambda line: None)
     search = strategy_for(space, settings.strategy)
     result = TuneResult(space, search, target_p99_ms, settings, cmd=cmd, url=url, api=api_block(api),
@@ -566,6 +584,9 @@ def run_tune(cmd: str, space: dict[str, list[str]], url: str, bodies: Sequence[A
     try:
         decide(runner, baseline, SEARCHES[search](space, settings.engine, label), settings.engine, label,
                result.decision)
+        _refresh_rows(result, switching)
+        if verify_s > 0 and result.capacity is not None:
+            hold_shipped(result, measure_fn, verify_s, say, lambda: on_row(result) if on_row else None)
     except KeyboardInterrupt:
         result.interrupted = True
         say("interrupted: what was measured is kept")
@@ -577,6 +598,41 @@ def run_tune(cmd: str, space: dict[str, list[str]], url: str, bodies: Sequence[A
             switching.close()
         _refresh_rows(result, switching)
     return result
+
+
+HOLD_SALT = 5_000_011  # the holds' arrivals: apart from every window the engine measured
+
+
+def hold_shipped(result: TuneResult, measure: Callable[..., Trial], seconds: float, say: Callable[[str], None],
+                 saved: Callable[[], None]) -> None:
+    """Hold the shipped configuration's claim for ``seconds``, lower where it does not hold (stage 5:
+    :func:`~tuning.experiments.verify.hold_claim`), into ``result.verified``, saying each hold; ``saved()`` after
+    each. Until a hold holds nothing ships: a Ctrl-C during the holds leaves them ``interrupted``, a server
+    that fails during one leaves its ``error``."""
+    best = result.best
+    unit = result.settings.engine.unit
+    seeds = iter(range(HOLD_SALT, HOLD_SALT + 1_000))
+    result.verified = verified = Verified(best.capacity.capacity, seconds, result.target_p99_ms, unit)
+
+    def hold(rate: float, settle_s: float, judged_s: float) -> Trial:
+        say(f"holding {rate:.1f} {unit} for {settle_s + judged_s:.0f} s with {label(best.values) or 'the service'}")
+        return measure(best.values, rate=rate, seed=next(seeds), window_s=judged_s, warmup_s=settle_s)
+
+    def held(so_far: Verified) -> None:
+        h = so_far.holds[-1]
+        say(f"  {'held' if h.held else 'not held'}: p99 {fixed(h.check['p99_ms'], '.0f')} ms, {h.qps:.1f} {unit} "
+            f"answered" + (f" ({h.why_not()})" if not h.held else ""))
+        saved()
+
+    try:
+        hold_claim(hold, verified.claim, seconds, result.target_p99_ms, unit, on_hold=held, into=verified)
+    except KeyboardInterrupt:
+        verified.interrupted = True
+        raise
+    except ConfigError as exc:  # its server died or stopped answering: nothing is held
+        verified.error = f"the server failed during a hold: {exc}"
+    if verified.error:
+        say(f"  could not hold: {verified.error}")
 
 
 def _refresh_rows(result: TuneResult, switching: SwitchingMeasure | None) -> None:

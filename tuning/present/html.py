@@ -577,7 +577,8 @@ def render_tune(result: Any, resume_dir: Any = None, title: str = "tune: the ser
         alerts += (f'<div class="banner miss">TARGET NOT MET: no configuration checked kept p99 ≤ '
                    f'{fixed(target, ".0f")} ms at any rate tried.</div>')
     elif not held:
-        alerts += (f'<div class="banner miss">TARGET NOT MET when held: its target check claimed '
+        lead = "NOT SHIPPED" if verified.get("interrupted") or verified.get("error") else "TARGET NOT MET when held"
+        alerts += (f'<div class="banner miss">{lead}: its target check claimed '
                    f'{best["capacity"]:.1f} {unit}; {_esc(held_sentence(verified))}.</div>')
     resumed = s.get("resumed") or 0
     head = ("<h1>tune: the service's own knobs</h1>"
@@ -588,7 +589,8 @@ def render_tune(result: Any, resume_dir: Any = None, title: str = "tune: the ser
             + (f'<p class="muted">command: <code>{_esc(s.get("cmd"))}</code></p>' if s.get("cmd") else "")
             + alerts
             + (f'<p class="headline">Ship: {_esc(" ".join(f"{k}={best.get(k)}" for k in space))} at '
-               f'{best["capacity"]:.1f} {unit}.</p>' if best else ""))
+               f'{(verified["held"] if verified else best["capacity"]):.1f} {unit}'
+               f'{" (held)" if verified else ""}.</p>' if best and held else ""))
     return _page("tuning tune report", head.replace("<h1>tune: the service's own knobs</h1>", f"<h1>{_esc(title)}</h1>")
                  + "".join(top_down(sections + ([extra] if extra else []), SERVICE_ORDER)))
 

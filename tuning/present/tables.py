@@ -385,10 +385,10 @@ def tune_rows(rows: Any, space: Any, unit: str = "req/s") -> list[dict[str, Any]
     return out
 
 
-def format_tune(result: Any, unit: str = "req/s", command: str = "tune", verified: Any = None) -> str:
+def format_tune(result: Any, unit: str = "req/s", command: str = "tune") -> str:
     """``tune``'s ending: the table, the confirmation, the target checks, and the configuration to run
-    (``unit``: texts/s where configurations send different numbers of texts per request); ``verified``: the
-    claim's holds (:class:`~tuning.experiments.verify.Verified`), whose highest held rate is what ships."""
+    (``unit``: texts/s where configurations send different numbers of texts per request); where the claim was
+    held (``result.verified``), the highest rate held is what ships."""
     from tuning.experiments.search import shown
 
     s = result.summary()
@@ -420,14 +420,15 @@ def format_tune(result: Any, unit: str = "req/s", command: str = "tune", verifie
         lines.append(f"INTERRUPTED {when}; the table holds what was measured")
     if result.error:
         lines.append(f"NOT DECIDED: {result.error}")
-    best = result.best
+    best, verified = result.best, result.verified
     with_values = shown(' '.join(f'{k}={v}' for k, v in best.values.items())) if best is not None else ""
     if best is None:
         if not result.interrupted and not result.error:
             lines.append(f"TARGET NOT MET: no configuration kept p99 <= {result.target_p99_ms:.0f} ms at any rate tried")
     elif verified is not None and verified.held is None:
-        lines.append(f"TARGET NOT MET when held: {with_values} was claimed at {best.capacity.capacity:.1f} {unit} "
-                     f"by its target check; {verified.sentence()}")
+        lead = "not shipped" if verified.interrupted or verified.error else "TARGET NOT MET when held"
+        lines.append(f"{lead}: {with_values} was claimed at {best.capacity.capacity:.1f} {unit} by its target "
+                     f"check; {verified.sentence()}")
     else:
         cap = verified.held if verified is not None else best.capacity.capacity
         lines.append(f"ship: capacity {cap:.1f} {unit} at p99 <= {result.target_p99_ms:.0f} ms with {with_values}")
@@ -438,8 +439,8 @@ def format_tune(result: Any, unit: str = "req/s", command: str = "tune", verifie
         if s.get("url") and verified is None:
             lines += claim_lines(best.capacity, hold_command(s, cap, result.target_p99_ms, unit,
                                                             hold_seconds(best.capacity)))
-        elif s.get("url") and verified.seconds < HOLD_S:  # a longer hold than this run's
-            lines.append(command_lines(hold_command(s, cap, result.target_p99_ms, unit, HOLD_S),
+        elif s.get("url") and verified.seconds < hold_seconds(best.capacity):  # a longer hold than this run's
+            lines.append(command_lines(hold_command(s, cap, result.target_p99_ms, unit, hold_seconds(best.capacity)),
                                        lead="hold it longer: "))
     return fit("\n".join(lines))
 
@@ -540,7 +541,7 @@ def format_service(inv: Any) -> str:
     """``investigate --url`` / ``--cmd``'s ending: the engine's table and decision (as ``tune``), each watched
     configuration's diagnosis and latency stages, and what to ship."""
     s = inv.summary()
-    lines = [format_tune(inv.tune, inv.tune.settings.engine.unit, "investigate", inv.verified)]
+    lines = [format_tune(inv.tune, inv.tune.settings.engine.unit, "investigate")]
     for role, d in (s.get("diagnosis") or {}).items():
         if d.get("error"):
             lines.append(f"{role}: could not be watched: {d['error']}")
