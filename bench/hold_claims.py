@@ -37,11 +37,11 @@ def server_command(server: str) -> str | None:
     environment (it pins numpy<2), whose workspaces go in a short folder (socket paths are short)."""
     if server != "triton":
         return None
-    from tests.triton_env import ensure_env, python_in
+    from tests.triton_env import ensure_env
 
     os.environ.setdefault("PYTRITON_HOME", tempfile.mkdtemp(prefix="pyt-"))
     os.environ["PYTHONPATH"] = str(ROOT)
-    return f"{python_in(ensure_env())} examples/pytriton_server.py"
+    return f"{ensure_env()} examples/pytriton_server.py"  # the environment's interpreter
 
 
 def main() -> None:
@@ -73,7 +73,7 @@ def main() -> None:
         # what ships is the rate the run held (--verify, stage 5), else its target check's claim
         verified, checked = s.get("verified"), best.get("capacity")
         claim = s.get("capacity") if "capacity" in s else checked
-        ship, stderr = s.get("ship"), s.get("stderr")
+        ship, stderr = s.get("ship"), s.get("stderr") or s.get("error")
         unit = "texts/s" if (s.get("service") or {}).get("texts_per_s") else "req/s"
         bursts = next((c.get("bursts") for c in s.get("target_checks") or []
                        if isinstance(c, dict) and c.get("capacity") == checked), None)
