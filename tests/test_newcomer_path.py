@@ -437,11 +437,12 @@ def test_a_newcomer_tunes_the_docs_example_service_and_gets_a_runnable_line(tmp_
     run_it = " ".join(done.stdout.split("run it: ", 1)[1].split("\n")[0].split()) if done.returncode == 0 else None
     if run_it is not None:
         assert run_it.endswith("mysvc.py {port}") and run_it.startswith("env MAX_BATCH=")
-        hold = " ".join(done.stdout.split("hold it: ", 1)[1].split("\n\n")[0].split())
+        assert "held " in done.stdout.split("run it: ", 1)[0]  # the claim held 10 s before it shipped
+        hold = " ".join(done.stdout.split("hold it longer: ", 1)[1].split("\n\n")[0].split())
         assert hold.startswith("python -m tuning loadtest --url http://127.0.0.1:{port}/predict --api custom")
         assert """--body '{"input": "{text}"}'""" in hold
         seconds = int(hold.split(" --duration ", 1)[1].split()[0])  # 3 minutes, or what its windows say it needs
-        assert seconds == 180 or (seconds > 180 and "not certified with bursts counted" in done.stdout), hold
+        assert seconds >= 180, hold
     page = (out / "report.html").read_text()
     first = page.index('data-section="')
     assert page[first:].startswith('data-section="ship"')
