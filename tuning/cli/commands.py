@@ -711,7 +711,7 @@ def verify_seconds(args: argparse.Namespace) -> float:
 MIN_VERIFY_S = 10.0  # the shortest --verify hold
 
 
-def _verify_seconds(text: str) -> float:
+def _verify_value(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -1010,7 +1010,7 @@ def _add_service_flags(p: Any, command: str) -> None:
                    metavar="S",
                    help="seconds a configuration may take to become ready; answers that say it is still loading "
                         "(404, 503, refused connections) are waited through (default 180)")
-    p.add_argument("--verify", type=_verify_seconds, default=None, metavar="SECONDS",
+    p.add_argument("--verify", type=_verify_value, default=None, metavar="SECONDS",
                    help="hold the claimed capacity open-loop this long before it is shipped, lower where it does "
                         f"not hold (default: {VERIFY_S_QUICK:.0f} with --quick, else {VERIFY_S_FULL:.0f}; 0: no hold)")
     p.add_argument("--strategy", choices=("grid", "coordinate"), default=None,

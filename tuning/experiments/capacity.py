@@ -288,7 +288,12 @@ def keeps_up(w: Any) -> bool:
     offered = getattr(w, "offered_rate", math.nan)  # in the measure's unit (texts/s where a request holds several)
     if not math.isfinite(offered):
         offered = w.n / w.window_s if w.n > 0 and w.window_s > 0 else math.nan
-    return bool(offered > 0 and math.isfinite(w.qps) and w.qps >= KEEP_UP * offered)
+    return answered_enough(w.qps, offered)
+
+
+def answered_enough(qps: float, offered: float) -> bool:
+    """Ok answers per second at least :data:`KEEP_UP` of the arrivals' ``offered`` rate (one unit for both)."""
+    return bool(offered > 0 and math.isfinite(qps) and qps >= KEEP_UP * offered)
 
 
 def check_target(run_window: Callable[[float, int, int | None], Any], throughput: float, target_p99_ms: float,

@@ -31,7 +31,6 @@ from tuning.base.format import rounded
 from tuning.experiments.engine import ConfigError
 from tuning.experiments.trial import Trial
 from tuning.experiments.tune import HttpMeasure, SwitchingMeasure, TuneResult, TuneSettings, fill, label, run_tune
-from tuning.experiments.verify import Verified
 
 SUMMARY = "summary.json"
 REPORT = "report.html"
@@ -176,10 +175,6 @@ class ServiceInvestigation:
     @property
     def capacity(self) -> float | None:
         return self.tune.capacity
-
-    @property
-    def verified(self) -> Verified | None:
-        return self.tune.verified
 
     def summary(self) -> dict[str, Any]:
         s = self.tune.summary()

@@ -584,9 +584,10 @@ def run_tune(cmd: str, space: dict[str, list[str]], url: str, bodies: Sequence[A
     try:
         decide(runner, baseline, SEARCHES[search](space, settings.engine, label), settings.engine, label,
                result.decision)
-        _refresh_rows(result, switching)
-        if verify_s > 0 and result.capacity is not None:
-            hold_shipped(result, measure_fn, verify_s, say, lambda: on_row(result) if on_row else None)
+        if verify_s > 0:
+            _refresh_rows(result, switching)  # the shipped configuration's row, whose claim is held
+            if result.capacity is not None:
+                hold_shipped(result, measure_fn, verify_s, say, lambda: on_row(result) if on_row else None)
     except KeyboardInterrupt:
         result.interrupted = True
         say("interrupted: what was measured is kept")

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from tuning.base.format import fixed, rounded
-from tuning.experiments.capacity import KEEP_UP, hold_check
+from tuning.experiments.capacity import answered_enough, hold_check
 from tuning.experiments.trial import Trial
 
 SETTLE_SHARE = 1 / 3  # a hold's first third is the queue filling from empty: not judged
@@ -46,7 +46,7 @@ class Hold:
 
     @property
     def kept_up(self) -> bool:
-        return bool(self.offered > 0 and math.isfinite(self.qps) and self.qps >= KEEP_UP * self.offered)
+        return answered_enough(self.qps, self.offered)
 
     @property
     def lagged(self) -> bool:

@@ -519,6 +519,12 @@ def tune_throughput_sentence(s: dict[str, Any]) -> str:
 
 
 
+def shipped_capacity(s: dict[str, Any]) -> float:
+    """The capacity a tune summary ships (``capacity``: the held rate where its claim was held), or in a
+    tune.json written before holds, its best configuration's claim."""
+    return s["capacity"] if s.get("capacity") is not None else s["best"]["capacity"]
+
+
 def render_tune(result: Any, resume_dir: Any = None, title: str = "tune: the service's own knobs",
                 extra: str = "") -> str:
     """``tune``'s page (tune.html): the table, the exploration, the confirmation, the target checks, the
@@ -555,7 +561,7 @@ def render_tune(result: Any, resume_dir: Any = None, title: str = "tune: the ser
     held = verified is None or verified.get("held") is not None
     if best and held:
         how, what = run_it(s)
-        cap = verified["held"] if verified else best["capacity"]
+        cap = shipped_capacity(s)
         ship = ([f"<p>{cap:.1f} {unit} at p99 ≤ {fixed(target, '.0f')} ms. Run it ({{port}}: "
                  "your port):</p>", f"<pre>{_esc(what)}</pre>"] if how == "run it" else
                 [f"<p>{cap:.1f} {unit} at p99 ≤ {fixed(target, '.0f')} ms. Your client: "
@@ -589,8 +595,7 @@ def render_tune(result: Any, resume_dir: Any = None, title: str = "tune: the ser
             + (f'<p class="muted">command: <code>{_esc(s.get("cmd"))}</code></p>' if s.get("cmd") else "")
             + alerts
             + (f'<p class="headline">Ship: {_esc(" ".join(f"{k}={best.get(k)}" for k in space))} at '
-               f'{(verified["held"] if verified else best["capacity"]):.1f} {unit}'
-               f'{" (held)" if verified else ""}.</p>' if best and held else ""))
+               f'{shipped_capacity(s):.1f} {unit}{" (held)" if verified else ""}.</p>' if best and held else ""))
     return _page("tuning tune report", head.replace("<h1>tune: the service's own knobs</h1>", f"<h1>{_esc(title)}</h1>")
                  + "".join(top_down(sections + ([extra] if extra else []), SERVICE_ORDER)))
 

@@ -430,7 +430,7 @@ def format_tune(result: Any, unit: str = "req/s", command: str = "tune") -> str:
         lines.append(f"{lead}: {with_values} was claimed at {best.capacity.capacity:.1f} {unit} by its target "
                      f"check; {verified.sentence()}")
     else:
-        cap = verified.held if verified is not None else best.capacity.capacity
+        cap = result.capacity
         lines.append(f"ship: capacity {cap:.1f} {unit} at p99 <= {result.target_p99_ms:.0f} ms with {with_values}")
         if verified is not None:
             lines.append(f"      {verified.sentence()}")
