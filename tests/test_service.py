@@ -174,7 +174,7 @@ class Holding(Service):
 
 def test_the_claim_is_held_before_it_ships_and_where_it_does_not_hold_a_lower_rate_ships(tmp_path):
     """Issue 57: on a real LitServe a claim made by short windows from an empty queue missed the target in every
-    three-minute hold (bench/results/hold_claims_litserve.json, before the holds): the server's pace under a
+    three-minute hold (bench/results/hold_claims_litserve.json as of commit 5050932): the server's pace under a
     standing queue was below the claim. The claim is held; the held rate ships."""
     service = Holding(share=0.9)
     inv = _investigate(service, tmp_path, verify_s=30.0)
