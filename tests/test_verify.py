@@ -57,18 +57,21 @@ def test_a_claim_the_server_keeps_is_held_in_one_hold_judged_after_its_first_thi
 def test_a_claim_past_the_server_s_pace_is_held_lower_at_a_share_of_the_pace_it_kept():
     server = Server(pace=33.0, tail_from=0.95)  # claimed at 38: a short window from an empty queue passed it
     v = verify.hold_claim(server, 38.0, 60.0, TARGET)
-    first, second = v.holds
+    first, second = v.holds[:2]
     assert not first.held and not first.kept_up and "fell behind: 33.0 req/s answered of 38.0" in first.why_not()
-    assert second.rate == pytest.approx(verify.STEP * 33.0) and second.held
+    assert second.rate == pytest.approx(verify.STEP * 33.0) and second.held and not second.fresh
+    third = v.holds[2]  # the holds chose 29.7: a fresh hold at it is the test
+    assert third.rate == second.rate and third.held and third.fresh and len(v.holds) == 3
     assert v.held == pytest.approx(29.7)
     assert "did not hold at 38.0 (the server fell behind" in v.sentence()
+    assert v.sentence().startswith("held 29.7 req/s for 60 s twice (a fresh hold after the first)")
 
 
 def test_a_tail_over_the_target_steps_down_from_the_rate_itself():
     server = Server(pace=40.0, tail_from=0.61)  # kept up with at 30, 3% of answers over the target
     v = verify.hold_claim(server, 30.0, 60.0, TARGET)
-    assert [round(h.rate, 3) for h in v.holds] == [30.0, 27.0, 24.3]
-    assert [h.held for h in v.holds] == [False, False, True]
+    assert [round(h.rate, 3) for h in v.holds] == [30.0, 27.0, 24.3, 24.3]
+    assert [h.held for h in v.holds] == [False, False, True, True]
     assert v.holds[0].kept_up and "p99 2000 ms over the 800 ms target" in v.holds[0].why_not()
 
 
@@ -127,9 +130,10 @@ def test_each_hold_is_reported_as_it_ends_and_the_summary_reads_back_the_same():
     seen = []
     v = verify.hold_claim(server, 38.0, 60.0, TARGET, unit="texts/s", on_hold=lambda so_far: seen.append(
         len(so_far.holds)))
-    assert seen == [1, 2]
+    assert seen == [1, 2, 3]
     s = v.summary()
-    assert s["held"] == pytest.approx(29.7) and s["unit"] == "texts/s" and len(s["holds"]) == 2
+    assert s["held"] == pytest.approx(29.7) and s["unit"] == "texts/s" and len(s["holds"]) == 3
+    assert [h["fresh"] for h in s["holds"]] == [False, False, True]
     assert verify.held_sentence(s) == v.sentence() and "held 29.7 texts/s" in v.sentence()
 
 
@@ -137,3 +141,44 @@ def test_each_hold_is_reported_as_it_ends_and_the_summary_reads_back_the_same():
 def test_a_hold_needs_a_rate_and_a_time(claim, seconds):
     with pytest.raises(ValueError):
         verify.hold_claim(Server(pace=50.0), claim, seconds, TARGET)
+
+
+class Boundary(Server):
+    """A server whose holds at ``boundary`` req/s and above miss the target in the holds listed in ``miss_at``
+    (by the hold's number, from 0) and meet it in the others: a rate on the edge, where one hold is a coin."""
+
+    def __init__(self, pace: float, boundary: float, miss_at: set[int]):
+        super().__init__(pace, tail_from=1.0)
+        self.boundary, self.miss_at = boundary, miss_at
+
+    def __call__(self, rate, settle_s, judged_s):
+        number = len(self.asked)
+        trial = super().__call__(rate, settle_s, judged_s)
+        if rate >= self.boundary and number in self.miss_at:
+            lat = np.where(np.arange(len(trial.latencies_ms)) % 33 == 0, 2000.0, trial.latencies_ms)
+            trial.latencies_ms, trial.p99_ms = lat, float(np.percentile(lat, 99))
+        return trial
+
+
+def test_a_stepped_down_rate_that_held_once_is_not_held_until_a_fresh_hold_holds_it_too():
+    # the claim 40 misses, 36 holds once (the edge's coin fell well) and misses fresh, 32.4 holds twice
+    server = Boundary(pace=50.0, boundary=36.0, miss_at={0, 2})
+    v = verify.hold_claim(server, 40.0, 60.0, TARGET)
+    assert [round(h.rate, 2) for h in v.holds] == [40.0, 36.0, 36.0, 32.4, 32.4]
+    assert [h.held for h in v.holds] == [False, True, False, True, True]
+    assert [h.fresh for h in v.holds] == [False, False, True, False, True]
+    assert v.held == pytest.approx(32.4)
+    said = v.sentence()
+    assert "36.0 (a fresh hold after one held: p99 2000 ms over the 800 ms target)" in said
+
+
+def test_a_fresh_hold_that_misses_on_the_last_rate_leaves_nothing_held():
+    server = Boundary(pace=50.0, boundary=30.0, miss_at={0, 2, 4})
+    v = verify.hold_claim(server, 40.0, 60.0, TARGET)
+    assert [h.held for h in v.holds] == [False, True, False, True, False]
+    assert v.held is None and v.sentence().startswith("NOT HELD")
+
+
+def test_the_claim_itself_is_held_in_one_hold_since_the_target_check_chose_it_not_the_holds():
+    v = verify.hold_claim(Boundary(pace=50.0, boundary=100.0, miss_at=set()), 40.0, 60.0, TARGET)
+    assert len(v.holds) == 1 and v.held == 40.0 and not v.holds[0].fresh

@@ -621,8 +621,9 @@ def hold_shipped(result: TuneResult, measure: Callable[..., Trial], seconds: flo
 
     def held(so_far: Verified) -> None:
         h = so_far.holds[-1]
-        say(f"  {'held' if h.held else 'not held'}: p99 {fixed(h.check['p99_ms'], '.0f')} ms, {h.qps:.1f} {unit} "
-            f"answered" + (f" ({h.why_not()})" if not h.held else ""))
+        said = ("held" if h.held else "not held") + (" on its fresh hold" if h.fresh else "")
+        why = f" ({h.why_not()})" if not h.held else ""
+        say(f"  {said}: p99 {fixed(h.check['p99_ms'], '.0f')} ms, {h.qps:.1f} {unit} answered{why}")
         saved()
 
     try:

@@ -9,9 +9,12 @@ on its outcomes after the first :data:`SETTLE_SHARE` of it (the queue filling fr
 :data:`MIN_JUDGED` of them: it holds when their p99 is within the target and the server answered at the rate
 offered (:data:`~tuning.experiments.capacity.KEEP_UP`). One that does not hold is followed by one lower: at
 :data:`STEP` of its rate, or of the pace the server kept when it fell behind (the pace past its ceiling, measured
-over the hold), never under :data:`FLOOR` of its rate; :data:`HOLD_TRIES` holds at most. A hold whose tail the
-client's own send lag explains is the client's figure: held again at the same rate once, then the holds stop
-(the client's limit, not the server's). A hold with no ok answer stops them: the server failed. The capacity
+over the hold), never under :data:`FLOOR` of its rate; :data:`HOLD_TRIES` rates at most. The claim is held by
+one hold (the target check chose it; the hold is a fresh test of it), a lower rate by two in a row: the holds
+chose that rate as the first that held, so on a rate at the edge, where one hold is a coin, its first hold
+passed by selection, and a fresh hold is the test (stage 3's look and fresh window, over minutes). A hold whose
+tail the client's own send lag explains is the client's figure: held again at the same rate once, then the holds
+stop (the client's limit, not the server's). A hold with no ok answer stops them: the server failed. The capacity
 shipped is the highest rate held; none held, the claim is withdrawn with what each hold measured.
 """
 
@@ -29,13 +32,14 @@ SETTLE_SHARE = 1 / 3  # a hold's first third is the queue filling from empty: no
 MIN_JUDGED = 400  # a hold judges at least this many arrivals (stage 3's shortest window): longer at a low rate
 STEP = 0.9  # a hold that did not hold: the next at this share of its rate, or of the pace kept when it fell behind
 FLOOR = 0.75  # ...never under this share of its rate (a pace that collapsed under an overload is not the server's)
-HOLD_TRIES = 3  # holds at most, the claim's first (a hold the client's lag spoiled is tried once more)
+HOLD_TRIES = 3  # rates at most, the claim's first: 5 holds (a hold the client's lag spoiled is tried once more)
 
 
 @dataclass
 class Hold:
     """One hold: its rate, how long, the judged outcomes' check (:func:`~tuning.experiments.capacity.hold_check`),
-    what was answered ok and offered per second (in the hold's unit) and the hold's unit."""
+    what was answered ok and offered per second (in the hold's unit), the hold's unit and whether it is the fresh
+    hold at a rate whose first hold held."""
 
     rate: float
     seconds: float
@@ -43,6 +47,7 @@ class Hold:
     qps: float
     offered: float
     unit: str = "req/s"
+    fresh: bool = False
 
     @property
     def kept_up(self) -> bool:
@@ -74,15 +79,15 @@ class Hold:
 
     def row(self) -> dict[str, Any]:
         return {"rate": rounded(self.rate), "seconds": rounded(self.seconds), "held": self.held,
-                "kept_up": self.kept_up, "answered": rounded(self.qps), "offered": rounded(self.offered),
+                "fresh": self.fresh, "kept_up": self.kept_up, "answered": rounded(self.qps), "offered": rounded(self.offered),
                 "why_not": self.why_not(), **{k: self.check.get(k) for k in (
                     "p99_ms", "p99_low_ms", "p99_high_ms", "share", "share_high", "n", "errors", "lag_p99_ms")}}
 
 
 @dataclass
 class Verified:
-    """The claim's holds, in order; ``held`` the highest rate held (None: none, or the holds could not tell:
-    ``error``, or a Ctrl-C: ``interrupted``)."""
+    """The claim's holds, in order; ``held`` the highest rate held: the claim by one hold, a lower rate by its
+    fresh hold too (None: none, or the holds could not tell: ``error``, or a Ctrl-C: ``interrupted``)."""
 
     claim: float
     seconds: float
@@ -94,7 +99,7 @@ class Verified:
 
     @property
     def held(self) -> float | None:
-        return next((h.rate for h in self.holds if h.held), None)
+        return next((h.rate for h in self.holds if h.held and (h.fresh or h.rate == self.claim)), None)
 
     def summary(self) -> dict[str, Any]:
         return {"claim": rounded(self.claim), "seconds": rounded(self.seconds), "held": rounded(self.held),
@@ -112,7 +117,8 @@ def held_sentence(v: dict[str, Any]) -> str:
     holds = v.get("holds") or []
     last = holds[-1] if holds else None
     if last is not None and last["held"]:
-        said = (f"held {last['rate']:.1f} {u} for {s}: p99 {fixed(last['p99_ms'], '.0f')} ms "
+        twice = " twice (a fresh hold after the first)" if last.get("fresh") else ""
+        said = (f"held {last['rate']:.1f} {u} for {s}{twice}: p99 {fixed(last['p99_ms'], '.0f')} ms "
                 f"[{fixed(last['p99_low_ms'], '.0f')}-{fixed(last['p99_high_ms'], '.0f')}] over its last "
                 f"{100 * (1 - v['settle_share']):.0f}%, {fixed(last['share'], '.2f', scale=100)}% over the target")
         said += f", client lag p99 {last['lag_p99_ms']:.0f} ms" if last.get("lag_p99_ms") is not None else ""
@@ -122,7 +128,8 @@ def held_sentence(v: dict[str, Any]) -> str:
         said = f"COULD NOT HOLD: {v['error']}"
     else:
         said = f"NOT HELD: no hold of {s} met the target"
-    missed = [f"{h['rate']:.1f} ({h['why_not']})" for h in holds if not h["held"]]
+    missed = [f"{h['rate']:.1f} ({'a fresh hold after one held: ' if h.get('fresh') else ''}{h['why_not']})"
+              for h in holds if not h["held"]]
     return said + (f"; did not hold at {'; '.join(missed)}" if missed else "")
 
 
@@ -138,20 +145,23 @@ def hold_claim(hold: Callable[[float, float, float], Trial], claim: float, secon
     if not seconds > 0:
         raise ValueError(f"seconds={seconds!r}: a hold lasts a positive time (0 skips the holds)")
     out = into if into is not None else Verified(claim, seconds, target_p99_ms, unit)
-    rate, lag_retried = claim, False
-    for _ in range(tries + 1):
+    rate, lag_retried, rates, looked = claim, False, 1, False  # looked: this rate's first hold held
+    while True:
         settle = SETTLE_SHARE * seconds
         trial = hold(rate, settle, max(seconds - settle, MIN_JUDGED / rate))
         if not trial.ok:  # nothing answered: the server's failure, not a rate it cannot keep
             out.error = f"no ok answer in the hold at {rate:.1f} {unit} (first error: {trial.first_error})"
             break
         offered = trial.offered_rate if math.isfinite(trial.offered_rate) else rate
-        h = Hold(rate, seconds, hold_check(trial, target_p99_ms), trial.qps, offered, unit)
+        h = Hold(rate, seconds, hold_check(trial, target_p99_ms), trial.qps, offered, unit, fresh=looked)
         out.holds.append(h)
         if on_hold is not None:
             on_hold(out)
-        if h.held:
+        if h.held and (looked or rate == claim):
             break
+        if h.held:  # the holds chose this rate: its fresh hold is the test
+            looked = True
+            continue
         if h.lagged:
             if lag_retried:
                 out.error = (f"the client lagged its schedule in two holds at {rate:.1f} {unit}: the client's limit, "
@@ -159,7 +169,8 @@ def hold_claim(hold: Callable[[float, float, float], Trial], claim: float, secon
                 break
             lag_retried = True
             continue
-        if len(out.holds) - lag_retried >= tries:
+        if rates >= tries:
             break
+        rates, looked = rates + 1, False
         rate *= STEP if h.kept_up else max(STEP * min(1.0, h.qps / rate), FLOOR)
     return out
