@@ -13,10 +13,14 @@ client that lags in 10% of windows) at 5, 10 and 15% noise, in quick and full se
 
 Every rate with its 95% Wilson interval, and the windows and simulated seconds a run took.
 
-    python bench/keep_rule.py [--runs 200] [--quick]
+``--verify``: each claim then held as a service's run holds it (stage 5, ``tuning.experiments.verify.hold_claim``:
+60 s in quick settings, 180 s in full, on the world's open loop), and the capacity is the rate held (none held:
+the claim withdrawn, counted apart as ``withdrawn``).
+
+    python bench/keep_rule.py [--runs 200] [--quick] [--verify]
 
 Writes ``bench/results/keep_rule.json`` and ``docs/deciding-results.md`` (``--quick``: 20 runs, a temporary
-folder, no docs page).
+folder, no docs page; another verdict or ``--verify``: ``keep_rule_<verdict>[_held].json``, no docs page).
 """
 
 from __future__ import annotations
@@ -32,9 +36,11 @@ from common import write
 
 from tests.worlds import TARGET_MS, WORLDS, World, best_rate, seam_kwargs, steady_capacity
 from tests.worlds_hard import BF16_TAIL_HEAVY, HARD_WORLDS, BatchingWorld, target_for
+from tuning.experiments.defaults import VERIFY_S_FULL, VERIFY_S_QUICK
 from tuning.experiments.engine import VERDICTS, EngineSettings
 from tuning.experiments.judge import wilson
 from tuning.experiments.ladder import LadderSettings, run_ladder
+from tuning.experiments.verify import hold_claim
 from tuning.knobs import preset
 
 NOISES = (0.05, 0.10, 0.15)
@@ -58,18 +64,32 @@ def outcome(world_name: str, world: World, result) -> bool:
     raise KeyError(world_name)
 
 
-def capacity_ratio(world: World, result) -> float | None:
-    """The capacity shipped over the steady-state capacity of the configuration shipped, at its nominal pace
-    (the world's drift moves the pace by up to 10% either way while it runs)."""
+def shipped_capacity(world, result, target_ms: float, verify_s: float) -> float | None:
+    """The capacity a run ships: the target check's claim, or with ``verify_s`` the rate its holds held (stage
+    5 on the world's open loop, arrivals and service from the world's own generator; None: not held)."""
     cap = result.capacity
     if cap is None or not cap.met:
         return None
+    if not verify_s:
+        return cap.capacity
+
+    def hold(rate: float, settle_s: float, judged_s: float):
+        return world(result.recommended, rate=rate, window_s=judged_s, warmup_s=settle_s)
+    return hold_claim(hold, cap.capacity, verify_s, target_ms).held
+
+
+def capacity_ratio(world: World, result, verify_s: float = 0.0) -> float | None:
+    """The capacity shipped over the steady-state capacity of the configuration shipped, at its nominal pace
+    (the world's drift moves the pace by up to 10% either way while it runs)."""
+    shipped = shipped_capacity(world, result, TARGET_MS, verify_s)
+    if shipped is None:
+        return None
     knobs = result.recommended
     truth = steady_capacity(world.service_rate(knobs), TARGET_MS, world.floor_ms(knobs))
-    return cap.capacity / truth if truth > 0 else None
+    return shipped / truth if truth > 0 else None
 
 
-def accuracy_case(noise: float, runs: int, settings: LadderSettings) -> dict:
+def accuracy_case(noise: float, runs: int, settings: LadderSettings, verify_s: float = 0.0) -> dict:
     """The capacity shipped against the steady-state truth on a world without drift or dips (the main cases'
     truth is at the nominal pace, which their drift moves by up to 10% while a run measures)."""
     ratios = []
@@ -78,7 +98,7 @@ def accuracy_case(noise: float, runs: int, settings: LadderSettings) -> dict:
                       **WORLDS["two knobs matter, with an interaction"])
         result = run_ladder(device="cpu", measure=world, progress=False, settings=settings, target_p99_ms=TARGET_MS,
                             **seam_kwargs())
-        ratio = capacity_ratio(world, result)
+        ratio = capacity_ratio(world, result, verify_s)
         if ratio is not None:
             ratios.append(ratio)
     over = sum(r > 1.05 for r in ratios)
@@ -88,7 +108,7 @@ def accuracy_case(noise: float, runs: int, settings: LadderSettings) -> dict:
             "over_low": round(low, 4), "over_high": round(high, 4)}
 
 
-def run_case(world_name: str, noise: float, runs: int, settings: LadderSettings) -> dict:
+def run_case(world_name: str, noise: float, runs: int, settings: LadderSettings, verify_s: float = 0.0) -> dict:
     good, windows, sim_s, shipped, ratios = 0, [], [], {}, []
     for seed in range(runs):
         world = World(noise=noise, seed=seed, lag_share=LAG_SHARE, **WORLDS[world_name])
@@ -99,7 +119,7 @@ def run_case(world_name: str, noise: float, runs: int, settings: LadderSettings)
         sim_s.append(world.clock)
         line = result.set_line()
         shipped[line] = shipped.get(line, 0) + 1
-        ratio = capacity_ratio(world, result)
+        ratio = capacity_ratio(world, result, verify_s)
         if ratio is not None:
             ratios.append(ratio)
     low, high = wilson(good, runs)
@@ -133,7 +153,7 @@ def _summary(ratios: list[float], runs: int) -> dict:
             "over_5pct": over, "over_low": low and round(low, 4), "over_high": high and round(high, 4)}
 
 
-def hard_capacity_case(name: str, load: float, runs: int, settings: LadderSettings) -> dict:
+def hard_capacity_case(name: str, load: float, runs: int, settings: LadderSettings, verify_s: float = 0.0) -> dict:
     """A world of tests.worlds_hard where no knob matters, the target placed so that the truth is ``load`` of
     saturation: the capacity claimed against the truth, and how often a change was shipped."""
     base = preset("baseline")
@@ -144,13 +164,14 @@ def hard_capacity_case(name: str, load: float, runs: int, settings: LadderSettin
         result = run_ladder(device="cpu", measure=world, progress=False, settings=settings, target_p99_ms=target,
                             **seam_kwargs())
         changed += bool(result.changes())
-        if result.capacity is not None and result.capacity.met:
-            ratios.append(result.capacity.capacity / world.truth(result.recommended, target))
+        shipped = shipped_capacity(world, result, target, verify_s)
+        if shipped is not None:
+            ratios.append(shipped / world.truth(result.recommended, target))
     return {"world": name, "load": load, "noise": HARD_NOISE, "changed": changed,
             **_summary(ratios, runs)}
 
 
-def batching_case(load: float, runs: int, settings: LadderSettings) -> dict:
+def batching_case(load: float, runs: int, settings: LadderSettings, verify_s: float = 0.0) -> dict:
     """The dynamic batcher whose bf16 is cheaper a call with 2% of calls 8x slow (it raises closed-loop
     throughput and lowers capacity at the target): the shipped configuration's truth over the best's among
     the screen's reach, the capacity claimed over the shipped one's truth, and how often bf16 shipped."""
@@ -166,8 +187,9 @@ def batching_case(load: float, runs: int, settings: LadderSettings) -> dict:
         truth = world.truth(result.recommended, target)
         shipped_best.append(truth / best)
         bf16 += result.recommended.dtype == "bf16"
-        if result.capacity is not None and result.capacity.met and truth > 0:
-            ratios.append(result.capacity.capacity / truth)
+        shipped = shipped_capacity(world, result, target, verify_s)
+        if shipped is not None and truth > 0:
+            ratios.append(shipped / truth)
     within = sum(r >= 0.9 for r in shipped_best)
     low, high = wilson(within, runs)
     b_low, b_high = wilson(bf16, runs)
@@ -245,19 +267,24 @@ def with_verdict(settings: LadderSettings, verdict: str) -> LadderSettings:
     return dataclasses.replace(settings, engine=dataclasses.replace(settings.engine, verdict=verdict))
 
 
-def hard_cases(runs: int, verdict: str) -> dict:
+def hold_seconds(mode: str, verify: bool) -> float:
+    """A service's hold in these settings (``defaults.VERIFY_S_QUICK`` / ``VERIFY_S_FULL``), or none."""
+    return (VERIFY_S_QUICK if mode == "quick" else VERIFY_S_FULL) if verify else 0.0
+
+
+def hard_cases(runs: int, verdict: str, verify: bool = False) -> dict:
     settings = with_verdict(LadderSettings.quick(), verdict)
     out: dict = {"capacity": [], "batching": []}
     for name in QUEUE_WORLDS:
         for load in HARD_LOADS:
-            c = hard_capacity_case(name, load, runs, settings)
+            c = hard_capacity_case(name, load, runs, settings, hold_seconds("quick", verify))
             out["capacity"].append(c)
             print(f"hard  {name:<34} load {load}: capacity/truth {c['median']} {c['p10_p90']}, "
                   f"over by >5% {c['over_5pct']} of {c['met']}, changes shipped {c['changed']} of {runs}",
                   flush=True)
     for mode, ladder in (("quick", settings), ("full", with_verdict(LadderSettings.full(), verdict))):
         for load in HARD_LOADS:
-            b = {"mode": mode, **batching_case(load, runs, ladder)}
+            b = {"mode": mode, **batching_case(load, runs, ladder, hold_seconds(mode, verify))}
             out["batching"].append(b)
             print(f"hard  batcher {mode} load {load}: shipped/best median {b['shipped_over_best_median']} "
                   f"(min {b['shipped_over_best_min']}), within 10% {b['within_10pct']} of {runs}, bf16 shipped "
@@ -274,33 +301,40 @@ def main() -> None:
                     help="the target verdict (EngineSettings.verdict); another than the default writes "
                          "keep_rule_<verdict>.json and no docs page")
     ap.add_argument("--hard-runs", type=int, default=40, help="runs a case on the worlds of tests/worlds_hard.py")
+    ap.add_argument("--verify", action="store_true", help="hold each claim as a service's run does (stage 5) and "
+                    "count the rate held")
     args = ap.parse_args()
     runs = 20 if args.quick else args.runs
     t0 = time.perf_counter()
     out: dict = {"what": "SIMULATED: the engine's error rates through run_ladder(measure=world) on tests/worlds.py "
                          "(M/D/1 servers kept warm, lognormal noise, 20% drift, 5% dips, a client lagging in "
                          f"{100 * LAG_SHARE:.0f}% of windows), target p99 {TARGET_MS:.0f} ms",
-                 "simulated": True, "runs": runs, "target_p99_ms": TARGET_MS, "verdict": args.verdict, "cases": {}}
+                 "simulated": True, "runs": runs, "target_p99_ms": TARGET_MS, "verdict": args.verdict,
+                 "held_s": {m: hold_seconds(m, args.verify) for m in ("quick", "full")} if args.verify else None,
+                 "cases": {}}
     for mode in args.modes.split(","):
         settings = with_verdict(LadderSettings.quick() if mode == "quick" else LadderSettings.full(), args.verdict)
         cases = []
         for name in WORLDS:
             for noise in NOISES:
-                case = run_case(name, noise, runs, settings)
+                case = run_case(name, noise, runs, settings, hold_seconds(mode, args.verify))
                 cases.append(case)
                 print(f"{mode:<5} {name:<48} noise {100 * noise:>3.0f}%: {100 * case['rate']:5.1f}% right "
                       f"[{100 * case['low']:.1f}-{100 * case['high']:.1f}], {case['windows_median']:.0f} windows; "
                       f"capacity/truth {case['capacity_over_truth_median']}, over by >5%: "
                       f"{case['capacity_overstated_5pct']} of {case['capacities_met']}", flush=True)
         out["cases"][mode] = cases
-        out.setdefault("capacity_accuracy", {})[mode] = [accuracy_case(noise, runs, settings) for noise in NOISES]
+        out.setdefault("capacity_accuracy", {})[mode] = [accuracy_case(noise, runs, settings,
+                                                                       hold_seconds(mode, args.verify))
+                                                         for noise in NOISES]
         for a in out["capacity_accuracy"][mode]:
             print(f"{mode:<5} capacity / steady-state truth, no drift, noise {100 * a['noise']:.0f}%: median "
                   f"{a['median']}, p10-p90 {a['p10_p90']}, over by >5% {a['over_5pct']} of {a['met']}", flush=True)
-    out["hard"] = hard_cases(5 if args.quick else args.hard_runs, args.verdict)
+    out["hard"] = hard_cases(5 if args.quick else args.hard_runs, args.verdict, args.verify)
     out["wall_s"] = round(time.perf_counter() - t0, 1)
-    default = args.verdict == EngineSettings().verdict
-    write("keep_rule" if default else f"keep_rule_{args.verdict}", out, quick=args.quick)
+    default = args.verdict == EngineSettings().verdict and not args.verify
+    name = "keep_rule" + ("" if args.verdict == EngineSettings().verdict else f"_{args.verdict}")
+    write(name + ("_held" if args.verify else ""), out, quick=args.quick)
     if not args.quick and default:
         DOCS.write_text(docs_page(out) + "\n")
         print(f"wrote {DOCS}")

@@ -267,3 +267,15 @@ def test_bad_input_names_the_value_and_the_fix():
     with pytest.raises(ValueError, match="ceiling_rate"):
         ClientLag(ceiling_rate=-1.0)
     assert math.isfinite(BatchingWorld().saturation({"padding": "fixed"}))
+
+
+@pytest.mark.parametrize("name", ["lognormal, sigma 1", "dynamic batcher"])
+def test_a_hold_s_unmeasured_start_is_its_own_and_its_queue_carries_into_the_window(name):
+    """A hold (stage 5) asks for its own settle: arrivals before it are not measured, their queue is."""
+    world = HARD_WORLDS[name](seed=3, noise=0.0)
+    knobs = Knobs(batch_size=4)
+    rate = 1.2 * world.saturation(knobs)  # overloaded: the settle's backlog makes the window's answers later
+    short, held = (world(knobs, rate=rate, seed=4, window_s=4.0, warmup_s=s) for s in (WARMUP_S, 8.0))
+    assert held.arrivals_s.min() >= 8.0 and held.arrivals_s.max() < 12.0
+    assert short.arrivals_s.min() >= WARMUP_S and short.arrivals_s.max() < WARMUP_S + 4.0
+    assert held.p50_ms > short.p50_ms and held.window_s == 4.0

@@ -248,12 +248,13 @@ def target_for(world: Any, knobs: Any, load: float) -> float:
 
 
 def _open_trial(sched: np.ndarray, done: np.ndarray, lags: np.ndarray, rate: float, window: float,
-                **extra: Any) -> Trial:
-    """An open-loop window's Trial from every arrival's schedule and completion (all of them, warm-up included)."""
-    measured = sched >= WARMUP_S
+                settle: float = WARMUP_S, **extra: Any) -> Trial:
+    """An open-loop window's Trial from every arrival's schedule and completion (all of them, the ``settle``
+    seconds of warm-up included)."""
+    measured = sched >= settle
     lat = (done - sched)[measured] * 1000
     n = int(measured.sum())
-    ok_in_window = int(((done >= WARMUP_S) & (done < WARMUP_S + window)).sum())
+    ok_in_window = int(((done >= settle) & (done < settle + window)).sum())
     return Trial(qps=ok_in_window / window, p99_ms=p99_of(lat) if n else math.nan,
                  p50_ms=float(np.median(lat)) if n else math.nan, ok=n, submitted=n, window_s=window, rate=rate,
                  offered_rate=n / window, latencies_ms=lat, lags_ms=lags[measured], arrivals_s=sched[measured],
@@ -343,21 +344,22 @@ class QueueWorld(_Truths):
         return _mg1_truth(self.service, self._service, self.service_rate(knobs), float(self.floor_ms(knobs)), target_ms)
 
     def __call__(self, knobs: Any, *, rate: float | None = None, record: bool = False, seed: int | None = None,
-                 window_s: float | None = None) -> Trial:
+                 window_s: float | None = None, warmup_s: float | None = None) -> Trial:
         self.calls += 1
         window = float(window_s or WINDOW_S)
+        settle = WARMUP_S if warmup_s is None else warmup_s  # a hold asks for its own unmeasured start
         mu = self.service_rate(knobs) * math.exp(self.rng.normal(0.0, self.noise))
         floor = float(self.floor_ms(knobs))
         rng = np.random.default_rng(seed) if seed is not None else self.rng
         if rate is None:
             return self._closed(mu, window, floor, rng)
-        sched = poisson_arrivals(rng, rate, WARMUP_S + window)
+        sched = poisson_arrivals(rng, rate, settle + window)
         lags = self.lag.lags_ms(rate, sched, self.rng) if self.lag else np.abs(self.rng.normal(0.0, 0.3, sched.size))
         sent = sched + lags / 1000
         order = np.argsort(sent, kind="stable")
         done = np.empty_like(sched)
         done[order] = fifo_done(sent[order], service_draws(self.service, rng, sched.size, **dict(self._service)) / mu)
-        return _open_trial(sched, done + floor / 1000, lags, rate, window, model_busy=min(rate / mu, 1.0))
+        return _open_trial(sched, done + floor / 1000, lags, rate, window, settle, model_busy=min(rate / mu, 1.0))
 
     def _closed(self, mu: float, window: float, floor: float, rng: np.random.Generator) -> Trial:
         """16 clients with no pause between answer and send keep the server busy from 0: the i-th completion is
@@ -658,9 +660,10 @@ class BatchingWorld(_Truths):
         return _batch_truth(self.costs, BatchConfig.of(knobs, self.aliases), target_ms)
 
     def __call__(self, knobs: Any, *, rate: float | None = None, record: bool = False, seed: int | None = None,
-                 window_s: float | None = None) -> Trial:
+                 window_s: float | None = None, warmup_s: float | None = None) -> Trial:
         self.calls += 1
         window = float(window_s or WINDOW_S)
+        settle = WARMUP_S if warmup_s is None else warmup_s  # a hold asks for its own unmeasured start
         cfg = BatchConfig.of(knobs, self.aliases)
         key = config_key(knobs)
         cold_until = self.costs.cold_s if key != self.last else 0.0  # any change of knobs starts a new server
@@ -670,7 +673,7 @@ class BatchingWorld(_Truths):
         if rate is None:
             lat, sizes = serve_closed(cfg, self.costs, rng, self.rng, window, scale, cold_until)
             return _closed_trial(lat, window, mean_batch=float(sizes.mean()) if sizes.size else math.nan)
-        sched = poisson_arrivals(rng, rate, WARMUP_S + window)
+        sched = poisson_arrivals(rng, rate, settle + window)
         lengths = text_lengths(self.costs, rng, sched.size, cfg.max_length)
         lags = self.lag.lags_ms(rate, sched, self.rng) if self.lag else np.abs(self.rng.normal(0.0, 0.3, sched.size))
         sent = sched + lags / 1000
@@ -678,7 +681,8 @@ class BatchingWorld(_Truths):
         done = np.empty_like(sched)
         done[order], sizes = serve_open(sent[order], lengths[order], cfg, self.costs,
                                         self.rng.random(max(sched.size, 1)), scale, cold_until)
-        return _open_trial(sched, done, lags, rate, window, mean_batch=float(sizes.mean()) if sizes.size else math.nan)
+        return _open_trial(sched, done, lags, rate, window, settle,
+                           mean_batch=float(sizes.mean()) if sizes.size else math.nan)
 
 
 BATCH_SPACE: dict[str, tuple] = {  # the batching world's knobs and the values a tuner would try
