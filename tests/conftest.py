@@ -83,3 +83,12 @@ def pytest_collection_modifyitems(config, items):
     """The slow tests first (stable order otherwise): with two workers, a long test started last would run alone
     at the end while the other worker idles; started first, the short ones fill the other worker around it."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def pytest_configure(config):
+    """Each tier's test time against its budget at the end of a run (tests/tiers.py), summed where the reports
+    meet: the xdist controller, or the one process without xdist."""
+    if not hasattr(config, "workerinput"):
+        from tests.tiers import TierClock
+
+        config.pluginmanager.register(TierClock(), "tier-clock")

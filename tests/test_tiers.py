@@ -1,0 +1,45 @@
+"""The tiers' clock (tests/tiers.py): each test's time in its tier, the tiers against their budgets."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from tests import tiers
+
+
+@pytest.mark.parametrize("marks, tier", [
+    (set(), "fast"), ({"slow"}, "slow"), ({"slow", "thirdparty"}, "thirdparty"), ({"browser", "thirdparty"}, "browser"),
+    ({"notebooks", "slow"}, "notebooks"), ({"test_x", "tests/test_a.py"}, "fast"),
+])
+def test_a_test_s_tier_is_its_first_mark_in_the_readme_s_order(marks, tier):
+    assert tiers.tier_of(marks) == tier
+
+
+class Terminal:
+    def __init__(self):
+        self.lines = []
+
+    def section(self, title):
+        self.lines.append(f"== {title}")
+
+    def write_line(self, line):
+        self.lines.append(line)
+
+
+def test_a_tier_over_its_budget_is_named_with_its_slowest_tests(monkeypatch, tmp_path):
+    monkeypatch.setattr(tiers, "BUDGETS_S", {"fast": 10.0, "slow": 100.0})
+    monkeypatch.setattr(tiers, "ARTIFACT", tmp_path / "tiers.json")
+    clock = tiers.TierClock()
+    for nodeid, marks, when, seconds in [("a", {}, "setup", 1.0), ("a", {}, "call", 6.0), ("b", {}, "call", 5.0),
+                                         ("c", {"slow": 1}, "call", 40.0)]:
+        clock.pytest_runtest_logreport(SimpleNamespace(keywords={nodeid: 1, **marks}, nodeid=nodeid, when=when,
+                                                       duration=seconds))
+    fast, slow = clock.rows()
+    assert (fast["seconds"], fast["tests"], fast["over"]) == (12.0, 2, True)
+    assert [s["test"] for s in fast["slowest"]] == ["a", "b"] and not slow["over"]
+    term = Terminal()
+    clock.pytest_terminal_summary(term)
+    assert any("fast" in line and "OVER BUDGET by 2 s" in line for line in term.lines)
+    assert any(line.strip().endswith("7.0 s  a") for line in term.lines)
+    assert not any("slow" in line and "OVER" in line for line in term.lines)
+    assert (tmp_path / "tiers.json").exists()
