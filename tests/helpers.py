@@ -91,15 +91,16 @@ def investigate_on(monkeypatch, tmp_path, measure, *extra, target_ms: float):
 
 
 def short_tune_windows(monkeypatch) -> None:
-    """``tune --quick`` with target windows of 400 arrivals or 4 s and holds of the claim of 6 s: for tests of
-    process handling and resume on real services, not of the engine's statistics (bench/keep_rule.py measures
-    those, bench/hold_claims.py the holds)."""
+    """``tune --quick`` with target windows of 400 arrivals or 4 s and holds of the claim of 6 s judged on 100
+    arrivals at least: for tests of process handling and resume on real services, not of the engine's statistics
+    (bench/keep_rule.py measures those, bench/hold_claims.py the holds)."""
     import dataclasses
 
-    from tuning.experiments import defaults, tune
+    from tuning.experiments import defaults, tune, verify
     from tuning.experiments.engine import EngineSettings
 
     monkeypatch.setattr(defaults, "VERIFY_S_QUICK", 6.0)
+    monkeypatch.setattr(verify, "MIN_JUDGED", 100)
 
     quick = tune.TuneSettings.quick()
     short = dataclasses.replace(quick, engine=dataclasses.replace(quick.engine, target_outcomes=400, target_max_s=4.0))

@@ -43,3 +43,14 @@ def test_a_tier_over_its_budget_is_named_with_its_slowest_tests(monkeypatch, tmp
     assert any(line.strip().endswith("7.0 s  a") for line in term.lines)
     assert not any("slow" in line and "OVER" in line for line in term.lines)
     assert (tmp_path / "tiers.json").exists()
+
+
+def test_the_readme_s_budgets_are_the_clock_s():
+    """tests/README.md's table states the budgets the clock prints against: one place decides, the other says it."""
+    from pathlib import Path
+
+    table = (Path(__file__).parent / "README.md").read_text().split("## Tiers and their budgets", 1)[1]
+    rows = {cells[1].strip(): cells[-2].strip() for line in table.splitlines()
+            if line.startswith("| ") and len(cells := line.split("|")) > 4}
+    assert {tier: rows[tier] for tier in tiers.BUDGETS_S} == {t: f"{b:.0f} s" for t, b in tiers.BUDGETS_S.items()}
+    assert rows["all"].startswith(f"{sum(tiers.BUDGETS_S.values()):,.0f} s")
