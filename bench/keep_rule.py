@@ -15,7 +15,7 @@ Every rate with its 95% Wilson interval, and the windows and simulated seconds a
 
 ``--verify``: each claim then held as a service's run holds it (stage 5, ``tuning.experiments.verify.hold_claim``:
 60 s in quick settings, 180 s in full, on the world's open loop), and the capacity is the rate held (none held:
-the claim withdrawn, counted apart as ``withdrawn``).
+the claim withdrawn: a run not counted in ``met``).
 
     python bench/keep_rule.py [--runs 200] [--quick] [--verify]
 

@@ -54,3 +54,15 @@ def test_the_readme_s_budgets_are_the_clock_s():
             if line.startswith("| ") and len(cells := line.split("|")) > 4}
     assert {tier: rows[tier] for tier in tiers.BUDGETS_S} == {t: f"{b:.0f} s" for t, b in tiers.BUDGETS_S.items()}
     assert rows["all"].startswith(f"{sum(tiers.BUDGETS_S.values()):,.0f} s")
+
+
+def test_a_report_s_marks_survive_the_trip_from_an_xdist_worker():
+    """The clock sums on the controller, from reports the workers send as JSON: their keywords must come along."""
+    from _pytest.reports import TestReport
+
+    sent = TestReport("tests/test_x.py::test_y", ("tests/test_x.py", 1, "test_y"), {"slow": 1, "test_y": 1},
+                      "passed", None, "call", duration=2.5)
+    received = TestReport._from_json(sent._to_json())
+    clock = tiers.TierClock()
+    clock.pytest_runtest_logreport(received)
+    assert dict(clock.seconds) == {"slow": 2.5}

@@ -169,16 +169,66 @@ def test_a_stepped_down_rate_that_held_once_is_not_held_until_a_fresh_hold_holds
     assert [h.fresh for h in v.holds] == [False, False, True, False, True]
     assert v.held == pytest.approx(32.4)
     said = v.sentence()
-    assert "36.0 (a fresh hold after one held: p99 2000 ms over the 800 ms target)" in said
+    assert "36.0 (its fresh hold: p99 2000 ms over the 800 ms target)" in said
 
 
 def test_a_fresh_hold_that_misses_on_the_last_rate_leaves_nothing_held():
     server = Boundary(pace=50.0, boundary=30.0, miss_at={0, 2, 4})
     v = verify.hold_claim(server, 40.0, 60.0, TARGET)
     assert [h.held for h in v.holds] == [False, True, False, True, False]
-    assert v.held is None and v.sentence().startswith("NOT HELD")
+    assert v.held is None
+    assert v.sentence() == (
+        "NOT HELD: no rate held twice in a row in holds of 60 s (a lower rate needs a fresh hold too); held once at "
+        "36.0, 32.4; did not hold at 40.0 (p99 2000 ms over the 800 ms target); 36.0 (its fresh hold: p99 2000 ms "
+        "over the 800 ms target); 32.4 (its fresh hold: p99 2000 ms over the 800 ms target)")
 
 
 def test_the_claim_itself_is_held_in_one_hold_since_the_target_check_chose_it_not_the_holds():
     v = verify.hold_claim(Boundary(pace=50.0, boundary=100.0, miss_at=set()), 40.0, 60.0, TARGET)
     assert len(v.holds) == 1 and v.held == 40.0 and not v.holds[0].fresh
+
+
+def test_a_ctrl_c_during_a_fresh_hold_says_nothing_held_and_that_the_rate_held_once():
+    server = Server(pace=33.0, tail_from=0.95)
+
+    def hold(rate, settle, judged):
+        if len(server.asked) == 2:  # the claim fell behind, 29.7 held once: Ctrl-C in its fresh hold
+            raise KeyboardInterrupt
+        return server(rate, settle, judged)
+
+    kept = verify.Verified(38.0, 60.0, TARGET)
+    with pytest.raises(KeyboardInterrupt):
+        verify.hold_claim(hold, 38.0, 60.0, TARGET, into=kept)
+    kept.interrupted = True
+    assert kept.held is None
+    said = kept.sentence()
+    assert said.startswith("INTERRUPTED during the holds of the claim 38.0 req/s: nothing held yet; held once at 29.7")
+    assert "held 29.7 req/s for" not in said
+
+
+def test_a_fresh_hold_the_client_s_lag_spoiled_is_held_again_as_the_fresh_one():
+    class LagsOnce(Server):
+        def __call__(self, rate, settle_s, judged_s):
+            self.lag_ms = 1500.0 if len(self.asked) == 2 else 0.0  # the fresh hold at 29.7 lagged
+            return super().__call__(rate, settle_s, judged_s)
+
+    v = verify.hold_claim(LagsOnce(pace=33.0, tail_from=0.95), 38.0, 60.0, TARGET)
+    assert [(round(h.rate, 1), h.held, h.fresh, h.lagged) for h in v.holds] == [
+        (38.0, False, False, False), (29.7, True, False, False), (29.7, False, True, True), (29.7, True, True, False)]
+    assert v.held == pytest.approx(29.7) and v.error is None
+
+
+def test_the_client_s_lag_gets_one_retry_at_each_rate():
+    class Lags(Server):
+        def __call__(self, rate, settle_s, judged_s):
+            self.lag_ms = 1500.0 if len(self.asked) in (0, 3) else 0.0  # the claim's first hold, 29.7's fresh one
+            return super().__call__(rate, settle_s, judged_s)
+
+    v = verify.hold_claim(Lags(pace=33.0, tail_from=0.95), 38.0, 60.0, TARGET)
+    assert [round(h.rate, 1) for h in v.holds] == [38.0, 38.0, 29.7, 29.7, 29.7]
+    assert v.held == pytest.approx(29.7) and v.error is None
+
+
+def test_holds_into_a_record_of_another_claim_are_refused():
+    with pytest.raises(ValueError, match="claim"):
+        verify.hold_claim(Server(pace=50.0), 40.000001, 60.0, TARGET, into=verify.Verified(40.0, 60.0, TARGET))

@@ -608,7 +608,7 @@ def hold_shipped(result: TuneResult, measure: Callable[..., Trial], seconds: flo
                  saved: Callable[[], None]) -> None:
     """Hold the shipped configuration's claim for ``seconds``, lower where it does not hold (stage 5:
     :func:`~tuning.experiments.verify.hold_claim`), into ``result.verified``, saying each hold; ``saved()`` after
-    each. Until a hold holds nothing ships: a Ctrl-C during the holds leaves them ``interrupted``, a server
+    each. Until a rate is held nothing ships: a Ctrl-C during the holds leaves them ``interrupted``, a server
     that fails during one leaves its ``error``."""
     best = result.best
     unit = result.settings.engine.unit
@@ -621,7 +621,9 @@ def hold_shipped(result: TuneResult, measure: Callable[..., Trial], seconds: flo
 
     def held(so_far: Verified) -> None:
         h = so_far.holds[-1]
-        said = ("held" if h.held else "not held") + (" on its fresh hold" if h.fresh else "")
+        look = h.held and not h.fresh and h.rate != so_far.claim  # a lower rate's first hold: a fresh one follows
+        said = ("held once (its fresh hold next)" if look else "held" if h.held else "not held") + (
+            " on its fresh hold" if h.fresh else "")
         why = f" ({h.why_not()})" if not h.held else ""
         say(f"  {said}: p99 {fixed(h.check['p99_ms'], '.0f')} ms, {h.qps:.1f} {unit} answered{why}")
         saved()

@@ -32,7 +32,7 @@ SETTLE_SHARE = 1 / 3  # a hold's first third is the queue filling from empty: no
 MIN_JUDGED = 400  # a hold judges at least this many arrivals (stage 3's shortest window): longer at a low rate
 STEP = 0.9  # a hold that did not hold: the next at this share of its rate, or of the pace kept when it fell behind
 FLOOR = 0.75  # ...never under this share of its rate (a pace that collapsed under an overload is not the server's)
-HOLD_TRIES = 3  # rates at most, the claim's first: 5 holds (a hold the client's lag spoiled is tried once more)
+HOLD_TRIES = 3  # rates at most, the claim's first: 5 holds (and one more at a rate where the client's lag spoiled one)
 
 
 @dataclass
@@ -115,8 +115,12 @@ def held_sentence(v: dict[str, Any]) -> str:
     """What a claim's holds said (``Verified.summary()``, also as read back from summary.json), in one line."""
     u, s = v["unit"], f"{v['seconds']:.0f} s"
     holds = v.get("holds") or []
-    last = holds[-1] if holds else None
-    if last is not None and last["held"]:
+    held = v.get("held")
+    last = next((h for h in reversed(holds) if h["held"] and h["rate"] == held), None) if held is not None else None
+    # lower rates whose first hold held, not held by a fresh one (it missed, or never came)
+    once = [f"{h['rate']:.1f}" for h in holds if h["held"] and not h.get("fresh") and h["rate"] != v["claim"]
+            and h["rate"] != held]
+    if last is not None:
         twice = " twice (a fresh hold after the first)" if last.get("fresh") else ""
         said = (f"held {last['rate']:.1f} {u} for {s}{twice}: p99 {fixed(last['p99_ms'], '.0f')} ms "
                 f"[{fixed(last['p99_low_ms'], '.0f')}-{fixed(last['p99_high_ms'], '.0f')}] over its last "
@@ -126,9 +130,12 @@ def held_sentence(v: dict[str, Any]) -> str:
         said = f"INTERRUPTED during the holds of the claim {v['claim']:.1f} {u}: nothing held yet"
     elif v.get("error"):
         said = f"COULD NOT HOLD: {v['error']}"
+    elif once:
+        said = f"NOT HELD: no rate held twice in a row in holds of {s} (a lower rate needs a fresh hold too)"
     else:
         said = f"NOT HELD: no hold of {s} met the target"
-    missed = [f"{h['rate']:.1f} ({'a fresh hold after one held: ' if h.get('fresh') else ''}{h['why_not']})"
+    said += f"; held once at {', '.join(once)}" if once else ""
+    missed = [f"{h['rate']:.1f} ({'its fresh hold: ' if h.get('fresh') else ''}{h['why_not']})"
               for h in holds if not h["held"]]
     return said + (f"; did not hold at {'; '.join(missed)}" if missed else "")
 
@@ -144,6 +151,8 @@ def hold_claim(hold: Callable[[float, float, float], Trial], claim: float, secon
         raise ValueError(f"claim={claim!r}: a hold needs a positive rate")
     if not seconds > 0:
         raise ValueError(f"seconds={seconds!r}: a hold lasts a positive time (0 skips the holds)")
+    if into is not None and into.claim != claim:
+        raise ValueError(f"into.claim={into.claim!r} is not claim={claim!r}: hold a claim into its own record")
     out = into if into is not None else Verified(claim, seconds, target_p99_ms, unit)
     rate, lag_retried, rates, looked = claim, False, 1, False  # looked: this rate's first hold held
     while True:
@@ -171,6 +180,6 @@ def hold_claim(hold: Callable[[float, float, float], Trial], claim: float, secon
             continue
         if rates >= tries:
             break
-        rates, looked = rates + 1, False
+        rates, looked, lag_retried = rates + 1, False, False
         rate *= STEP if h.kept_up else max(STEP * min(1.0, h.qps / rate), FLOOR)
     return out
