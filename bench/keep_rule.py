@@ -332,10 +332,10 @@ def main() -> None:
                   f"{a['median']}, p10-p90 {a['p10_p90']}, over by >5% {a['over_5pct']} of {a['met']}", flush=True)
     out["hard"] = hard_cases(5 if args.quick else args.hard_runs, args.verdict, args.verify)
     out["wall_s"] = round(time.perf_counter() - t0, 1)
-    default = args.verdict == EngineSettings().verdict and not args.verify
-    name = "keep_rule" + ("" if args.verdict == EngineSettings().verdict else f"_{args.verdict}")
-    write(name + ("_held" if args.verify else ""), out, quick=args.quick)
-    if not args.quick and default:
+    default_verdict = args.verdict == EngineSettings().verdict
+    write("keep_rule" + ("" if default_verdict else f"_{args.verdict}") + ("_held" if args.verify else ""), out,
+          quick=args.quick)
+    if not args.quick and default_verdict and not args.verify:
         DOCS.write_text(docs_page(out) + "\n")
         print(f"wrote {DOCS}")
 

@@ -167,6 +167,7 @@ def test_a_stepped_down_rate_that_held_once_is_not_held_until_a_fresh_hold_holds
     assert [round(h.rate, 2) for h in v.holds] == [40.0, 36.0, 36.0, 32.4, 32.4]
     assert [h.held for h in v.holds] == [False, True, False, True, True]
     assert [h.fresh for h in v.holds] == [False, False, True, False, True]
+    assert [h.look for h in v.holds] == [False, True, False, True, False]  # a lower rate's first hold
     assert v.held == pytest.approx(32.4)
     said = v.sentence()
     assert "36.0 (its fresh hold: p99 2000 ms over the 800 ms target)" in said

@@ -35,19 +35,21 @@ class TierClock:
     workers send) and prints the tiers against their budgets at the end."""
 
     def __init__(self) -> None:
-        self.seconds: dict[str, float] = defaultdict(float)
         self.tests: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
 
+    @property
+    def seconds(self) -> dict[str, float]:
+        """Each tier's test time so far."""
+        return {tier: sum(times.values()) for tier, times in self.tests.items()}
+
     def pytest_runtest_logreport(self, report) -> None:
-        tier = tier_of(set(report.keywords))
-        self.seconds[tier] += report.duration
-        self.tests[tier][report.nodeid] += report.duration
+        self.tests[tier_of(set(report.keywords))][report.nodeid] += report.duration
 
     def rows(self) -> list[dict]:
         """Each tier's time, budget and slowest tests."""
-        out = []
+        out, seconds = [], self.seconds
         for tier, budget in BUDGETS_S.items():
-            spent = self.seconds.get(tier, 0.0)
+            spent = seconds.get(tier, 0.0)
             slowest = sorted(self.tests.get(tier, {}).items(), key=lambda kv: -kv[1])[:SLOWEST]
             out.append({"tier": tier, "seconds": round(spent, 1), "budget_s": budget, "over": spent > budget,
                         "tests": len(self.tests.get(tier, {})),
@@ -55,7 +57,7 @@ class TierClock:
         return out
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        if not self.seconds:
+        if not self.tests:
             return
         rows = self.rows()
         terminalreporter.section("test time by tier (budgets: tests/tiers.py)")

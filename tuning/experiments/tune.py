@@ -621,8 +621,7 @@ def hold_shipped(result: TuneResult, measure: Callable[..., Trial], seconds: flo
 
     def held(so_far: Verified) -> None:
         h = so_far.holds[-1]
-        look = h.held and not h.fresh and h.rate != so_far.claim  # a lower rate's first hold: a fresh one follows
-        said = ("held once (its fresh hold next)" if look else "held" if h.held else "not held") + (
+        said = ("held once (its fresh hold next)" if h.held and h.look else "held" if h.held else "not held") + (
             " on its fresh hold" if h.fresh else "")
         why = f" ({h.why_not()})" if not h.held else ""
         say(f"  {said}: p99 {fixed(h.check['p99_ms'], '.0f')} ms, {h.qps:.1f} {unit} answered{why}")

@@ -38,8 +38,9 @@ HOLD_TRIES = 3  # rates at most, the claim's first: 5 holds (and one more at a r
 @dataclass
 class Hold:
     """One hold: its rate, how long, the judged outcomes' check (:func:`~tuning.experiments.capacity.hold_check`),
-    what was answered ok and offered per second (in the hold's unit), the hold's unit and whether it is the fresh
-    hold at a rate whose first hold held."""
+    what was answered ok and offered per second (in the hold's unit), the hold's unit, whether it is a look (a
+    lower rate's first hold: where it holds, a fresh hold follows, and the rate is not held yet) and whether it is
+    the fresh hold at a rate whose look held."""
 
     rate: float
     seconds: float
@@ -47,6 +48,7 @@ class Hold:
     qps: float
     offered: float
     unit: str = "req/s"
+    look: bool = False
     fresh: bool = False
 
     @property
@@ -79,7 +81,8 @@ class Hold:
 
     def row(self) -> dict[str, Any]:
         return {"rate": rounded(self.rate), "seconds": rounded(self.seconds), "held": self.held,
-                "fresh": self.fresh, "kept_up": self.kept_up, "answered": rounded(self.qps), "offered": rounded(self.offered),
+                "look": self.look, "fresh": self.fresh, "kept_up": self.kept_up, "answered": rounded(self.qps),
+                "offered": rounded(self.offered),
                 "why_not": self.why_not(), **{k: self.check.get(k) for k in (
                     "p99_ms", "p99_low_ms", "p99_high_ms", "share", "share_high", "n", "errors", "lag_p99_ms")}}
 
@@ -99,7 +102,7 @@ class Verified:
 
     @property
     def held(self) -> float | None:
-        return next((h.rate for h in self.holds if h.held and (h.fresh or h.rate == self.claim)), None)
+        return next((h.rate for h in self.holds if h.held and not h.look), None)
 
     def summary(self) -> dict[str, Any]:
         return {"claim": rounded(self.claim), "seconds": rounded(self.seconds), "held": rounded(self.held),
@@ -118,8 +121,7 @@ def held_sentence(v: dict[str, Any]) -> str:
     held = v.get("held")
     last = next((h for h in reversed(holds) if h["held"] and h["rate"] == held), None) if held is not None else None
     # lower rates whose first hold held, not held by a fresh one (it missed, or never came)
-    once = [f"{h['rate']:.1f}" for h in holds if h["held"] and not h.get("fresh") and h["rate"] != v["claim"]
-            and h["rate"] != held]
+    once = [f"{h['rate']:.1f}" for h in holds if h["held"] and h.get("look") and h["rate"] != held]
     if last is not None:
         twice = " twice (a fresh hold after the first)" if last.get("fresh") else ""
         said = (f"held {last['rate']:.1f} {u} for {s}{twice}: p99 {fixed(last['p99_ms'], '.0f')} ms "
@@ -162,11 +164,12 @@ def hold_claim(hold: Callable[[float, float, float], Trial], claim: float, secon
             out.error = f"no ok answer in the hold at {rate:.1f} {unit} (first error: {trial.first_error})"
             break
         offered = trial.offered_rate if math.isfinite(trial.offered_rate) else rate
-        h = Hold(rate, seconds, hold_check(trial, target_p99_ms), trial.qps, offered, unit, fresh=looked)
+        h = Hold(rate, seconds, hold_check(trial, target_p99_ms), trial.qps, offered, unit,
+                 look=rates > 1 and not looked, fresh=looked)
         out.holds.append(h)
         if on_hold is not None:
             on_hold(out)
-        if h.held and (looked or rate == claim):
+        if h.held and not h.look:
             break
         if h.held:  # the holds chose this rate: its fresh hold is the test
             looked = True
